@@ -1,0 +1,64 @@
+"""Callbacks the CLI adds to every run."""
+
+import time
+from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+from typing_extensions import override
+
+__all__ = ["EpochSummary", "RunMetadata"]
+
+
+class EpochSummary(Callback):
+    """Logs the epoch time and training images per second, and prints one line per epoch.
+
+    Images per second count training batches over all processes and exclude validation.
+    """
+
+    def __init__(self) -> None:
+        self._start = self._train_end = 0.0
+        self._images = 0
+
+    @override
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._start = self._train_end = time.perf_counter()
+        self._images = 0
+
+    @override
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._images += len(batch[0])
+        self._train_end = time.perf_counter()
+
+    @override
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        epoch_time = time.perf_counter() - self._start
+        train_time = max(self._train_end - self._start, 1e-9)
+        images_per_s = self._images * trainer.world_size / train_time
+        pl_module.log("perf/epoch_time_s", epoch_time)
+        pl_module.log("perf/images_per_s", images_per_s)
+        metrics = trainer.callback_metrics
+        parts = [f"epoch {trainer.current_epoch}", f"step {trainer.global_step}"]
+        parts += [f"{key} {float(metrics[key]):.4f}" for key in ("train/loss", "val/loss", "val/acc") if key in metrics]
+        parts += [f"{images_per_s:.1f} img/s", f"{epoch_time:.1f} s"]
+        pl_module.print(" | ".join(parts))
+
+
+class RunMetadata(Callback):
+    """Stores in each checkpoint how it was made, under the key ``"multigpu"``.
+
+    The CLI reads ``log_version`` back on ``--ckpt_path`` so that a resumed run
+    continues the same TensorBoard run.
+    """
+
+    KEY = "multigpu"
+
+    @override
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        checkpoint[self.KEY] = {
+            "log_version": trainer.logger.version if trainer.logger else None,
+            "global_batch_size": getattr(pl_module, "global_batch_size", None),
+            "world_size": trainer.world_size,
+            "strategy": type(trainer.strategy).__name__,
+        }

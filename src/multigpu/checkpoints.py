@@ -1,0 +1,62 @@
+"""Finding and checking a checkpoint before anything is built from it."""
+
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+
+from multigpu.errors import UsageError
+
+__all__ = ["check_checkpoint", "find_last_checkpoint", "resolve_ckpt_path"]
+
+
+def find_last_checkpoint(dirpath: str | Path) -> Path | None:
+    """The newest ``last*.ckpt`` in ``dirpath``, as Lightning's ``ckpt_path="last"`` picks it."""
+    candidates = [path for path in Path(dirpath).glob("last*.ckpt") if path.is_file()]
+    return max(candidates, key=lambda path: path.stat().st_mtime, default=None)
+
+
+def check_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Open ``path`` and return its contents, or raise a ``UsageError`` that says what is wrong.
+
+    The file is memory-mapped, so tensors are not read until they are used.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"checkpoint {path} does not exist: pass an existing file, or --ckpt_path last to resume.")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as error:
+        raise UsageError(
+            f"checkpoint {path} cannot be read ({type(error).__name__}: {str(error).splitlines()[0][:120]}): "
+            f"it is truncated or not a PyTorch file. Pass another checkpoint with --ckpt_path."
+        ) from None
+    if not isinstance(checkpoint, dict) or not {"state_dict", "global_step", "epoch"} <= checkpoint.keys():
+        raise UsageError(
+            f"checkpoint {path} is not a Lightning training checkpoint (it lacks state_dict, epoch or "
+            f"global_step). Pass a checkpoint written by this application with --ckpt_path."
+        )
+    return checkpoint
+
+
+def resolve_ckpt_path(ckpt_path: str | None, dirpath: str | Path) -> tuple[str | None, dict[str, Any]]:
+    """Turn ``--ckpt_path`` into a checked file path and the checkpoint's contents.
+
+    ``"last"`` means the newest ``last*.ckpt`` in ``dirpath``; when there is none yet
+    the run starts from scratch, so the same command both starts and resumes a job.
+    Other special values (``"best"``, ``"hpc"``, ...) are left to Lightning.
+    """
+    if ckpt_path is None:
+        return None, {}
+    if ckpt_path == "last":
+        last = find_last_checkpoint(dirpath)
+        if last is None:
+            rank_zero_info(f"No checkpoint in {dirpath} yet: starting from scratch.")
+            return None, {}
+        ckpt_path = str(last)
+    elif ckpt_path in ("best", "hpc") or "://" in ckpt_path:
+        return ckpt_path, {}
+    return ckpt_path, check_checkpoint(ckpt_path)

@@ -1,0 +1,109 @@
+"""The command line: LightningCLI with our model, data, run naming and checkpoints.
+
+    python main.py fit                                   # the recipe in configs/default.yaml
+    python main.py fit --config configs/smoke.yaml       # presets stack on the recipe
+    python main.py fit --config configs/smoke.yaml --ckpt_path last   # start or resume
+"""
+
+import os
+import sys
+from pathlib import Path
+
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import TensorBoardLogger
+from typing_extensions import override
+
+from multigpu.callbacks import EpochSummary, RunMetadata
+from multigpu.checkpoints import resolve_ckpt_path
+from multigpu.data import CIFAR10DataModule
+from multigpu.errors import UsageError
+from multigpu.model import ResNet50Classifier
+
+__all__ = ["MultiGPUCLI", "main"]
+
+SUBCOMMANDS = ("fit", "validate", "test", "predict")
+
+
+def _checkpoint_dir(checkpoint_root: str, run_name: str) -> str:
+    return os.path.join(checkpoint_root, run_name)
+
+
+class MultiGPUCLI(LightningCLI):
+    """LightningCLI for ``ResNet50Classifier`` on ``CIFAR10DataModule``.
+
+    Adds ``--run_name`` and ``--checkpoint_root``: checkpoints go to
+    ``<checkpoint_root>/<run_name>/`` and TensorBoard logs to
+    ``<trainer.default_root_dir>/<run_name>/version_N/``, next to the resolved
+    ``config.yaml``. ``--ckpt_path`` is checked before anything is built, and a
+    resumed ``fit`` continues the TensorBoard run of its checkpoint.
+    """
+
+    def __init__(self, default_config_files: list[str | Path] = (), **kwargs) -> None:
+        self._log_version: int | str | None = None
+        defaults = {"default_config_files": [str(path) for path in default_config_files]}
+        parser_kwargs = {name: defaults for name in SUBCOMMANDS} if kwargs.get("run", True) else defaults
+        super().__init__(
+            ResNet50Classifier,
+            CIFAR10DataModule,
+            save_config_kwargs={"overwrite": True},
+            trainer_defaults={"callbacks": [EpochSummary(), RunMetadata()]},
+            parser_kwargs=parser_kwargs,
+            auto_configure_optimizers=False,
+            **kwargs,
+        )
+
+    @override
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument("--run_name", type=str, default="resnet50-cifar10", help="Name of the run: its checkpoint and log folder.")
+        parser.add_argument("--checkpoint_root", type=str, default="checkpoints", help="Folder that holds one checkpoint folder per run.")
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults(
+            {
+                "checkpoint.monitor": "val/acc",
+                "checkpoint.mode": "max",
+                "checkpoint.save_top_k": 3,
+                "checkpoint.save_last": True,
+                "checkpoint.filename": "epoch{epoch:03d}-step{step}-val_acc{val/acc:.4f}",
+                "checkpoint.auto_insert_metric_name": False,
+            }
+        )
+        parser.link_arguments(("checkpoint_root", "run_name"), "checkpoint.dirpath", compute_fn=_checkpoint_dir)
+        parser.link_arguments("data.batch_size", "model.batch_size")
+        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
+
+    def _config(self):
+        return self.config[self.subcommand] if self.subcommand else self.config
+
+    @override
+    def before_instantiate_classes(self) -> None:
+        config = self._config()
+        if "ckpt_path" not in config:
+            return
+        dirpath = _checkpoint_dir(config["checkpoint_root"], config["run_name"])
+        config["ckpt_path"], checkpoint = resolve_ckpt_path(config["ckpt_path"], dirpath)
+        if self.subcommand == "fit":
+            # Resuming continues the TensorBoard run the checkpoint was written in.
+            self._log_version = checkpoint.get(RunMetadata.KEY, {}).get("log_version")
+
+    @override
+    def instantiate_trainer(self, **kwargs) -> Trainer:
+        config = self._config()
+        if config["trainer"].get("logger") in (None, True):
+            kwargs["logger"] = TensorBoardLogger(
+                save_dir=config["trainer"].get("default_root_dir") or "logs",
+                name=config["run_name"],
+                version=self._log_version,
+            )
+        return super().instantiate_trainer(**kwargs)
+
+
+def main(args: list[str] | None = None, default_config_files: list[str | Path] = ()) -> None:
+    """Run the CLI; a bad request ends with one ``error: ...`` line and exit status 2."""
+    try:
+        MultiGPUCLI(default_config_files=default_config_files, args=args)
+    except (UsageError, MisconfigurationException) as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,131 @@
+"""``CIFAR10DataModule``: CIFAR-10 from torchvision, or synthetic data of the same shape."""
+
+import os
+
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader, Dataset
+from typing_extensions import override
+
+from multigpu.datasets import (
+    ImageTensorDataset,
+    SyntheticCIFAR10,
+    ensure_cifar10,
+    eval_transform,
+    load_cifar10_split,
+    train_transform,
+)
+from multigpu.errors import UsageError
+
+__all__ = ["CIFAR10DataModule"]
+
+
+class CIFAR10DataModule(LightningDataModule):
+    """CIFAR-10 for training, validation, test and predict.
+
+    Under DDP, Lightning wraps each loader in a ``DistributedSampler`` so that every
+    rank reads its own shard. That sampler pads the validation set with repeated
+    samples when its length is not a multiple of the number of ranks, which biases
+    the accuracy of a small validation set slightly.
+
+    Args:
+        data_dir: folder that holds (or receives) ``cifar-10-batches-py/``.
+        download: download CIFAR-10 with torchvision when it is missing.
+        verify_checksums: check the files against torchvision's md5 sums. Turn off for
+            your own or a partial copy of the dataset.
+        batch_size: images per device and step (the whole batch of the process under ``dp``).
+        num_workers: loader worker processes per device.
+        pin_memory: pin host memory (only where CUDA is available).
+        persistent_workers: keep the workers alive between epochs (only with workers).
+        val_split: 0 validates on the official test split; N > 0 holds out N training
+            images instead, the same ones on every run.
+        synthetic: serve random tensors of CIFAR's shape instead of reading the disk.
+        synthetic_size: training images per epoch with ``synthetic``; validation, test and
+            predict get a quarter of it.
+    """
+
+    num_classes = 10
+
+    def __init__(
+        self,
+        data_dir: str = "data",
+        download: bool = True,
+        verify_checksums: bool = True,
+        batch_size: int = 128,
+        num_workers: int = 4,
+        pin_memory: bool = True,
+        persistent_workers: bool = True,
+        val_split: int = 0,
+        synthetic: bool = False,
+        synthetic_size: int = 50_000,
+    ) -> None:
+        super().__init__()
+        if batch_size < 1:
+            raise UsageError(f"data.batch_size must be at least 1, not {batch_size}.")
+        if val_split < 0:
+            raise UsageError(f"data.val_split must be 0 (use the test split) or a positive count, not {val_split}.")
+        self.save_hyperparameters()
+        self.batch_size = batch_size
+        self.datasets: dict[str, Dataset] = {}
+        # Local rank 0 checks (and downloads) once per machine before anything is built;
+        # the other local ranks are started after it, or wait for it in `setup`'s barrier.
+        if not synthetic and int(os.environ.get("LOCAL_RANK", 0)) == 0:
+            ensure_cifar10(data_dir, download, verify_checksums)
+
+    @override
+    def setup(self, stage: str) -> None:
+        if self.datasets:
+            return
+        hp = self.hparams
+        if hp.synthetic:
+            eval_size = max(1, hp.synthetic_size // 4)
+            self.datasets = {
+                "train": SyntheticCIFAR10(hp.synthetic_size, self.num_classes, seed=0),
+                "val": SyntheticCIFAR10(eval_size, self.num_classes, seed=1),
+                "test": SyntheticCIFAR10(eval_size, self.num_classes, seed=2),
+            }
+            return
+        images, labels = load_cifar10_split(hp.data_dir, train=True)
+        test_images, test_labels = load_cifar10_split(hp.data_dir, train=False)
+        test = ImageTensorDataset(test_images, test_labels, eval_transform())
+        if hp.val_split:
+            if hp.val_split >= len(labels):
+                raise UsageError(
+                    f"data.val_split={hp.val_split} leaves no training images: {hp.data_dir} has {len(labels)}."
+                )
+            # A fixed generator holds out the same images on every run and every rank.
+            order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))
+            train_idx, val_idx = order[: -hp.val_split], order[-hp.val_split :]
+            train = ImageTensorDataset(images[train_idx], labels[train_idx], train_transform())
+            val = ImageTensorDataset(images[val_idx], labels[val_idx], eval_transform())
+        else:
+            train, val = ImageTensorDataset(images, labels, train_transform()), test
+        self.datasets = {"train": train, "val": val, "test": test}
+
+    def _loader(self, split: str, train: bool = False) -> DataLoader:
+        workers = self.hparams.num_workers
+        return DataLoader(
+            self.datasets[split],
+            batch_size=self.batch_size,
+            shuffle=train,
+            drop_last=train,
+            num_workers=workers,
+            pin_memory=self.hparams.pin_memory and torch.cuda.is_available(),
+            persistent_workers=self.hparams.persistent_workers and workers > 0,
+        )
+
+    @override
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", train=True)
+
+    @override
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val")
+
+    @override
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test")
+
+    @override
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader("test")

@@ -1,0 +1,136 @@
+"""CIFAR-10 as in-memory tensors, and a synthetic stand-in of the same shape.
+
+The official files are read once with torchvision into one uint8 tensor
+(N, 3, 32, 32); augmentation runs per sample on that tensor with
+``torchvision.transforms.v2``, which avoids a round trip through PIL.
+"""
+
+import os
+from pathlib import Path
+from urllib.error import URLError
+
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+from torchvision.datasets import CIFAR10
+from torchvision.datasets.utils import check_integrity
+from torchvision.transforms import v2
+
+from multigpu.errors import UsageError
+
+__all__ = [
+    "CIFAR10_MEAN",
+    "CIFAR10_STD",
+    "ImageTensorDataset",
+    "SyntheticCIFAR10",
+    "ensure_cifar10",
+    "eval_transform",
+    "load_cifar10_split",
+    "train_transform",
+]
+
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+_FILES = CIFAR10.train_list + CIFAR10.test_list + [[CIFAR10.meta["filename"], CIFAR10.meta["md5"]]]
+
+
+def _normalize() -> list[v2.Transform]:
+    return [v2.ToDtype(torch.float32, scale=True), v2.Normalize(CIFAR10_MEAN, CIFAR10_STD)]
+
+
+def train_transform() -> v2.Compose:
+    """Random crop 32 with padding 4, horizontal flip, then normalisation."""
+    return v2.Compose([v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip(), *_normalize()])
+
+
+def eval_transform() -> v2.Compose:
+    return v2.Compose(_normalize())
+
+
+class ImageTensorDataset(Dataset):
+    """Samples ``(transform(images[i]), labels[i])`` from uint8 images of shape (N, 3, H, W)."""
+
+    def __init__(self, images: Tensor, labels: Tensor, transform: v2.Transform) -> None:
+        self.images, self.labels, self.transform = images, labels, transform
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int]:
+        return self.transform(self.images[index]), int(self.labels[index])
+
+
+class SyntheticCIFAR10(Dataset):
+    """``length`` random normalised 3x32x32 images with random labels, made per index.
+
+    Sample ``i`` is the same on every call, in every process, without touching the disk.
+    """
+
+    def __init__(self, length: int, num_classes: int = 10, seed: int = 0) -> None:
+        self.length, self.num_classes, self.seed = length, num_classes, seed
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int]:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+        label = int(torch.randint(self.num_classes, (), generator=generator))
+        return torch.randn(3, 32, 32, generator=generator), label
+
+
+def _missing_files(root: Path) -> list[str]:
+    folder = root / CIFAR10.base_folder
+    return [name for name, _ in _FILES if not (folder / name).is_file()]
+
+
+def _corrupt_files(root: Path) -> list[str]:
+    folder = root / CIFAR10.base_folder
+    return [name for name, md5 in _FILES if not check_integrity(str(folder / name), md5)]
+
+
+def ensure_cifar10(data_dir: str, download: bool, verify_checksums: bool) -> None:
+    """Make sure the python version of CIFAR-10 is under ``data_dir``, or stop with a clear message.
+
+    Downloads it with torchvision when it is missing and ``download`` is set.
+    """
+    root = Path(data_dir)
+    missing = _missing_files(root)
+    if missing and download:
+        try:
+            CIFAR10(str(root), train=True, download=True)
+            return  # torchvision has just verified the checksums of what it downloaded
+        except (URLError, OSError) as error:
+            reason = f"the download failed ({error})"
+    elif missing:
+        reason = "data.download is false"
+    if missing:
+        raise UsageError(
+            f"CIFAR-10 is not in {root.resolve()} ({missing[0]} is missing) and {reason}. "
+            f"Either connect to the network and run with --data.download=true, or put the python "
+            f"version of CIFAR-10 (the folder {CIFAR10.base_folder}/) there or point --data.data_dir at "
+            f"the folder that holds it (add --data.verify_checksums=false for a partial copy)."
+        )
+    if verify_checksums and (corrupt := _corrupt_files(root)):
+        raise UsageError(
+            f"CIFAR-10 files in {root.resolve() / CIFAR10.base_folder} fail their checksum ({', '.join(corrupt)}). "
+            f"Delete the folder and let --data.download=true fetch it again, or, for your own "
+            f"copy or a subset, run with --data.verify_checksums=false."
+        )
+
+
+class _UncheckedCIFAR10(CIFAR10):
+    """torchvision's reader, with its md5 check replaced by a presence check.
+
+    ``ensure_cifar10`` verifies the checksums once, before the model is built;
+    reading the files again here would only repeat that work.
+    """
+
+    def _check_integrity(self) -> bool:
+        return not _missing_files(Path(self.root))
+
+
+def load_cifar10_split(data_dir: str, train: bool) -> tuple[Tensor, Tensor]:
+    """The official training or test split as uint8 images (N, 3, 32, 32) and int64 labels."""
+    dataset = _UncheckedCIFAR10(os.fspath(data_dir), train=train, download=False)
+    images = torch.from_numpy(dataset.data).permute(0, 3, 1, 2).contiguous()
+    return images, torch.tensor(dataset.targets, dtype=torch.int64)

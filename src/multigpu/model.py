@@ -1,0 +1,131 @@
+"""``ResNet50Classifier``: the LightningModule that trains the network of ``network.py``.
+
+It holds the loss, the metrics and the optimizer. The network itself is the plain
+``nn.Sequential`` in ``self.net`` (see ``multigpu.network`` for its block layout);
+strategies may move or wrap ``self.net`` but touch nothing else here.
+"""
+
+import math
+
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
+from torch import Tensor, nn
+from torch.optim import SGD
+from torch.optim.lr_scheduler import LambdaLR
+from torchmetrics.classification import MulticlassAccuracy
+from typing_extensions import override
+
+from multigpu.network import Stem, resnet50_blocks
+from multigpu.schedule import scaled_lr, warmup_cosine
+
+__all__ = ["ResNet50Classifier"]
+
+
+class ResNet50Classifier(LightningModule):
+    """ResNet-50 image classifier with SGD, linear LR scaling, warm-up and cosine decay.
+
+    Args:
+        num_classes: number of classes; linked from the data module by the CLI.
+        batch_size: images per device and step; linked from the data module by the CLI.
+        stem: ``cifar`` (3x3 stride-1 first convolution, no max-pool) or ``imagenet``.
+        base_lr: learning rate for a global batch of 256 images. The rate used is
+            ``base_lr * batch_size * devices * nodes * accumulate_grad_batches / 256``.
+        momentum: SGD momentum.
+        nesterov: use Nesterov momentum.
+        weight_decay: L2 weight decay.
+        no_decay_norm_bias: exempt BatchNorm weights and all biases from weight decay.
+        warmup_epochs: epochs of linear warm-up before the cosine decay.
+        label_smoothing: label smoothing of the cross-entropy loss.
+        channels_last: keep the network and its inputs in channels-last memory format.
+    """
+
+    def __init__(
+        self,
+        num_classes: int = 10,
+        batch_size: int = 128,
+        stem: Stem = "cifar",
+        base_lr: float = 0.2,
+        momentum: float = 0.9,
+        nesterov: bool = False,
+        weight_decay: float = 5e-4,
+        no_decay_norm_bias: bool = False,
+        warmup_epochs: float = 1.0,
+        label_smoothing: float = 0.0,
+        channels_last: bool = False,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = resnet50_blocks(num_classes, stem)
+        if channels_last:
+            self.net = self.net.to(memory_format=torch.channels_last)
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+        self.train_acc = MulticlassAccuracy(num_classes)
+        self.val_acc = MulticlassAccuracy(num_classes)
+        self.test_acc = MulticlassAccuracy(num_classes)
+
+    @override
+    def forward(self, x: Tensor) -> Tensor:
+        if self.hparams.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return self.net(x)
+
+    @property
+    def global_batch_size(self) -> int:
+        """Images per optimizer step over all processes: the batch the learning rate scales with."""
+        trainer = self.trainer
+        return self.hparams.batch_size * trainer.world_size * trainer.accumulate_grad_batches
+
+    @override
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        logits = self(x)
+        loss = self.criterion(logits, y)
+        self.train_acc(logits, y)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/acc", self.train_acc)
+        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
+        return loss
+
+    def _eval_step(self, batch: tuple[Tensor, Tensor], split: str, accuracy: MulticlassAccuracy) -> None:
+        x, y = batch
+        logits = self(x)
+        accuracy(logits, y)
+        self.log(f"{split}/loss", self.criterion(logits, y), sync_dist=True, prog_bar=split == "val")
+        self.log(f"{split}/acc", accuracy, prog_bar=split == "val")
+
+    @override
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._eval_step(batch, "val", self.val_acc)
+
+    @override
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._eval_step(batch, "test", self.test_acc)
+
+    @override
+    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        return self(batch[0]).argmax(dim=1)
+
+    def _param_groups(self) -> list[dict]:
+        if not self.hparams.no_decay_norm_bias:
+            return [{"params": list(self.net.parameters())}]
+        # BatchNorm weights and biases are the only parameters with fewer than 2 dimensions.
+        decay = [p for p in self.net.parameters() if p.ndim > 1]
+        no_decay = [p for p in self.net.parameters() if p.ndim <= 1]
+        return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+    @override
+    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
+        hp, trainer = self.hparams, self.trainer
+        optimizer = SGD(
+            self._param_groups(),
+            lr=scaled_lr(hp.base_lr, self.global_batch_size),
+            momentum=hp.momentum,
+            nesterov=hp.nesterov,
+            weight_decay=hp.weight_decay,
+        )
+        total_steps = int(trainer.estimated_stepping_batches)
+        steps_per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
+        warmup_steps = min(total_steps, round(hp.warmup_epochs * steps_per_epoch))
+        scheduler = LambdaLR(optimizer, lambda step: warmup_cosine(step, warmup_steps, total_steps))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
