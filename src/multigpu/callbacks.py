@@ -36,8 +36,8 @@ class EpochSummary(Callback):
         epoch_time = time.perf_counter() - self._start
         train_time = max(self._train_end - self._start, 1e-9)
         images_per_s = self._images * trainer.world_size / train_time
-        pl_module.log("perf/epoch_time_s", epoch_time)
-        pl_module.log("perf/images_per_s", images_per_s)
+        pl_module.log("perf/epoch_time_s", epoch_time, sync_dist=True)
+        pl_module.log("perf/images_per_s", images_per_s, sync_dist=True)
         metrics = trainer.callback_metrics
         parts = [f"epoch {trainer.current_epoch}", f"step {trainer.global_step}"]
         parts += [f"{key} {float(metrics[key]):.4f}" for key in ("train/loss", "val/loss", "val/acc") if key in metrics]

@@ -31,8 +31,8 @@ def check_checkpoint(path: str | Path) -> dict[str, Any]:
         checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as error:
         raise UsageError(
-            f"checkpoint {path} cannot be read ({type(error).__name__}: {str(error).splitlines()[0][:120]}): "
-            f"it is truncated or not a PyTorch file. Pass another checkpoint with --ckpt_path."
+            f"checkpoint {path} cannot be read ({type(error).__name__}): it is truncated or not a "
+            f"PyTorch checkpoint. Pass another checkpoint with --ckpt_path."
         ) from None
     if not isinstance(checkpoint, dict) or not {"state_dict", "global_step", "epoch"} <= checkpoint.keys():
         raise UsageError(

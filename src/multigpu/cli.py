@@ -11,6 +11,7 @@ from pathlib import Path
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
+from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
@@ -78,15 +79,18 @@ class MultiGPUCLI(LightningCLI):
         return self.config[self.subcommand] if self.subcommand else self.config
 
     @override
-    def before_instantiate_classes(self) -> None:
-        config = self._config()
-        if "ckpt_path" not in config:
-            return
-        dirpath = _checkpoint_dir(config["checkpoint_root"], config["run_name"])
-        config["ckpt_path"], checkpoint = resolve_ckpt_path(config["ckpt_path"], dirpath)
-        if self.subcommand == "fit":
-            # Resuming continues the TensorBoard run the checkpoint was written in.
-            self._log_version = checkpoint.get(RunMetadata.KEY, {}).get("log_version")
+    def _parse_ckpt_path(self) -> None:
+        # Runs right after parsing, before Lightning reads the checkpoint's hyperparameters:
+        # resolve `last` and refuse an unreadable file with one clear line.
+        subcommand = self.config.get("subcommand")
+        config = self.config[subcommand] if subcommand else self.config
+        if config.get("ckpt_path") is not None:
+            dirpath = _checkpoint_dir(config["checkpoint_root"], config["run_name"])
+            config["ckpt_path"], checkpoint = resolve_ckpt_path(config["ckpt_path"], dirpath)
+            if subcommand == "fit":
+                # Resuming continues the TensorBoard run the checkpoint was written in.
+                self._log_version = checkpoint.get(RunMetadata.KEY, {}).get("log_version")
+        super()._parse_ckpt_path()
 
     @override
     def instantiate_trainer(self, **kwargs) -> Trainer:
@@ -97,7 +101,14 @@ class MultiGPUCLI(LightningCLI):
                 name=config["run_name"],
                 version=self._log_version,
             )
-        return super().instantiate_trainer(**kwargs)
+        try:
+            trainer = super().instantiate_trainer(**kwargs)
+        except ValueError as error:  # Lightning's checks of accelerator, strategy and devices
+            raise UsageError(str(error)) from error
+        # Refuse combinations that would only fail once training has started.
+        if config["trainer"].get("sync_batchnorm") and not isinstance(trainer.accelerator, CUDAAccelerator):
+            raise UsageError("--trainer.sync_batchnorm=true needs CUDA devices (SyncBatchNorm); drop it on the CPU.")
+        return trainer
 
 
 def main(args: list[str] | None = None, default_config_files: list[str | Path] = ()) -> None:

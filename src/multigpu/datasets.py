@@ -6,6 +6,7 @@ The official files are read once with torchvision into one uint8 tensor
 """
 
 import os
+import pickle
 from pathlib import Path
 from urllib.error import URLError
 
@@ -127,6 +128,11 @@ class _UncheckedCIFAR10(CIFAR10):
 
     def _check_integrity(self) -> bool:
         return not _missing_files(Path(self.root))
+
+    def _load_meta(self) -> None:
+        with open(Path(self.root) / self.base_folder / self.meta["filename"], "rb") as file:
+            self.classes = pickle.load(file, encoding="latin1")[self.meta["key"]]
+        self.class_to_idx = {name: index for index, name in enumerate(self.classes)}
 
 
 def load_cifar10_split(data_dir: str, train: bool) -> tuple[Tensor, Tensor]:

@@ -1,0 +1,69 @@
+"""Shared fixtures: the repository root, a CLI runner in a subprocess, a tiny CIFAR-10 on disk."""
+
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch.distributed as dist
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = str(REPO / "configs" / "smoke.yaml")
+
+
+@pytest.fixture(autouse=True)
+def _destroy_process_group():
+    yield
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def run_cli(*args: str, cwd: Path = REPO, timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``python main.py ARGS`` in a subprocess and return it (output in ``.stdout``)."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run(
+        [sys.executable, str(REPO / "main.py"), *args],
+        cwd=cwd,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def run_args(tmp_path: Path, run_name: str = "test") -> list[str]:
+    """Arguments that keep a run's checkpoints and logs inside ``tmp_path``."""
+    return [
+        f"--run_name={run_name}",
+        f"--checkpoint_root={tmp_path / 'checkpoints'}",
+        f"--trainer.default_root_dir={tmp_path / 'logs'}",
+    ]
+
+
+def write_tiny_cifar10(root: Path, per_batch: int = 20, test: int = 20) -> Path:
+    """Write a CIFAR-10 in the official python layout with ``per_batch`` images per training file."""
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    for name in names:
+        count = test if name == "test_batch" else per_batch
+        entry = {
+            "batch_label": name,
+            "labels": rng.integers(0, 10, count).tolist(),
+            "data": rng.integers(0, 256, (count, 3072), dtype=np.uint8),
+        }
+        with open(folder / name, "wb") as file:
+            pickle.dump(entry, file, protocol=4)
+    with open(folder / "batches.meta", "wb") as file:
+        pickle.dump({"label_names": [f"class{i}" for i in range(10)], "num_vis": 3072}, file, protocol=4)
+    return root
+
+
+@pytest.fixture
+def tiny_cifar10(tmp_path: Path) -> Path:
+    return write_tiny_cifar10(tmp_path / "cifar")

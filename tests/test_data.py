@@ -1,0 +1,93 @@
+from pathlib import Path
+from urllib.error import URLError
+
+import pytest
+import torch
+
+from multigpu.data import CIFAR10DataModule
+from multigpu.errors import UsageError
+
+
+def _module(data_dir: Path, **kwargs) -> CIFAR10DataModule:
+    options = {"download": False, "verify_checksums": False, "batch_size": 8, "num_workers": 0} | kwargs
+    return CIFAR10DataModule(data_dir=str(data_dir), **options)
+
+
+def test_reads_official_format_and_augmentation_keeps_shape_and_dtype(tiny_cifar10):
+    data = _module(tiny_cifar10)
+    data.setup("fit")
+    assert len(data.datasets["train"]) == 100 and len(data.datasets["val"]) == 20
+    x, y = next(iter(data.train_dataloader()))
+    assert x.shape == (8, 3, 32, 32) and x.dtype == torch.float32
+    assert y.shape == (8,) and y.dtype == torch.int64
+    # Normalised: roughly zero mean, unit spread, not the 0..255 of the files.
+    assert -3 < x.mean() < 3 and x.abs().max() < 5
+
+
+def test_augmentation_crops_and_flips_but_evaluation_does_not(tiny_cifar10):
+    data = _module(tiny_cifar10)
+    data.setup("fit")
+    train, val = data.datasets["train"], data.datasets["test"]
+    torch.manual_seed(0)
+    assert any(not torch.equal(train[0][0], train[0][0]) for _ in range(10))
+    assert torch.equal(val[0][0], val[0][0])
+
+
+def test_val_split_holds_out_the_same_images_every_time(tiny_cifar10):
+    first, second = _module(tiny_cifar10, val_split=30), _module(tiny_cifar10, val_split=30)
+    first.setup("fit"), second.setup("fit")
+    assert len(first.datasets["train"]) == 70 and len(first.datasets["val"]) == 30
+    assert torch.equal(first.datasets["val"].images, second.datasets["val"].images)
+    held_out = {bytes(image.numpy()) for image in first.datasets["val"].images}
+    assert not held_out & {bytes(image.numpy()) for image in first.datasets["train"].images}
+
+
+def test_val_split_larger_than_the_training_set_is_refused(tiny_cifar10):
+    data = _module(tiny_cifar10, val_split=100)
+    with pytest.raises(UsageError, match="leaves no training images"):
+        data.setup("fit")
+
+
+def test_checksums_of_a_partial_copy_fail_with_the_way_out(tiny_cifar10):
+    with pytest.raises(UsageError, match="fail their checksum.*verify_checksums=false"):
+        _module(tiny_cifar10, verify_checksums=True)
+
+
+def test_missing_dataset_without_download_names_the_folder_and_both_fixes(tmp_path):
+    with pytest.raises(UsageError) as error:
+        _module(tmp_path / "nothing")
+    message = str(error.value)
+    assert str((tmp_path / "nothing").resolve()) in message
+    assert "--data.download=true" in message and "--data.data_dir" in message
+    assert "\n" not in message
+
+
+def test_missing_dataset_when_the_download_fails(tmp_path, monkeypatch):
+    def no_network(*args, **kwargs):
+        raise URLError("no network")
+
+    monkeypatch.setattr("torchvision.datasets.cifar.download_and_extract_archive", no_network)
+    with pytest.raises(UsageError, match="the download failed"):
+        _module(tmp_path / "nothing", download=True)
+
+
+def test_synthetic_data_is_deterministic_and_touches_no_disk(tmp_path):
+    data = _module(tmp_path / "absent", synthetic=True, synthetic_size=16)
+    data.setup("fit")
+    x, y = data.datasets["train"][3]
+    assert x.shape == (3, 32, 32) and 0 <= y < 10
+    assert torch.equal(x, data.datasets["train"][3][0])
+    assert len(data.datasets["val"]) == 4
+    assert not (tmp_path / "absent").exists()
+
+
+def test_real_subset_from_environment():
+    """Reads the real CIFAR-10 subset when MULTIGPU_CIFAR10_SUBSET points at it."""
+    import os
+
+    subset = os.environ.get("MULTIGPU_CIFAR10_SUBSET")
+    if not subset:
+        pytest.skip("set MULTIGPU_CIFAR10_SUBSET to the folder holding cifar-10-batches-py")
+    data = _module(Path(subset))
+    data.setup("fit")
+    assert len(data.datasets["train"]) == 5085 and len(data.datasets["val"]) == 1017
