@@ -15,7 +15,9 @@ SMOKE = str(REPO / "configs" / "smoke.yaml")
 
 
 @pytest.fixture(autouse=True)
-def _destroy_process_group():
+def _clean_process_state(monkeypatch):
+    """In-process CLI runs see no pytest arguments; no process group outlives a test."""
+    monkeypatch.setattr(sys, "argv", ["main.py"])
     yield
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

@@ -1,0 +1,59 @@
+"""Checkpoints load back under each precision, and bad ones are refused with one line."""
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+
+from multigpu.checkpoints import check_checkpoint, resolve_ckpt_path
+from multigpu.data import CIFAR10DataModule
+from multigpu.errors import UsageError
+from multigpu.model import ResNet50Classifier
+
+
+def _fit(tmp_path, precision: str, ckpt_path=None, max_steps: int = 2) -> Trainer:
+    data = CIFAR10DataModule(synthetic=True, synthetic_size=16, batch_size=4, num_workers=0)
+    model = ResNet50Classifier(batch_size=4, warmup_epochs=0)
+    trainer = Trainer(
+        accelerator="cpu", precision=precision, max_steps=max_steps, limit_val_batches=1, logger=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+    )
+    trainer.fit(model, data, ckpt_path=ckpt_path)
+    return trainer
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_checkpoint_loads_back_and_resumes(precision, tmp_path):
+    trainer = _fit(tmp_path, precision)
+    path = tmp_path / "saved.ckpt"
+    trainer.save_checkpoint(path)
+    loaded = ResNet50Classifier.load_from_checkpoint(path)
+    for name, tensor in trainer.lightning_module.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[name], tensor, msg=name)
+    assert check_checkpoint(path)["global_step"] == 2
+    resumed = _fit(tmp_path, precision, ckpt_path=str(path), max_steps=3)
+    assert resumed.global_step == 3
+
+
+def test_unreadable_and_foreign_checkpoints_are_refused(tmp_path):
+    garbage = tmp_path / "garbage.ckpt"
+    garbage.write_bytes(b"not a checkpoint")
+    with pytest.raises(UsageError, match="cannot be read .*truncated or not a PyTorch checkpoint"):
+        check_checkpoint(garbage)
+    foreign = tmp_path / "foreign.ckpt"
+    torch.save({"weights": torch.zeros(1)}, foreign)
+    with pytest.raises(UsageError, match="not a Lightning training checkpoint"):
+        check_checkpoint(foreign)
+    with pytest.raises(UsageError, match="does not exist"):
+        check_checkpoint(tmp_path / "missing.ckpt")
+
+
+def test_last_is_the_newest_last_checkpoint(tmp_path):
+    import os
+
+    trainer = _fit(tmp_path, "32-true", max_steps=1)
+    older, newer = tmp_path / "last.ckpt", tmp_path / "last-v1.ckpt"
+    trainer.save_checkpoint(older)
+    trainer.save_checkpoint(newer)
+    os.utime(older, (1, 1))
+    assert resolve_ckpt_path("last", tmp_path)[0] == str(newer)
+    assert resolve_ckpt_path("last", tmp_path / "empty") == (None, {})

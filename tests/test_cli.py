@@ -1,0 +1,58 @@
+"""The CLI end to end, in subprocesses, as a user runs it."""
+
+from pathlib import Path
+
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from conftest import SMOKE, run_cli, run_args
+
+
+def _scalars(log_dir: Path) -> dict[str, list[int]]:
+    """Tag -> steps of every scalar in the TensorBoard events under ``log_dir``."""
+    steps: dict[str, list[int]] = {}
+    for events in sorted(log_dir.glob("events.out.tfevents.*")):
+        accumulator = EventAccumulator(str(events))
+        accumulator.Reload()
+        for tag in accumulator.Tags()["scalars"]:
+            steps.setdefault(tag, []).extend(event.step for event in accumulator.Scalars(tag))
+    return steps
+
+
+def test_fit_writes_checkpoints_tensorboard_and_config_then_resumes_the_same_run(tmp_path):
+    first = run_cli("fit", "--config", SMOKE, *run_args(tmp_path))
+    assert first.returncode == 0, first.stdout
+    last = tmp_path / "checkpoints" / "test" / "last.ckpt"
+    assert last.is_file()
+    assert len(list(last.parent.glob("epoch000-step4-val_acc*.ckpt"))) == 1
+    assert "epoch 0 | step 4 | train/loss" in first.stdout  # the one-line epoch summary
+    log_dir = tmp_path / "logs" / "test" / "version_0"
+    assert (log_dir / "config.yaml").is_file()
+    scalars = _scalars(log_dir)
+    for tag in ("train/loss", "train/acc", "train/lr", "val/loss", "val/acc", "perf/images_per_s", "perf/epoch_time_s"):
+        assert tag in scalars, tag
+    assert sorted(scalars["train/loss"]) == [0, 1, 2, 3]
+    assert torch.load(last, weights_only=False)["global_step"] == 4
+
+    resumed = run_cli("fit", "--config", SMOKE, *run_args(tmp_path), "--ckpt_path=last", "--trainer.max_epochs=2")
+    assert resumed.returncode == 0, resumed.stdout
+    checkpoint = torch.load(last, weights_only=False)
+    assert checkpoint["global_step"] == 8 and checkpoint["epoch"] == 1
+    assert checkpoint["lr_schedulers"][0]["last_epoch"] == 8
+    # The same TensorBoard run goes on from step 4; the config is overwritten, not refused.
+    assert not (tmp_path / "logs" / "test" / "version_1").exists()
+    assert sorted(_scalars(log_dir)["train/loss"]) == list(range(8))
+
+
+def test_ckpt_path_last_without_a_checkpoint_starts_from_scratch(tmp_path):
+    result = run_cli("fit", "--config", SMOKE, *run_args(tmp_path), "--ckpt_path=last")
+    assert result.returncode == 0, result.stdout
+    assert "yet: starting from scratch" in result.stdout
+    assert (tmp_path / "checkpoints" / "test" / "last.ckpt").is_file()
+
+
+def test_help_and_print_config():
+    assert run_cli("--help").returncode == 0
+    printed = run_cli("fit", "--print_config")
+    assert printed.returncode == 0, printed.stdout
+    assert "run_name: resnet50-cifar10" in printed.stdout and "base_lr: 0.2" in printed.stdout

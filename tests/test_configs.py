@@ -1,0 +1,58 @@
+"""Every file in configs/ parses and builds, stacked on the recipe as a user stacks it."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+from lightning.pytorch.strategies import DDPStrategy, Strategy, StrategyRegistry
+
+from multigpu.cli import MultiGPUCLI, main
+from multigpu.data import CIFAR10DataModule
+from multigpu.model import ResNet50Classifier
+
+from conftest import REPO, run_args
+
+CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
+DEFAULT = REPO / "configs" / "default.yaml"
+# Lets a config that reads CIFAR-10 build without the dataset on this machine.
+OFFLINE = ["--data.synthetic=true"]
+
+
+def _build(tmp_path: Path, *args: str) -> MultiGPUCLI:
+    return MultiGPUCLI(default_config_files=[DEFAULT], run=False, args=[*args, *run_args(tmp_path), *OFFLINE])
+
+
+def test_configs_folder_holds_the_documented_presets():
+    assert {"default.yaml", "smoke.yaml", "ddp.yaml"} <= {path.name for path in CONFIGS}
+
+
+@pytest.mark.parametrize("config", [path for path in CONFIGS if "cuda" not in path.read_text()], ids=lambda p: p.name)
+def test_config_builds_model_data_and_trainer(config, tmp_path):
+    cli = _build(tmp_path, "--config", str(config), "--trainer.accelerator=cpu")
+    assert isinstance(cli.model, ResNet50Classifier) and isinstance(cli.datamodule, CIFAR10DataModule)
+    # The links: batch size and class count come from the data module.
+    assert cli.model.hparams.batch_size == cli.datamodule.batch_size
+    assert cli.model.hparams.num_classes == cli.datamodule.num_classes == 10
+    assert cli.trainer.checkpoint_callback.dirpath == str(tmp_path / "checkpoints" / "test")
+
+
+def test_ddp_config_builds_two_cpu_processes(tmp_path):
+    cli = _build(tmp_path, "--config", str(REPO / "configs" / "ddp.yaml"), "--trainer.accelerator=cpu", "--trainer.devices=2")
+    assert isinstance(cli.trainer.strategy, DDPStrategy) and cli.trainer.num_devices == 2
+
+
+@pytest.mark.parametrize("config", [path for path in CONFIGS if "cuda" in path.read_text()], ids=lambda p: p.name)
+def test_cuda_config_parses_builds_its_strategy_and_fails_clearly_without_cuda(config, tmp_path, capsys):
+    with pytest.raises(SystemExit) as printed:
+        main(["fit", "--config", str(config), "--print_config"], default_config_files=[DEFAULT])
+    assert printed.value.code == 0
+    resolved = yaml.safe_load(capsys.readouterr().out)
+    assert resolved["trainer"]["accelerator"] == "cuda"
+    strategy = StrategyRegistry.get(resolved["trainer"]["strategy"])
+    assert isinstance(strategy, Strategy)
+
+    with pytest.raises(SystemExit) as failed:
+        main(["fit", "--config", str(config), *run_args(tmp_path), *OFFLINE], default_config_files=[DEFAULT])
+    assert failed.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("error: ") and "CUDA" in error
