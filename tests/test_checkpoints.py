@@ -1,5 +1,7 @@
 """Checkpoints load back under each precision, and bad ones are refused with one line."""
 
+import os
+
 import pytest
 import torch
 from lightning.pytorch import Trainer
@@ -48,8 +50,6 @@ def test_unreadable_and_foreign_checkpoints_are_refused(tmp_path):
 
 
 def test_last_is_the_newest_last_checkpoint(tmp_path):
-    import os
-
     trainer = _fit(tmp_path, "32-true", max_steps=1)
     older, newer = tmp_path / "last.ckpt", tmp_path / "last-v1.ckpt"
     trainer.save_checkpoint(older)

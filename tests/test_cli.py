@@ -5,7 +5,11 @@ from pathlib import Path
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import SMOKE, run_cli, run_args
+from multigpu.cli import main
+
+from conftest import REPO, SMOKE, run_cli, run_args
+
+DEFAULT = REPO / "configs" / "default.yaml"
 
 
 def _scalars(log_dir: Path) -> dict[str, list[int]]:
@@ -55,4 +59,31 @@ def test_help_and_print_config():
     assert run_cli("--help").returncode == 0
     printed = run_cli("fit", "--print_config")
     assert printed.returncode == 0, printed.stdout
-    assert "run_name: resnet50-cifar10" in printed.stdout and "base_lr: 0.2" in printed.stdout
+    # Values that differ from the code's defaults: configs/default.yaml was read.
+    assert "nesterov: true" in printed.stdout and "max_epochs: 100" in printed.stdout
+
+
+def test_ddp_spawn_two_cpu_processes(tmp_path):
+    result = run_cli(
+        "fit", "--config", SMOKE, "--trainer.strategy=ddp_spawn", "--trainer.devices=2", *run_args(tmp_path)
+    )
+    assert result.returncode == 0, result.stdout
+    assert torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt", weights_only=False)["global_step"] == 2
+
+
+def _in_process(subcommand: str, tmp_path: Path, *args: str) -> None:
+    main([subcommand, "--config", SMOKE, *run_args(tmp_path), *args], default_config_files=[DEFAULT])
+
+
+def test_accumulation_clipping_and_16_mixed_then_validate_test_predict(tmp_path, capsys):
+    _in_process(
+        "fit", tmp_path, "--trainer.accumulate_grad_batches=2", "--trainer.gradient_clip_val=1.0",
+        "--trainer.precision=16-mixed",
+    )
+    checkpoint = torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt", weights_only=False)
+    assert checkpoint["global_step"] == 2  # 4 batches, 2 per optimizer step
+    assert checkpoint["multigpu"]["global_batch_size"] == 16
+    for subcommand in ("validate", "test", "predict"):
+        _in_process(subcommand, tmp_path, "--ckpt_path=last")
+    out = capsys.readouterr().out
+    assert "val/acc" in out and "test/acc" in out

@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 from urllib.error import URLError
 
@@ -83,8 +84,6 @@ def test_synthetic_data_is_deterministic_and_touches_no_disk(tmp_path):
 
 def test_real_subset_from_environment():
     """Reads the real CIFAR-10 subset when MULTIGPU_CIFAR10_SUBSET points at it."""
-    import os
-
     subset = os.environ.get("MULTIGPU_CIFAR10_SUBSET")
     if not subset:
         pytest.skip("set MULTIGPU_CIFAR10_SUBSET to the folder holding cifar-10-batches-py")

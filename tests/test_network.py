@@ -27,3 +27,15 @@ def test_blocks_applied_one_by_one_equal_the_whole_network():
     for block in net:
         out = block(out)
     torch.testing.assert_close(out, net(x))
+
+
+def test_channels_last_model_keeps_the_format_and_the_result():
+    from multigpu.model import ResNet50Classifier
+
+    torch.manual_seed(0)
+    plain = ResNet50Classifier().eval()
+    torch.manual_seed(0)
+    fast = ResNet50Classifier(channels_last=True).eval()
+    assert fast.net[0][0].weight.is_contiguous(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(fast(x), plain(x), rtol=1e-4, atol=1e-4)
