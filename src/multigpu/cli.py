@@ -76,18 +76,19 @@ class MultiGPUCLI(LightningCLI):
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
 
     def _config(self):
-        return self.config[self.subcommand] if self.subcommand else self.config
+        """This run's configuration: the subcommand's, or the whole one with ``run=False``."""
+        subcommand = self.config.get("subcommand")
+        return self.config[subcommand] if subcommand else self.config
 
     @override
     def _parse_ckpt_path(self) -> None:
         # Runs right after parsing, before Lightning reads the checkpoint's hyperparameters:
         # resolve `last` and refuse an unreadable file with one clear line.
-        subcommand = self.config.get("subcommand")
-        config = self.config[subcommand] if subcommand else self.config
+        config = self._config()
         if config.get("ckpt_path") is not None:
             dirpath = _checkpoint_dir(config["checkpoint_root"], config["run_name"])
             config["ckpt_path"], checkpoint = resolve_ckpt_path(config["ckpt_path"], dirpath)
-            if subcommand == "fit":
+            if self.config.get("subcommand") == "fit":
                 # Resuming continues the TensorBoard run the checkpoint was written in.
                 self._log_version = checkpoint.get(RunMetadata.KEY, {}).get("log_version")
         super()._parse_ckpt_path()
