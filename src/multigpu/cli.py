@@ -7,6 +7,7 @@
 
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
@@ -42,7 +43,7 @@ class MultiGPUCLI(LightningCLI):
     resumed ``fit`` continues the TensorBoard run of its checkpoint.
     """
 
-    def __init__(self, default_config_files: list[str | Path] = (), **kwargs) -> None:
+    def __init__(self, default_config_files: Sequence[str | Path] = (), **kwargs) -> None:
         self._log_version: int | str | None = None
         defaults = {"default_config_files": [str(path) for path in default_config_files]}
         parser_kwargs = {name: defaults for name in SUBCOMMANDS} if kwargs.get("run", True) else defaults
@@ -112,7 +113,7 @@ class MultiGPUCLI(LightningCLI):
         return trainer
 
 
-def main(args: list[str] | None = None, default_config_files: list[str | Path] = ()) -> None:
+def main(args: list[str] | None = None, default_config_files: Sequence[str | Path] = ()) -> None:
     """Run the CLI; a bad request ends with one ``error: ...`` line and exit status 2."""
     try:
         MultiGPUCLI(default_config_files=default_config_files, args=args)
