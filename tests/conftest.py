@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = str(REPO / "configs" / "smoke.yaml")
+DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
 
 
 @pytest.fixture(autouse=True)
@@ -35,6 +36,13 @@ def run_cli(*args: str, cwd: Path = REPO, timeout: int = 300, env: dict | None =
         text=True,
         timeout=timeout,
     )
+
+
+def cli_main(*args: str) -> None:
+    """Run the CLI in this process, with configs/default.yaml read first as main.py does."""
+    from multigpu.cli import main
+
+    main(list(args), default_config_files=[DEFAULT_CONFIG])
 
 
 def run_args(tmp_path: Path, run_name: str = "test") -> list[str]:

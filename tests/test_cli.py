@@ -2,14 +2,12 @@
 
 from pathlib import Path
 
+import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from multigpu.cli import main
 
-from conftest import REPO, SMOKE, run_cli, run_args
-
-DEFAULT = REPO / "configs" / "default.yaml"
+from conftest import SMOKE, cli_main, run_cli, run_args
 
 
 def _scalars(log_dir: Path) -> dict[str, list[int]]:
@@ -72,7 +70,7 @@ def test_ddp_spawn_two_cpu_processes(tmp_path):
 
 
 def _in_process(subcommand: str, tmp_path: Path, *args: str) -> None:
-    main([subcommand, "--config", SMOKE, *run_args(tmp_path), *args], default_config_files=[DEFAULT])
+    cli_main(subcommand, "--config", SMOKE, *run_args(tmp_path), *args)
 
 
 def test_accumulation_clipping_and_16_mixed_then_validate_test_predict(tmp_path, capsys):
@@ -87,3 +85,16 @@ def test_accumulation_clipping_and_16_mixed_then_validate_test_predict(tmp_path,
         _in_process(subcommand, tmp_path, "--ckpt_path=last")
     out = capsys.readouterr().out
     assert "val/acc" in out and "test/acc" in out
+
+
+def test_resume_follows_the_command_line_and_refuses_another_network(tmp_path, capsys, caplog):
+    _in_process("fit", tmp_path)
+    _in_process("fit", tmp_path, "--ckpt_path=last", "--trainer.max_epochs=2", "--model.label_smoothing=0.1")
+    assert "Model options changed since" in caplog.text and "label_smoothing 0.0 -> 0.1" in caplog.text
+    last = tmp_path / "checkpoints" / "test" / "last.ckpt"
+    assert torch.load(last, weights_only=False)["hyper_parameters"]["label_smoothing"] == 0.1
+
+    with pytest.raises(SystemExit) as exit_info:
+        _in_process("fit", tmp_path, "--ckpt_path=last", "--trainer.max_epochs=3", "--model.stem=imagenet")
+    assert exit_info.value.code == 2
+    assert "holds a network with --model.stem=cifar, not imagenet" in capsys.readouterr().err

@@ -6,20 +6,19 @@ import pytest
 import yaml
 from lightning.pytorch.strategies import DDPStrategy, Strategy, StrategyRegistry
 
-from multigpu.cli import MultiGPUCLI, main
+from multigpu.cli import MultiGPUCLI
 from multigpu.data import CIFAR10DataModule
 from multigpu.model import ResNet50Classifier
 
-from conftest import REPO, run_args
+from conftest import DEFAULT_CONFIG, REPO, cli_main, run_args
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
-DEFAULT = REPO / "configs" / "default.yaml"
 # Lets a config that reads CIFAR-10 build without the dataset on this machine.
 OFFLINE = ["--data.synthetic=true"]
 
 
 def _build(tmp_path: Path, *args: str) -> MultiGPUCLI:
-    return MultiGPUCLI(default_config_files=[DEFAULT], run=False, args=[*args, *run_args(tmp_path), *OFFLINE])
+    return MultiGPUCLI(default_config_files=[DEFAULT_CONFIG], run=False, args=[*args, *run_args(tmp_path), *OFFLINE])
 
 
 def test_configs_folder_holds_the_documented_presets():
@@ -44,7 +43,7 @@ def test_ddp_config_builds_two_cpu_processes(tmp_path):
 @pytest.mark.parametrize("config", [path for path in CONFIGS if "cuda" in path.read_text()], ids=lambda p: p.name)
 def test_cuda_config_parses_builds_its_strategy_and_fails_clearly_without_cuda(config, tmp_path, capsys):
     with pytest.raises(SystemExit) as printed:
-        main(["fit", "--config", str(config), "--print_config"], default_config_files=[DEFAULT])
+        cli_main("fit", "--config", str(config), "--print_config")
     assert printed.value.code == 0
     resolved = yaml.safe_load(capsys.readouterr().out)
     assert resolved["trainer"]["accelerator"] == "cuda"
@@ -52,7 +51,7 @@ def test_cuda_config_parses_builds_its_strategy_and_fails_clearly_without_cuda(c
     assert isinstance(strategy, Strategy)
 
     with pytest.raises(SystemExit) as failed:
-        main(["fit", "--config", str(config), *run_args(tmp_path), *OFFLINE], default_config_files=[DEFAULT])
+        cli_main("fit", "--config", str(config), *run_args(tmp_path), *OFFLINE)
     assert failed.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith("error: ") and "CUDA" in error

@@ -2,16 +2,12 @@
 
 import pytest
 
-from multigpu.cli import main
-
-from conftest import REPO, SMOKE, run_args
-
-DEFAULT = [REPO / "configs" / "default.yaml"]
+from conftest import SMOKE, cli_main, run_args
 
 
 def _error(capsys, args: list[str]) -> str:
     with pytest.raises(SystemExit) as exit_info:
-        main(["fit", "--config", SMOKE, *args], default_config_files=DEFAULT)
+        cli_main("fit", "--config", SMOKE, *args)
     assert exit_info.value.code == 2
     return capsys.readouterr().err.strip().splitlines()[-1]
 

@@ -3,6 +3,7 @@
 import pickle
 import zipfile
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -10,7 +11,10 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from multigpu.errors import UsageError
 
-__all__ = ["check_checkpoint", "find_last_checkpoint", "resolve_ckpt_path"]
+__all__ = ["check_checkpoint", "check_model_options", "find_last_checkpoint", "resolve_ckpt_path"]
+
+# Model options that change the network's shapes: a checkpoint only loads with the same value.
+_NETWORK_OPTIONS = ("stem",)
 
 
 def find_last_checkpoint(dirpath: str | Path) -> Path | None:
@@ -60,3 +64,22 @@ def resolve_ckpt_path(ckpt_path: str | None, dirpath: str | Path) -> tuple[str |
     elif ckpt_path in ("best", "hpc") or "://" in ckpt_path:
         return ckpt_path, {}
     return ckpt_path, check_checkpoint(ckpt_path)
+
+
+def check_model_options(path: str, checkpoint: dict[str, Any], options: Mapping[str, Any]) -> None:
+    """Compare this run's model options with those ``checkpoint`` was trained with.
+
+    The command line decides; a changed option is reported in one line, and a changed
+    network shape is refused before the network is built.
+    """
+    saved = checkpoint.get("hyper_parameters", {})
+    changed = {key: (saved[key], options[key]) for key in saved if key in options and saved[key] != options[key]}
+    for key in _NETWORK_OPTIONS:
+        if key in changed:
+            raise UsageError(
+                f"checkpoint {path} holds a network with --model.{key}={changed[key][0]}, not "
+                f"{changed[key][1]}: resume it with --model.{key}={changed[key][0]}."
+            )
+    if changed:
+        listed = ", ".join(f"{key} {old} -> {new}" for key, (old, new) in changed.items())
+        rank_zero_info(f"Model options changed since {path}: {listed}.")

@@ -19,7 +19,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from typing_extensions import override
 
 from multigpu.callbacks import EpochSummary, RunMetadata
-from multigpu.checkpoints import resolve_ckpt_path
+from multigpu.checkpoints import check_model_options, resolve_ckpt_path
 from multigpu.data import CIFAR10DataModule
 from multigpu.errors import UsageError
 from multigpu.model import ResNet50Classifier
@@ -83,16 +83,21 @@ class MultiGPUCLI(LightningCLI):
 
     @override
     def _parse_ckpt_path(self) -> None:
-        # Runs right after parsing, before Lightning reads the checkpoint's hyperparameters:
-        # resolve `last` and refuse an unreadable file with one clear line.
+        # Replaces Lightning's version, which loads the whole checkpoint once more and silently
+        # puts its model hyperparameters over the command line. Here the command line decides:
+        # `last` is resolved, the file checked, and changed model options reported, before
+        # anything is built.
         config = self._config()
-        if config.get("ckpt_path") is not None:
-            dirpath = _checkpoint_dir(config["checkpoint_root"], config["run_name"])
-            config["ckpt_path"], checkpoint = resolve_ckpt_path(config["ckpt_path"], dirpath)
-            if self.config.get("subcommand") == "fit":
-                # Resuming continues the TensorBoard run the checkpoint was written in.
-                self._log_version = checkpoint.get(RunMetadata.KEY, {}).get("log_version")
-        super()._parse_ckpt_path()
+        if config.get("ckpt_path") is None:
+            return
+        dirpath = _checkpoint_dir(config["checkpoint_root"], config["run_name"])
+        config["ckpt_path"], checkpoint = resolve_ckpt_path(config["ckpt_path"], dirpath)
+        if not checkpoint:
+            return
+        check_model_options(config["ckpt_path"], checkpoint, config["model"])
+        if self.config.get("subcommand") == "fit":
+            # Resuming continues the TensorBoard run the checkpoint was written in.
+            self._log_version = checkpoint.get(RunMetadata.KEY, {}).get("log_version")
 
     @override
     def instantiate_trainer(self, **kwargs) -> Trainer:

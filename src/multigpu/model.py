@@ -125,12 +125,12 @@ class ResNet50Classifier(LightningModule):
             nesterov=hp.nesterov,
             weight_decay=hp.weight_decay,
         )
-        total_steps = trainer.estimated_stepping_batches
-        if math.isinf(total_steps):
+        if math.isinf(trainer.estimated_stepping_batches):
             raise UsageError("the cosine schedule needs an end: set --trainer.max_epochs or --trainer.max_steps.")
+        total_steps = int(trainer.estimated_stepping_batches)
         if trainer.train_dataloader is None:  # not loaded yet when only max_steps bounds the run
             trainer.fit_loop.setup_data()
         steps_per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
         warmup_steps = min(total_steps, round(hp.warmup_epochs * steps_per_epoch))
-        scheduler = LambdaLR(optimizer, lambda step: warmup_cosine(step, warmup_steps, int(total_steps)))
+        scheduler = LambdaLR(optimizer, lambda step: warmup_cosine(step, warmup_steps, total_steps))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
