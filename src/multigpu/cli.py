@@ -23,6 +23,7 @@ from multigpu.checkpoints import check_model_options, resolve_ckpt_path
 from multigpu.data import CIFAR10DataModule
 from multigpu.errors import UsageError
 from multigpu.model import ResNet50Classifier
+from multigpu.strategies import name_to_class_path
 
 __all__ = ["MultiGPUCLI", "main"]
 
@@ -75,6 +76,14 @@ class MultiGPUCLI(LightningCLI):
         parser.link_arguments(("checkpoint_root", "run_name"), "checkpoint.dirpath", compute_fn=_checkpoint_dir)
         parser.link_arguments("data.batch_size", "model.batch_size")
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
+
+    @override
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        if args is None or isinstance(args, (list, tuple)):
+            # `--trainer.strategy=manual_model_parallel --trainer.strategy.balance=[9,9]` reads as the class.
+            self.config = parser.parse_args(name_to_class_path(sys.argv[1:] if args is None else args))
+        else:
+            super().parse_arguments(parser, args)
 
     def _config(self):
         """This run's configuration: the subcommand's, or the whole one with ``run=False``."""

@@ -5,13 +5,28 @@ Shared by the strategies that place parts of one network on different devices
 consecutive blocks in each stage: ``[6, 6, 6]`` splits 18 blocks into 3 stages.
 """
 
+import copy
+import time
 from collections.abc import Sequence
+from typing import Literal
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 from multigpu.errors import UsageError
 
-__all__ = ["balance_by_cost", "check_balance", "param_counts", "split_blocks"]
+__all__ = [
+    "BalanceBy",
+    "balance_by_cost",
+    "block_times",
+    "check_balance",
+    "choose_balance",
+    "param_counts",
+    "split_blocks",
+    "split_table",
+]
+
+BalanceBy = Literal["params", "time"]
 
 
 def check_balance(balance: Sequence[int], num_blocks: int) -> list[int]:
@@ -69,3 +84,69 @@ def split_blocks(blocks: nn.Sequential, balance: Sequence[int]) -> list[nn.Seque
         stages.append(blocks[start : start + count])
         start += count
     return stages
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type != "cpu":
+        torch.accelerator.synchronize(device)
+
+
+def block_times(blocks: nn.Sequential, example: Tensor, device: torch.device, repeats: int = 2) -> list[float]:
+    """Seconds of one forward and backward pass of each block on ``device``, for the input ``example``.
+
+    Runs on a copy of the blocks, so the network's parameters and BatchNorm statistics stay as
+    they are; one warm-up pass comes before the ``repeats`` that are timed.
+    """
+    blocks = copy.deepcopy(blocks).to(device).train()
+    totals = [0.0] * len(blocks)
+    for repeat in range(repeats + 1):
+        x = example.to(device)
+        for index, block in enumerate(blocks):
+            x = x.detach().requires_grad_(index > 0 and x.is_floating_point())
+            _synchronize(device)
+            start = time.perf_counter()
+            out = block(x)
+            out.backward(torch.ones_like(out))
+            _synchronize(device)
+            if repeat:
+                totals[index] += time.perf_counter() - start
+            x = out
+    return [total / repeats for total in totals]
+
+
+def choose_balance(
+    blocks: nn.Sequential,
+    num_stages: int,
+    balance: Sequence[int] | None,
+    balance_by: BalanceBy,
+    times: Sequence[float] | None,
+) -> list[int]:
+    """The balance to use: ``balance`` as given (checked), else one computed from parameters or times."""
+    if num_stages > len(blocks):
+        raise UsageError(f"{num_stages} stages need at least {num_stages} blocks, but the network has {len(blocks)}.")
+    if balance is not None:
+        if len(balance) != num_stages:
+            raise UsageError(f"balance {list(balance)} has {len(balance)} stages, but {num_stages} are asked for.")
+        return check_balance(balance, len(blocks))
+    if balance_by == "params":
+        return balance_by_cost(param_counts(blocks), num_stages)
+    if times is None:
+        raise UsageError("balance_by=time needs the LightningModule's example_input_array; give balance instead.")
+    return balance_by_cost(times, num_stages)
+
+
+def split_table(
+    blocks: nn.Sequential, balance: Sequence[int], devices: Sequence[torch.device], times: Sequence[float] | None
+) -> str:
+    """The split as a table: stage, device, blocks, parameters, and share of the measured time."""
+    counts = param_counts(blocks)
+    total_time = sum(times) if times else 0.0
+    rows = [("stage", "device", "blocks", "params", "time")]
+    start = 0
+    for stage, (count, device) in enumerate(zip(balance, devices, strict=True)):
+        end = start + count
+        share = f"{sum(times[start:end]) / total_time:.1%}" if total_time else "-"
+        rows.append((str(stage), str(device), f"{start}-{end - 1}", f"{sum(counts[start:end]) / 1e6:.2f}M", share))
+        start = end
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)

@@ -1,0 +1,42 @@
+"""Our strategies, registered by name so that ``--trainer.strategy=<name>`` finds them.
+
+    dp                      torch.nn.DataParallel over the devices of one process
+    manual_model_parallel   consecutive blocks of the network on consecutive devices,
+                            optionally replicated with DDP (devices_per_replica)
+
+On the command line a name may be followed by the strategy's options, as a class would be::
+
+    --trainer.strategy=manual_model_parallel --trainer.strategy.balance=[9,9]
+
+In YAML the options go under ``init_args`` of ``class_path: multigpu.strategies.ManualModelParallelStrategy``.
+"""
+
+from collections.abc import Sequence
+
+from lightning.pytorch.strategies import StrategyRegistry
+
+from multigpu.strategies.data_parallel import DataParallelStrategy
+from multigpu.strategies.manual_model_parallel import ManualModelParallelStrategy
+
+__all__ = ["DataParallelStrategy", "ManualModelParallelStrategy", "name_to_class_path"]
+
+_STRATEGIES = (DataParallelStrategy, ManualModelParallelStrategy)
+CLASS_PATHS = {strategy.strategy_name: f"{__name__}.{strategy.__name__}" for strategy in _STRATEGIES}
+
+for _strategy in _STRATEGIES:
+    if _strategy.strategy_name not in StrategyRegistry:
+        StrategyRegistry.register(_strategy.strategy_name, _strategy, description=_strategy.__doc__.splitlines()[0])
+
+
+def name_to_class_path(args: Sequence[str]) -> list[str]:
+    """Command-line arguments with ``--trainer.strategy=<one of our names>`` given as its class path.
+
+    jsonargparse accepts ``--trainer.strategy.<option>`` only after a class, not after a registry name.
+    """
+    args = list(args)
+    for index, arg in enumerate(args):
+        if arg.startswith("--trainer.strategy=") and arg.partition("=")[2] in CLASS_PATHS:
+            args[index] = "--trainer.strategy=" + CLASS_PATHS[arg.partition("=")[2]]
+        elif arg == "--trainer.strategy" and index + 1 < len(args) and args[index + 1] in CLASS_PATHS:
+            args[index + 1] = CLASS_PATHS[args[index + 1]]
+    return args

@@ -1,0 +1,177 @@
+"""``manual_model_parallel``: the network split into consecutive stages, one per device, in one process.
+
+Each stage's first block moves its input to the stage's device, and the network's
+output comes back to the first device, where the loss and the metrics live;
+autograd carries the gradients back across the devices. Parameter names do not
+change, so a checkpoint is the plain full state dict every strategy loads.
+
+With ``devices_per_replica: k`` the ``--trainer.devices`` of a node are cut into
+groups of ``k``: one process per group holds a copy of the network split over its
+``k`` devices, and DistributedDataParallel all-reduces the gradients between the
+processes ("distributed model and data parallel").
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.utilities import rank_zero_info
+from torch import nn
+from torch.optim import Optimizer
+from torch.utils.hooks import RemovableHandle
+from typing_extensions import override
+
+from multigpu.errors import UsageError
+from multigpu.partition import BalanceBy, block_times, choose_balance, split_table
+from multigpu.strategies.network_lookup import block_sequence
+
+__all__ = ["ManualModelParallelStrategy"]
+
+
+def _move_inputs(device: torch.device):
+    def hook(module: nn.Module, args: tuple) -> tuple:
+        return tuple(arg.to(device, non_blocking=True) if isinstance(arg, torch.Tensor) else arg for arg in args)
+
+    return hook
+
+
+def _move_output(device: torch.device):
+    def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        return output.to(device, non_blocking=True)
+
+    return hook
+
+
+class ManualModelParallelStrategy(DDPStrategy):
+    """Consecutive blocks of ``pl_module.net`` on consecutive devices, optionally replicated with DDP.
+
+    Args:
+        balance: blocks per stage, e.g. ``[9, 9]``; one stage per device of a replica.
+        balance_by: without ``balance``, split to even out the parameter count (``params``)
+            or the forward and backward time of the blocks, measured on the first device (``time``).
+        devices_per_replica: devices (stages) per copy of the network; ``--trainer.devices``
+            must be a multiple of it, and the quotient is the number of processes per node.
+            Default: the length of ``balance``, else all devices of the node (one process).
+        process_group_backend: the backend between replicas; default NCCL on CUDA, gloo on the CPU.
+    """
+
+    strategy_name = "manual_model_parallel"
+
+    def __init__(
+        self,
+        balance: list[int] | None = None,
+        balance_by: BalanceBy = "time",
+        devices_per_replica: int | None = None,
+        process_group_backend: str | None = None,
+    ) -> None:
+        super().__init__(process_group_backend=process_group_backend)
+        if devices_per_replica is not None and devices_per_replica < 1:
+            raise UsageError(f"devices_per_replica must be at least 1, not {devices_per_replica}.")
+        if balance is not None and devices_per_replica is not None and len(balance) != devices_per_replica:
+            raise UsageError(
+                f"balance {balance} has {len(balance)} stages, but devices_per_replica={devices_per_replica} asks for "
+                f"{devices_per_replica}: give one entry per device of a replica."
+            )
+        self.balance = balance
+        self.balance_by = balance_by
+        self.devices_per_replica = devices_per_replica
+        self._hooks: list[RemovableHandle] = []
+
+    @property
+    def stages_per_replica(self) -> int:
+        """Devices, and so stages, in each process's copy of the network."""
+        assert self.parallel_devices is not None
+        devices = len(self.parallel_devices)
+        per_replica = self.devices_per_replica or (len(self.balance) if self.balance else devices)
+        if devices % per_replica:
+            raise UsageError(
+                f"--trainer.devices={devices} is not a multiple of the {per_replica} devices per replica "
+                f"of manual_model_parallel: use {per_replica * max(1, devices // per_replica)} devices, "
+                "or change devices_per_replica (or balance)."
+            )
+        return per_replica
+
+    @property
+    @override
+    def num_processes(self) -> int:
+        return len(self.parallel_devices) // self.stages_per_replica if self.parallel_devices else 0
+
+    @property
+    def stage_devices(self) -> list[torch.device]:
+        """The devices of this process's stages, in order."""
+        assert self.parallel_devices is not None
+        per_replica = self.stages_per_replica
+        return self.parallel_devices[self.local_rank * per_replica : (self.local_rank + 1) * per_replica]
+
+    @property
+    @override
+    def root_device(self) -> torch.device:
+        return self.stage_devices[0]
+
+    @override
+    def model_to_device(self) -> None:
+        assert self.lightning_module is not None
+        pl_module = self.lightning_module
+        blocks = block_sequence(pl_module, self.strategy_name)
+        pl_module.to(self.root_device)
+        devices = self.stage_devices
+        times = self._block_times(blocks)
+        balance = choose_balance(blocks, len(devices), self.balance, self.balance_by, times)
+        balance = self.broadcast(balance)  # every replica splits the same way, as DDP's buckets need
+        rank_zero_info(
+            f"manual_model_parallel: {len(devices)} stages per replica, {self.num_nodes * self.num_processes} "
+            f"replica(s), balance {balance}" + ("" if self.balance else f" (by {self.balance_by})") + "\n"
+            + split_table(blocks, balance, devices, times)
+        )
+        self._place(blocks, balance, devices)
+
+    def _block_times(self, blocks: nn.Sequential) -> list[float] | None:
+        """Measured time of each block for one training batch, or None without an example input."""
+        pl_module = self.lightning_module
+        example = pl_module.example_input_array
+        if not isinstance(example, torch.Tensor):
+            return None
+        batch_size = pl_module.hparams.get("batch_size", len(example))
+        example = example[:1].expand(batch_size, *example.shape[1:])
+        with self.precision_plugin.train_step_context():
+            return block_times(blocks, example, self.root_device)
+
+    def _place(self, blocks: nn.Sequential, balance: Sequence[int], devices: Sequence[torch.device]) -> None:
+        self._remove_hooks()
+        start = 0
+        for count, device in zip(balance, devices, strict=True):
+            blocks[start : start + count].to(device)
+            if device != self.root_device:
+                self._hooks.append(blocks[start].register_forward_pre_hook(_move_inputs(device)))
+            start += count
+        if devices[-1] != self.root_device:
+            self._hooks.append(blocks[-1].register_forward_hook(_move_output(self.root_device)))
+
+    def _remove_hooks(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
+
+    @override
+    def configure_ddp(self) -> None:
+        if self.world_size > 1:  # one replica has no gradients to all-reduce
+            super().configure_ddp()
+
+    @override
+    def determine_ddp_device_ids(self) -> list[int] | None:
+        # DDP takes a module spread over several devices only without device_ids.
+        return None if self.stages_per_replica > 1 else super().determine_ddp_device_ids()
+
+    @override
+    def load_optimizer_state_dict(self, checkpoint: dict[str, Any]) -> None:
+        # Lightning's version moves all optimizer state to the root device; here each state
+        # stays where ``Optimizer.load_state_dict`` puts it, on its parameter's device.
+        optimizers: list[Optimizer] = self.optimizers
+        for optimizer, state in zip(optimizers, checkpoint["optimizer_states"]):
+            optimizer.load_state_dict(state)
+
+    @override
+    def teardown(self) -> None:
+        self._remove_hooks()
+        super().teardown()

@@ -1,0 +1,30 @@
+"""Where a strategy finds the network it places or wraps: the LightningModule's ``net``."""
+
+from lightning.pytorch import LightningModule
+from torch import nn
+
+from multigpu.errors import UsageError
+
+__all__ = ["block_sequence", "network"]
+
+
+def network(pl_module: LightningModule, strategy: str) -> nn.Module:
+    """The plain ``nn.Module`` in ``pl_module.net``; a ``UsageError`` names what is missing."""
+    net = getattr(pl_module, "net", None)
+    if not isinstance(net, nn.Module):
+        raise UsageError(
+            f"strategy {strategy} needs the network as a module in `self.net` of the LightningModule; "
+            f"{type(pl_module).__name__} has none."
+        )
+    return net
+
+
+def block_sequence(pl_module: LightningModule, strategy: str) -> nn.Sequential:
+    """``pl_module.net`` as an ``nn.Sequential`` of blocks, each fed by the previous block's output alone."""
+    net = network(pl_module, strategy)
+    if not isinstance(net, nn.Sequential):
+        raise UsageError(
+            f"strategy {strategy} splits the network into stages of consecutive blocks, so "
+            f"{type(pl_module).__name__}.net must be an nn.Sequential of blocks, not {type(net).__name__}."
+        )
+    return net
