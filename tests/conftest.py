@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import torch.distributed as dist
 
 REPO = Path(__file__).resolve().parents[1]
@@ -15,11 +16,28 @@ SMOKE = str(REPO / "configs" / "smoke.yaml")
 DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "min_cuda_gpus(n): runs only where at least n CUDA devices are visible")
+
+
+def pytest_runtest_setup(item):
+    marker = item.get_closest_marker("min_cuda_gpus")
+    if marker and torch.cuda.device_count() < marker.args[0]:
+        pytest.skip(f"needs {marker.args[0]} CUDA device(s), {torch.cuda.device_count()} visible")
+
+
 @pytest.fixture(autouse=True)
 def _clean_process_state(monkeypatch):
-    """In-process CLI runs see no pytest arguments; no process group outlives a test."""
+    """In-process CLI runs see no pytest arguments; no process group or launcher variable outlives a test.
+
+    Lightning's launcher leaves MASTER_PORT, LOCAL_RANK, WORLD_SIZE... in os.environ even for one
+    process, and a later subprocess that inherits LOCAL_RANK would wait for ranks that never come.
+    """
     monkeypatch.setattr(sys, "argv", ["main.py"])
+    environ = dict(os.environ)
     yield
+    os.environ.clear()
+    os.environ.update(environ)
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -43,6 +61,14 @@ def cli_main(*args: str) -> None:
     from multigpu.cli import main
 
     main(list(args), default_config_files=[DEFAULT_CONFIG])
+
+
+def cli_error(capsys, *args: str) -> str:
+    """Run ``fit`` with the smoke config and ARGS in this process; return its one ``error:`` line."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main("fit", "--config", SMOKE, *args)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
 
 
 def run_args(tmp_path: Path, run_name: str = "test") -> list[str]:

@@ -1,31 +1,22 @@
 """Each bad request ends with one ``error:`` line and exit status 2, before training."""
 
-import pytest
-
-from conftest import SMOKE, cli_main, run_args
-
-
-def _error(capsys, args: list[str]) -> str:
-    with pytest.raises(SystemExit) as exit_info:
-        cli_main("fit", "--config", SMOKE, *args)
-    assert exit_info.value.code == 2
-    return capsys.readouterr().err.strip().splitlines()[-1]
+from conftest import cli_error, run_args
 
 
 def test_wrong_config_key(capsys, tmp_path):
-    assert "--model.lerning_rate" in _error(capsys, ["--model.lerning_rate=0.1"])
+    assert "--model.lerning_rate" in cli_error(capsys, *["--model.lerning_rate=0.1"])
     bad = tmp_path / "bad.yaml"
     bad.write_text("model:\n  lerning_rate: 0.1\n")
-    assert "lerning_rate" in _error(capsys, ["--config", str(bad)])
+    assert "lerning_rate" in cli_error(capsys, *["--config", str(bad)])
 
 
 def test_impossible_device_count(capsys, tmp_path):
-    error = _error(capsys, ["--trainer.accelerator=cuda", "--trainer.devices=4", *run_args(tmp_path)])
+    error = cli_error(capsys, *["--trainer.accelerator=cuda", "--trainer.devices=4", *run_args(tmp_path)])
     assert error.startswith("error: ") and "CUDAAccelerator" in error
 
 
 def test_sync_batchnorm_on_the_cpu(capsys, tmp_path):
-    error = _error(capsys, ["--trainer.sync_batchnorm=true", *run_args(tmp_path)])
+    error = cli_error(capsys, *["--trainer.sync_batchnorm=true", *run_args(tmp_path)])
     assert error == "error: --trainer.sync_batchnorm=true needs CUDA devices (SyncBatchNorm); drop it on the CPU."
 
 
@@ -35,12 +26,12 @@ def test_missing_dataset_stops_before_the_model_is_built(capsys, tmp_path, monke
 
     monkeypatch.setattr("multigpu.model.resnet50_blocks", built)
     args = ["--data.synthetic=false", f"--data.data_dir={tmp_path / 'none'}", "--data.download=false"]
-    error = _error(capsys, [*args, *run_args(tmp_path)])
+    error = cli_error(capsys, *[*args, *run_args(tmp_path)])
     assert error.startswith("error: CIFAR-10 is not in") and str(tmp_path / "none") in error
 
 
 def test_corrupt_checkpoint(capsys, tmp_path):
     corrupt = tmp_path / "corrupt.ckpt"
     corrupt.write_bytes(b"\x00" * 100)
-    error = _error(capsys, [f"--ckpt_path={corrupt}", *run_args(tmp_path)])
+    error = cli_error(capsys, *[f"--ckpt_path={corrupt}", *run_args(tmp_path)])
     assert error.startswith(f"error: checkpoint {corrupt} cannot be read")

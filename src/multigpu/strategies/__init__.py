@@ -29,11 +29,14 @@ for _strategy in _STRATEGIES:
 
 
 def name_to_class_path(args: Sequence[str]) -> list[str]:
-    """Command-line arguments with ``--trainer.strategy=<one of our names>`` given as its class path.
+    """Command-line arguments where ``--trainer.strategy=<one of our names>`` becomes its class path
+    when ``--trainer.strategy.<option>`` arguments follow.
 
-    jsonargparse accepts ``--trainer.strategy.<option>`` only after a class, not after a registry name.
+    jsonargparse takes such options only after a class; without them, the name stays a name.
     """
     args = list(args)
+    if not any(arg.startswith("--trainer.strategy.") for arg in args):
+        return args
     for index, arg in enumerate(args):
         if arg.startswith("--trainer.strategy=") and arg.partition("=")[2] in CLASS_PATHS:
             args[index] = "--trainer.strategy=" + CLASS_PATHS[arg.partition("=")[2]]

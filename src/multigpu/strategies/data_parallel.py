@@ -44,7 +44,7 @@ class TransparentDataParallel(DataParallel):
     would otherwise run the replicas in float16.
     """
 
-    def __init__(self, module: nn.Module, device_ids: list[int], output_device: int) -> None:
+    def __init__(self, module: nn.Module, device_ids: list[int], output_device: int | None) -> None:
         super().__init__(module, device_ids=device_ids, output_device=output_device)
         self.register_load_state_dict_pre_hook(_add_module_prefix)
 

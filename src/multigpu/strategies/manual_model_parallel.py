@@ -87,8 +87,7 @@ class ManualModelParallelStrategy(DDPStrategy):
         if devices % per_replica:
             raise UsageError(
                 f"--trainer.devices={devices} is not a multiple of the {per_replica} devices per replica "
-                f"of manual_model_parallel: use {per_replica * max(1, devices // per_replica)} devices, "
-                "or change devices_per_replica (or balance)."
+                f"of manual_model_parallel: use a multiple of {per_replica}, or change devices_per_replica (or balance)."
             )
         return per_replica
 

@@ -1,0 +1,71 @@
+"""dp: plain state dicts, checkpoints that every strategy loads, one device without CUDA, a real scatter on GPUs."""
+
+import pytest
+import torch
+from lightning.pytorch import Trainer, seed_everything
+from torch.utils.data import DataLoader, TensorDataset
+
+from conftest import SMOKE, cli_main, run_args
+from multigpu.model import ResNet50Classifier
+from multigpu.strategies import DataParallelStrategy
+from multigpu.strategies.data_parallel import TransparentDataParallel
+from tiny_training import TinyBlocks
+
+
+def test_wrapped_network_saves_and_loads_plain_state_dicts():
+    model = ResNet50Classifier(stem="imagenet")
+    plain = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    model.net = TransparentDataParallel(model.net, device_ids=[], output_device=None)
+    assert model.state_dict().keys() == plain.keys()
+    with torch.no_grad():
+        model.net.module[0][0].weight.zero_()
+    model.load_state_dict(plain)  # keys without the `module.` prefix load into the wrapped network
+    assert torch.equal(model.net.module[0][0].weight.cpu(), plain["net.0.0.weight"])
+
+
+def test_dp_without_cuda_warns_trains_on_one_device_and_shares_checkpoints(tmp_path):
+    args = ["fit", "--config", SMOKE, *run_args(tmp_path)]
+    last = tmp_path / "checkpoints" / "test" / "last.ckpt"
+    with pytest.warns(UserWarning, match="strategy dp needs CUDA devices; it trains on one cpu device instead"):
+        cli_main(*args, "--trainer.strategy=dp", "--trainer.devices=2")
+    checkpoint = torch.load(last, weights_only=False)
+    assert checkpoint["global_step"] == 4 and checkpoint["multigpu"]["strategy"] == "DataParallelStrategy"
+    assert not [name for name in checkpoint["state_dict"] if "module." in name]
+    cli_main(*args, "--ckpt_path=last", "--trainer.max_epochs=2")  # dp -> one device
+    cli_main(*args, "--trainer.strategy=dp", "--ckpt_path=last", "--trainer.max_epochs=3")  # and back
+    assert torch.load(last, weights_only=False)["global_step"] == 12
+
+
+def _train_tiny_on_cuda(strategy, devices: int, dtypes: list) -> TinyBlocks:
+    generator = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(64, 8, generator=generator), torch.randint(0, 4, (64,), generator=generator))
+    seed_everything(0)
+    model = TinyBlocks()
+    model.net[1].register_forward_hook(lambda module, args, output: dtypes.append(output.dtype))
+    trainer = Trainer(
+        accelerator="cuda", devices=devices, strategy=strategy, precision="bf16-mixed", max_steps=4,
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )
+    trainer.fit(model, DataLoader(data, batch_size=16))
+    return model.cpu()
+
+
+@pytest.mark.min_cuda_gpus(2)
+def test_dp_scatters_over_two_gpus_in_bf16_like_one_gpu():
+    single_dtypes, dp_dtypes = [], []
+    single = _train_tiny_on_cuda("auto", 1, single_dtypes)
+    scattered = _train_tiny_on_cuda(DataParallelStrategy(), 2, dp_dtypes)
+    assert set(dp_dtypes) == set(single_dtypes) == {torch.bfloat16}  # the replicas' threads too
+    assert len(dp_dtypes) == 2 * len(single_dtypes)  # one call per replica
+    for name, tensor in scattered.state_dict().items():
+        torch.testing.assert_close(tensor, single.state_dict()[name], rtol=0.02, atol=1e-3, msg=name)
+
+
+@pytest.mark.min_cuda_gpus(1)
+@pytest.mark.parametrize("strategy", ["dp", "manual_model_parallel"])
+def test_one_gpu_trains_in_bf16(strategy, tmp_path):
+    cli_main(
+        "fit", "--config", SMOKE, "--trainer.accelerator=cuda", "--trainer.devices=1", "--trainer.precision=bf16-mixed",
+        f"--trainer.strategy={strategy}", *run_args(tmp_path),
+    )
+    assert torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt", weights_only=False)["global_step"] == 4

@@ -1,0 +1,147 @@
+"""manual_model_parallel: the same parameters as one device, a printed split, portable checkpoints, clear errors."""
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import LightningModule, Trainer, seed_everything
+from torch import nn
+from torch.utils.data import DataLoader
+
+from conftest import SMOKE, cli_error, cli_main, run_args, run_cli
+from multigpu.datasets import SyntheticCIFAR10
+from multigpu.errors import UsageError
+from multigpu.model import ResNet50Classifier
+from multigpu.strategies import ManualModelParallelStrategy
+
+TINY_TRAINING = Path(__file__).parent / "tiny_training.py"
+
+
+def _train_resnet(strategy, devices: int, precision: str, accumulate: int, clip: float | None) -> ResNet50Classifier:
+    seed_everything(0)
+    model = ResNet50Classifier(batch_size=4, stem="imagenet", warmup_epochs=0)
+    trainer = Trainer(
+        accelerator="cpu", devices=devices, strategy=strategy, precision=precision, max_steps=3,
+        accumulate_grad_batches=accumulate, gradient_clip_val=clip, limit_val_batches=0, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        use_distributed_sampler=False,
+    )
+    trainer.fit(model, DataLoader(SyntheticCIFAR10(24, seed=1), batch_size=4))
+    return model
+
+
+@pytest.mark.parametrize(
+    ("precision", "accumulate", "clip"), [("32-true", 1, None), ("bf16-mixed", 2, 0.5), ("16-mixed", 1, 0.5)]
+)
+def test_split_over_two_devices_trains_exactly_like_one_device(precision, accumulate, clip, caplog):
+    reference = _train_resnet("auto", 1, precision, accumulate, clip)
+    with caplog.at_level(logging.INFO):
+        split = _train_resnet(ManualModelParallelStrategy(balance=[5, 13]), 2, precision, accumulate, clip)
+    assert "balance [5, 13]" in caplog.text and "stage  device  blocks  params  time" in caplog.text
+    expected = reference.state_dict()
+    for name, tensor in split.state_dict().items():  # parameters and BatchNorm statistics
+        assert torch.equal(tensor, expected[name]), name
+
+
+def test_two_processes_of_two_stages_equal_one_process_on_both_shards(tmp_path):
+    def train(setup: str) -> dict:
+        out = tmp_path / f"{setup}.pt"
+        result = subprocess.run(
+            [sys.executable, str(TINY_TRAINING), setup, str(out)], capture_output=True, text=True, timeout=300
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        return torch.load(out)
+
+    reference, split = train("single"), train("mmp_2x2")
+    assert split.keys() == reference.keys()
+    for name, tensor in split.items():
+        torch.testing.assert_close(tensor, reference[name], rtol=0, atol=1e-6, msg=name)
+
+
+def test_balance_by_parameters_and_by_time(caplog):
+    def balance(**options) -> str:
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            _fit_tiny(ManualModelParallelStrategy(**options), devices=2)
+        return next(line for line in caplog.text.splitlines() if "balance" in line)
+
+    # Parameters 320, 4160, 4160, 130: [2, 2] holds at most 4480 per stage.
+    assert "balance [2, 2] (by params)" in balance(balance_by="params")
+    assert "(by time)" in balance(balance_by="time")
+
+
+def test_cli_trains_prints_its_split_and_resumes_under_ddp(tmp_path):
+    args = ["fit", "--config", SMOKE, "--trainer.accelerator=cpu", "--trainer.devices=2", *run_args(tmp_path)]
+    first = run_cli(*args, "--trainer.strategy=manual_model_parallel", "--trainer.strategy.balance_by=params")
+    assert first.returncode == 0, first.stdout
+    assert "manual_model_parallel: 2 stages per replica, 1 replica(s)" in first.stdout
+    assert "stage  device  blocks  params  time" in first.stdout
+    resumed = run_cli(*args, "--trainer.strategy=ddp", "--ckpt_path=last", "--trainer.max_epochs=2")
+    assert resumed.returncode == 0, resumed.stdout
+    assert "Restored all states" in resumed.stdout and "epoch 1 | step 6" in resumed.stdout
+
+
+def test_checkpoints_round_trip_with_single_device(tmp_path):
+    args = ["fit", "--config", SMOKE, *run_args(tmp_path)]
+    last = tmp_path / "checkpoints" / "test" / "last.ckpt"
+    cli_main(*args)
+    single_keys = torch.load(last, weights_only=False)["state_dict"].keys()
+    split = ["--trainer.strategy=manual_model_parallel", "--trainer.devices=2", "--trainer.strategy.balance=[9,9]"]
+    cli_main(*args, *split, "--ckpt_path=last", "--trainer.max_epochs=2")
+    checkpoint = torch.load(last, weights_only=False)
+    assert checkpoint["global_step"] == 8 and checkpoint["state_dict"].keys() == single_keys
+    assert checkpoint["multigpu"]["strategy"] == "ManualModelParallelStrategy"
+    cli_main(*args, "--ckpt_path=last", "--trainer.max_epochs=3")
+    assert torch.load(last, weights_only=False)["global_step"] == 12
+
+
+class _Unsplittable(LightningModule):
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def training_step(self, batch, batch_idx):
+        return self.net(batch[0]).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _fit_tiny(strategy, devices: int, module: LightningModule | None = None) -> None:
+    if module is None:
+        module = _Unsplittable(
+            nn.Sequential(nn.Linear(4, 64), nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 2))
+        )
+        module.example_input_array = torch.zeros(2, 4)
+    trainer = Trainer(
+        accelerator="cpu", devices=devices, strategy=strategy, max_steps=1, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )
+    trainer.fit(module, DataLoader([(torch.zeros(4),)] * 4, batch_size=2))
+
+
+def test_errors_in_the_request(capsys, tmp_path):
+    run = run_args(tmp_path)
+    strategy = "--trainer.strategy=manual_model_parallel"
+    error = cli_error(capsys, strategy, "--trainer.strategy.devices_per_replica=2", "--trainer.devices=3", *run)
+    assert error == (
+        "error: --trainer.devices=3 is not a multiple of the 2 devices per replica of manual_model_parallel: "
+        "use a multiple of 2, or change devices_per_replica (or balance)."
+    )
+    error = cli_error(capsys, strategy, "--trainer.strategy.balance=[5,5]", "--trainer.devices=2", *run)
+    assert error == "error: balance [5, 5] sums to 10, but the network has 18 blocks."
+    error = cli_error(capsys, strategy, "--trainer.devices=19", *run)
+    assert error == "error: 19 stages need at least 19 blocks, but the network has 18."
+    with pytest.raises(UsageError, match=r"balance \[9, 9\] has 2 stages, but devices_per_replica=3 asks for 3"):
+        ManualModelParallelStrategy(balance=[9, 9], devices_per_replica=3)
+
+
+def test_errors_in_the_network():
+    with pytest.raises(UsageError, match="_Unsplittable.net must be an nn.Sequential of blocks, not Linear"):
+        _fit_tiny(ManualModelParallelStrategy(), 2, _Unsplittable(nn.Linear(4, 2)))
+    unsized = _Unsplittable(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)))
+    with pytest.raises(UsageError, match="balance_by=time needs the LightningModule's example_input_array"):
+        _fit_tiny(ManualModelParallelStrategy(), 2, unsized)
