@@ -4,7 +4,15 @@ from torch import nn
 
 from multigpu.errors import UsageError
 from multigpu.network import resnet50_blocks
-from multigpu.partition import balance_by_cost, check_balance, param_counts, split_blocks
+from multigpu.partition import (
+    balance_by_cost,
+    block_times,
+    check_balance,
+    choose_balance,
+    param_counts,
+    split_blocks,
+    split_table,
+)
 
 
 @pytest.mark.parametrize(
@@ -50,3 +58,37 @@ def test_split_stages_chain_to_the_whole_network():
     x = torch.randn(3, 4)
     torch.testing.assert_close(stages[1](stages[0](x)), net(x))
     assert stages[0][0] is net[0]
+
+
+def test_block_times_measure_every_block_on_a_copy():
+    net = nn.Sequential(nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8)), nn.Conv2d(8, 64, 3), nn.Flatten())
+    before = {name: tensor.clone() for name, tensor in net.state_dict().items()}
+    times = block_times(net, torch.randn(4, 3, 16, 16), torch.device("cpu"))
+    assert len(times) == 3 and all(seconds > 0 for seconds in times)
+    assert times[1] > times[2]  # a convolution costs more than a flatten
+    for name, tensor in net.state_dict().items():  # BatchNorm statistics untouched
+        assert torch.equal(tensor, before[name]), name
+
+
+def test_choose_balance_takes_the_given_balance_or_the_costs():
+    net = nn.Sequential(nn.Linear(4, 64), nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 2))
+    assert choose_balance(net, 2, [1, 3], "time", None) == [1, 3]
+    assert choose_balance(net, 2, None, "params", None) == [2, 2]
+    assert choose_balance(net, 2, None, "time", [9.0, 1.0, 1.0, 1.0]) == [1, 3]
+    with pytest.raises(UsageError, match=r"balance \[4\] has 1 stages, but 2 are asked for"):
+        choose_balance(net, 2, [4], "time", None)
+    with pytest.raises(UsageError, match="5 stages need at least 5 blocks, but the network has 4"):
+        choose_balance(net, 5, None, "params", None)
+    with pytest.raises(UsageError, match="balance_by=time needs the LightningModule's example_input_array"):
+        choose_balance(net, 2, None, "time", None)
+
+
+def test_split_table_lists_stages_devices_blocks_params_and_time_shares():
+    net = nn.Sequential(nn.Linear(10, 100), nn.Linear(100, 10), nn.Linear(10, 1))
+    table = split_table(net, [1, 2], [torch.device("cpu"), torch.device("cpu")], [1.0, 2.0, 1.0])
+    assert table.splitlines() == [
+        "stage  device  blocks  params  time",
+        "0      cpu     0-0     1,100   25.0%",
+        "1      cpu     1-2     1,021   75.0%",
+    ]
+    assert split_table(net, [3], [torch.device("cpu")], None).splitlines()[1].endswith("-")

@@ -146,7 +146,7 @@ def split_table(
     for stage, (count, device) in enumerate(zip(balance, devices, strict=True)):
         end = start + count
         share = f"{sum(times[start:end]) / total_time:.1%}" if total_time else "-"
-        rows.append((str(stage), str(device), f"{start}-{end - 1}", f"{sum(counts[start:end]) / 1e6:.2f}M", share))
+        rows.append((str(stage), str(device), f"{start}-{end - 1}", f"{sum(counts[start:end]):,}", share))
         start = end
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
