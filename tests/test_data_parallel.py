@@ -5,7 +5,7 @@ import torch
 from lightning.pytorch import Trainer, seed_everything
 from torch.utils.data import DataLoader, TensorDataset
 
-from conftest import SMOKE, cli_main, run_args
+from conftest import SMOKE, cli_error, cli_main, run_args
 from multigpu.model import ResNet50Classifier
 from multigpu.strategies import DataParallelStrategy
 from multigpu.strategies.data_parallel import TransparentDataParallel
@@ -71,3 +71,15 @@ def test_one_gpu_trains_in_bf16(strategy, tmp_path):
         f"--trainer.strategy={strategy}", *run_args(tmp_path),
     )
     assert torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt", weights_only=False)["global_step"] == 4
+
+
+def test_dp_refuses_several_processes_or_machines(capsys, tmp_path, monkeypatch):
+    args = ["--trainer.strategy=dp", *run_args(tmp_path)]
+    error = cli_error(capsys, *args, "--trainer.num_nodes=2")
+    assert error == "error: dp runs in one process on one machine, not 2: use ddp across machines."
+    torchrun = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+                "TORCHELASTIC_RUN_ID": "test", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555"}
+    for name, value in torchrun.items():
+        monkeypatch.setenv(name, value)
+    error = cli_error(capsys, *args)
+    assert error == "error: dp runs in one process, but TorchElasticEnvironment started 2: start one process per machine, or use ddp."

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from lightning.pytorch import LightningModule, Trainer, seed_everything
+from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from torch import nn
 from torch.utils.data import DataLoader
+from typing_extensions import override
 
 from conftest import SMOKE, cli_error, cli_main, run_args, run_cli
 from multigpu.datasets import SyntheticCIFAR10
@@ -22,27 +23,45 @@ TINY_TRAINING = Path(__file__).parent / "tiny_training.py"
 SPLIT_TABLE_HEADER = re.compile(r"^stage +device +blocks +params +time$", re.MULTILINE)
 
 
-def _train_resnet(strategy, devices: int, precision: str, accumulate: int, clip: float | None) -> ResNet50Classifier:
+def _hooked_blocks(net: nn.Sequential) -> list[int]:
+    return [index for index, block in enumerate(net) if block._forward_pre_hooks]
+
+
+class _CheckStageHooks(Callback):
+    """During training, the first block of each later stage moves its input to the stage's device."""
+
+    def __init__(self, first_blocks: list[int]) -> None:
+        self.first_blocks = first_blocks
+
+    @override
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        assert _hooked_blocks(pl_module.net) == self.first_blocks
+
+
+def _train_resnet(strategy, devices: int, precision: str, accumulate: int, clip: float | None, callbacks=()):
     seed_everything(0)
     model = ResNet50Classifier(batch_size=4, stem="imagenet", warmup_epochs=0)
     trainer = Trainer(
         accelerator="cpu", devices=devices, strategy=strategy, precision=precision, max_steps=3,
         accumulate_grad_batches=accumulate, gradient_clip_val=clip, limit_val_batches=0, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        use_distributed_sampler=False,
+        use_distributed_sampler=False, callbacks=list(callbacks),
     )
     trainer.fit(model, DataLoader(SyntheticCIFAR10(24, seed=1), batch_size=4))
     return model
 
 
-@pytest.mark.parametrize(
-    ("precision", "accumulate", "clip"), [("32-true", 1, None), ("bf16-mixed", 2, 0.5), ("16-mixed", 1, 0.5)]
-)
+@pytest.mark.parametrize(("precision", "accumulate", "clip"), [("32-true", 1, None), ("bf16-mixed", 2, 0.5)])
 def test_split_over_two_devices_trains_exactly_like_one_device(precision, accumulate, clip, caplog):
     reference = _train_resnet("auto", 1, precision, accumulate, clip)
+    strategy = ManualModelParallelStrategy(balance=[5, 13])
+    # Two CPU devices that compare unequal, so the activations' moves between stages are in place.
+    strategy.parallel_devices = [torch.device("cpu", 0), torch.device("cpu", 1)]
     with caplog.at_level(logging.INFO):
-        split = _train_resnet(ManualModelParallelStrategy(balance=[5, 13]), 2, precision, accumulate, clip)
+        split = _train_resnet(strategy, 2, precision, accumulate, clip, [_CheckStageHooks([5])])
     assert "balance [5, 13]" in caplog.text and SPLIT_TABLE_HEADER.search(caplog.text)
+    assert re.search(r"^1 +cpu:1 +5-17 ", caplog.text, re.MULTILINE)
+    assert _hooked_blocks(split.net) == []  # removed at the end
     expected = reference.state_dict()
     for name, tensor in split.state_dict().items():  # parameters and BatchNorm statistics
         assert torch.equal(tensor, expected[name]), name
@@ -64,15 +83,16 @@ def test_two_processes_of_two_stages_equal_one_process_on_both_shards(tmp_path):
 
 
 def test_balance_by_parameters_and_by_time(caplog):
-    def balance(**options) -> str:
+    def balance(precision: str = "32-true", **options) -> str:
         caplog.clear()
         with caplog.at_level(logging.INFO):
-            _fit_tiny(ManualModelParallelStrategy(**options), devices=2)
+            _fit_tiny(ManualModelParallelStrategy(**options), devices=2, precision=precision)
         return next(line for line in caplog.text.splitlines() if "balance" in line)
 
     # Parameters 320, 4160, 4160, 130: [2, 2] holds at most 4480 per stage.
     assert "balance [2, 2] (by params)" in balance(balance_by="params")
     assert "(by time)" in balance(balance_by="time")
+    assert "(by time)" in balance(precision="bf16-true")  # the example input follows the parameters' dtype
 
 
 def test_cli_trains_prints_its_split_and_resumes_under_ddp(tmp_path):
@@ -112,14 +132,14 @@ class _Unsplittable(LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def _fit_tiny(strategy, devices: int, module: LightningModule | None = None) -> None:
+def _fit_tiny(strategy, devices: int, module: LightningModule | None = None, precision: str = "32-true") -> None:
     if module is None:
         module = _Unsplittable(
             nn.Sequential(nn.Linear(4, 64), nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 2))
         )
         module.example_input_array = torch.zeros(2, 4)
     trainer = Trainer(
-        accelerator="cpu", devices=devices, strategy=strategy, max_steps=1, logger=False,
+        accelerator="cpu", devices=devices, strategy=strategy, precision=precision, max_steps=1, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
     )
     trainer.fit(module, DataLoader([(torch.zeros(4),)] * 4, batch_size=2))
@@ -147,3 +167,25 @@ def test_errors_in_the_network():
     unsized = _Unsplittable(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)))
     with pytest.raises(UsageError, match="balance_by=time needs the LightningModule's example_input_array"):
         _fit_tiny(ManualModelParallelStrategy(), 2, unsized)
+
+
+@pytest.mark.min_cuda_gpus(2)
+@pytest.mark.parametrize("devices_per_replica", [2, 1])
+def test_stages_on_two_gpus_fit_then_validate(devices_per_replica, tmp_path):
+    args = ["--config", SMOKE, "--trainer.accelerator=cuda", "--trainer.devices=2", *run_args(tmp_path)]
+    strategy = ["--trainer.strategy=manual_model_parallel", f"--trainer.strategy.devices_per_replica={devices_per_replica}"]
+    fit = run_cli("fit", *args, *strategy, "--trainer.precision=16-mixed", "--trainer.gradient_clip_val=1.0")
+    assert fit.returncode == 0, fit.stdout
+    assert re.search(r"^1 +cuda:1 ", fit.stdout, re.MULTILINE) or devices_per_replica == 1
+    validate = run_cli("validate", *args, *strategy, "--ckpt_path=last")
+    assert validate.returncode == 0, validate.stdout
+
+
+@pytest.mark.min_cuda_gpus(4)
+def test_two_replicas_of_two_gpus(tmp_path):
+    result = run_cli(
+        "fit", "--config", SMOKE, "--trainer.accelerator=cuda", "--trainer.devices=4", *run_args(tmp_path),
+        "--trainer.strategy=manual_model_parallel", "--trainer.strategy.devices_per_replica=2", "--data.synthetic_size=64",
+    )
+    assert result.returncode == 0, result.stdout
+    assert "2 stages per replica, 2 replica(s)" in result.stdout

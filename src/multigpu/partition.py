@@ -94,24 +94,25 @@ def _synchronize(device: torch.device) -> None:
 def block_times(blocks: nn.Sequential, example: Tensor, device: torch.device, repeats: int = 2) -> list[float]:
     """Seconds of one forward and backward pass of each block on ``device``, for the input ``example``.
 
-    Runs on a copy of the blocks, so the network's parameters and BatchNorm statistics stay as
-    they are; one warm-up pass comes before the ``repeats`` that are timed.
+    Each block is timed on a copy of its own, so the network's parameters and BatchNorm
+    statistics stay as they are and only one block's copy is on the device at a time;
+    one warm-up pass comes before the ``repeats`` that are timed.
     """
-    blocks = copy.deepcopy(blocks).to(device).train()
-    totals = [0.0] * len(blocks)
-    for repeat in range(repeats + 1):
-        x = example.to(device)
-        for index, block in enumerate(blocks):
-            x = x.detach().requires_grad_(index > 0 and x.is_floating_point())
+    times, x = [], example.to(device)
+    for index, block in enumerate(blocks):
+        block = copy.deepcopy(block).to(device).train()
+        x = x.detach().requires_grad_(index > 0 and x.is_floating_point())
+        elapsed = []
+        for _ in range(repeats + 1):
             _synchronize(device)
             start = time.perf_counter()
             out = block(x)
             out.backward(torch.ones_like(out))
             _synchronize(device)
-            if repeat:
-                totals[index] += time.perf_counter() - start
-            x = out
-    return [total / repeats for total in totals]
+            elapsed.append(time.perf_counter() - start)
+        times.append(sum(elapsed[1:]) / repeats)
+        x = out
+    return times
 
 
 def choose_balance(

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DataParallel
 from typing_extensions import override
 
+from multigpu.errors import UsageError
 from multigpu.strategies.network_lookup import network
 
 __all__ = ["DataParallelStrategy", "TransparentDataParallel"]
@@ -102,6 +103,15 @@ class DataParallelStrategy(ParallelStrategy):
         return 1
 
     @property
+    def num_nodes(self) -> int:
+        return 1
+
+    @num_nodes.setter
+    def num_nodes(self, num_nodes: int) -> None:
+        if num_nodes != 1:
+            raise UsageError(f"dp runs in one process on one machine, not {num_nodes}: use ddp across machines.")
+
+    @property
     def is_distributed(self) -> bool:
         """No distributed sampler: the one process sees every sample."""
         return False
@@ -111,6 +121,18 @@ class DataParallelStrategy(ParallelStrategy):
         """The CUDA device indices DataParallel scatters over; empty without CUDA."""
         assert self.parallel_devices is not None
         return [device.index for device in self.parallel_devices if device.type == "cuda"]
+
+    @override
+    def setup_environment(self) -> None:
+        environment = self.cluster_environment
+        if environment is not None and environment.creates_processes_externally and environment.world_size() > 1:
+            raise UsageError(
+                f"dp runs in one process, but {type(environment).__name__} started {environment.world_size()}: "
+                "start one process per machine, or use ddp."
+            )
+        if self._layer_sync is not None:
+            raise UsageError("--trainer.sync_batchnorm=true needs one process per device: use ddp, not dp.")
+        super().setup_environment()
 
     @override
     def model_to_device(self) -> None:

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from lightning.fabric.utilities.distributed import _init_dist_connection
+from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
@@ -109,6 +111,17 @@ class ManualModelParallelStrategy(DDPStrategy):
         return self.stage_devices[0]
 
     @override
+    def setup_distributed(self) -> None:
+        if self.stages_per_replica == 1:
+            return super().setup_distributed()
+        # Lightning binds the process group to the root device; NCCL then refuses the collectives
+        # (DDP's parameter broadcast and all-reduce) on the other stages' devices. Same steps, unbound.
+        reset_seed()
+        self.set_world_ranks()
+        self._process_group_backend = self._get_process_group_backend()
+        _init_dist_connection(self.cluster_environment, self._process_group_backend, timeout=self._timeout)
+
+    @override
     def model_to_device(self) -> None:
         assert self.lightning_module is not None
         pl_module = self.lightning_module
@@ -132,7 +145,7 @@ class ManualModelParallelStrategy(DDPStrategy):
         if not isinstance(example, torch.Tensor):
             return None
         batch_size = pl_module.hparams.get("batch_size", len(example))
-        example = example[:1].expand(batch_size, *example.shape[1:])
+        example = self.precision_plugin.convert_input(example[:1].expand(batch_size, *example.shape[1:]))
         with self.precision_plugin.train_step_context():
             return block_times(blocks, example, self.root_device)
 
