@@ -6,6 +6,8 @@ from typing import Any
 from lightning.pytorch import Callback, LightningModule, Trainer
 from typing_extensions import override
 
+from multigpu.replicas import data_parallel_size
+
 __all__ = ["EpochSummary", "RunMetadata"]
 
 
@@ -35,7 +37,7 @@ class EpochSummary(Callback):
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         epoch_time = time.perf_counter() - self._start
         train_time = max(self._train_end - self._start, 1e-9)
-        images_per_s = self._images * trainer.world_size / train_time
+        images_per_s = self._images * data_parallel_size(trainer) / train_time
         pl_module.log("perf/epoch_time_s", epoch_time, sync_dist=True)
         pl_module.log("perf/images_per_s", images_per_s, sync_dist=True)
         metrics = trainer.callback_metrics

@@ -18,6 +18,7 @@ from typing_extensions import override
 
 from multigpu.errors import UsageError
 from multigpu.network import Stem, resnet50_blocks
+from multigpu.replicas import data_parallel_size
 from multigpu.schedule import scaled_lr, warmup_cosine
 
 __all__ = ["ResNet50Classifier"]
@@ -77,7 +78,7 @@ class ResNet50Classifier(LightningModule):
     def global_batch_size(self) -> int:
         """Images per optimizer step over all processes: the batch the learning rate scales with."""
         trainer = self.trainer
-        return self.hparams.batch_size * trainer.world_size * trainer.accumulate_grad_batches
+        return self.hparams.batch_size * data_parallel_size(trainer) * trainer.accumulate_grad_batches
 
     @override
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:

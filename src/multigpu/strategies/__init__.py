@@ -3,6 +3,8 @@
     dp                      torch.nn.DataParallel over the devices of one process
     manual_model_parallel   consecutive blocks of the network on consecutive devices,
                             optionally replicated with DDP (devices_per_replica)
+    pipeline                one process per stage, micro-batches on torch.distributed.pipelining,
+                            optionally replicated (num_stages)
 
 On the command line a name may be followed by the strategy's options, as a class would be::
 
@@ -17,10 +19,11 @@ from lightning.pytorch.strategies import StrategyRegistry
 
 from multigpu.strategies.data_parallel import DataParallelStrategy
 from multigpu.strategies.manual_model_parallel import ManualModelParallelStrategy
+from multigpu.strategies.pipeline import PipelineStrategy
 
-__all__ = ["DataParallelStrategy", "ManualModelParallelStrategy", "name_to_class_path"]
+__all__ = ["DataParallelStrategy", "ManualModelParallelStrategy", "PipelineStrategy", "name_to_class_path"]
 
-_STRATEGIES = (DataParallelStrategy, ManualModelParallelStrategy)
+_STRATEGIES = (DataParallelStrategy, ManualModelParallelStrategy, PipelineStrategy)
 CLASS_PATHS = {strategy.strategy_name: f"{__name__}.{strategy.__name__}" for strategy in _STRATEGIES}
 
 for _strategy in _STRATEGIES:

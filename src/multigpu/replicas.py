@@ -1,0 +1,14 @@
+"""How many processes train on different samples: what the global batch and throughput count."""
+
+from lightning.pytorch import Trainer
+
+__all__ = ["data_parallel_size"]
+
+
+def data_parallel_size(trainer: Trainer) -> int:
+    """The number of data-parallel replicas: the world size, unless the strategy says otherwise.
+
+    The processes of one pipeline share their samples, so a pipeline strategy gives
+    ``data_parallel_size`` as the world size divided by its number of stages.
+    """
+    return getattr(trainer.strategy, "data_parallel_size", trainer.world_size)
