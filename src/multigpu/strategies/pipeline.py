@@ -97,6 +97,7 @@ class PipelineStrategy(DDPStrategy):
         self._stage_blocks: list[int] = []
         self._batch_size: int | None = None
         self._output_width: int | None = None
+        self._held_grads: list[tuple[nn.Parameter, Tensor | None]] = []
 
     # --- layout -------------------------------------------------------------------------------
 
@@ -237,7 +238,8 @@ class PipelineStrategy(DDPStrategy):
         target = y if is_last else None
         with self.precision_plugin.forward_context():
             if train:
-                output = self._schedule.step(*inputs, target=target)
+                with self._gradients_held_for_backward():
+                    output = self._schedule.step(*inputs, target=target)
             else:  # forward only; inference tensors would end up in the stage's buffers
                 with torch.inference_mode(False), torch.no_grad():
                     output = self._schedule.eval(*inputs, target=target)
@@ -255,6 +257,24 @@ class PipelineStrategy(DDPStrategy):
             shared = torch.empty(self._batch_size, self._output_width, device=self.root_device)
         dist.broadcast(shared, src=last, group=self._pipe_group)
         return shared
+
+    @contextmanager
+    def _gradients_held_for_backward(self) -> Iterator[None]:
+        """Keep the gradients the schedule computes apart until ``backward``.
+
+        Lightning zeroes the gradients between ``training_step`` and ``backward``, so the
+        schedule's backward passes, which run inside ``training_step``, are added in ``backward``.
+        """
+        params = [param for param in self._stage_module.parameters() if param.requires_grad]
+        earlier = [param.grad for param in params]
+        for param in params:
+            param.grad = None
+        try:
+            yield
+        finally:
+            self._held_grads = [(param, param.grad) for param in params]
+            for param, grad in zip(params, earlier):
+                param.grad = grad
 
     @contextmanager
     def _network_returns(self, output: Tensor) -> Iterator[None]:
@@ -289,8 +309,12 @@ class PipelineStrategy(DDPStrategy):
 
     @override
     def backward(self, closure_loss: Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any) -> Tensor:
-        # The schedule ran every micro-batch's backward pass in training_step; keep the hooks around it.
+        # The schedule ran every micro-batch's backward pass in training_step; its gradients land here.
         closure_loss = self.precision_plugin.pre_backward(closure_loss, self.lightning_module)
+        for param, grad in self._held_grads:
+            if grad is not None:
+                param.grad = grad if param.grad is None else param.grad + grad
+        self._held_grads = []
         return self.precision_plugin.post_backward(closure_loss, self.lightning_module)
 
     @override
