@@ -56,6 +56,17 @@ def run_cli(*args: str, cwd: Path = REPO, timeout: int = 300, env: dict | None =
     )
 
 
+def train_setup(tmp_path: Path, setup: str) -> dict:
+    """Run ``tests/strategy_training.py SETUP`` in a subprocess; return the trained state dict."""
+    out = tmp_path / f"{setup}.pt"
+    result = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "strategy_training.py"), setup, str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return torch.load(out)
+
+
 def cli_main(*args: str) -> None:
     """Run the CLI in this process, with configs/default.yaml read first as main.py does."""
     from multigpu.cli import main

@@ -9,7 +9,7 @@ from conftest import SMOKE, cli_error, cli_main, run_args
 from multigpu.model import ResNet50Classifier
 from multigpu.strategies import DataParallelStrategy
 from multigpu.strategies.data_parallel import TransparentDataParallel
-from tiny_training import TinyBlocks
+from strategy_training import TinyBlocks
 
 
 def test_wrapped_network_saves_and_loads_plain_state_dicts():

@@ -2,9 +2,6 @@
 
 import logging
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,13 +10,12 @@ from torch import nn
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
-from conftest import SMOKE, cli_error, cli_main, run_args, run_cli
+from conftest import SMOKE, cli_error, cli_main, run_args, run_cli, train_setup
 from multigpu.datasets import SyntheticCIFAR10
 from multigpu.errors import UsageError
 from multigpu.model import ResNet50Classifier
 from multigpu.strategies import ManualModelParallelStrategy
 
-TINY_TRAINING = Path(__file__).parent / "tiny_training.py"
 SPLIT_TABLE_HEADER = re.compile(r"^stage +device +blocks +params +time$", re.MULTILINE)
 
 
@@ -68,15 +64,7 @@ def test_split_over_two_devices_trains_exactly_like_one_device(precision, accumu
 
 
 def test_two_processes_of_two_stages_equal_one_process_on_both_shards(tmp_path):
-    def train(setup: str) -> dict:
-        out = tmp_path / f"{setup}.pt"
-        result = subprocess.run(
-            [sys.executable, str(TINY_TRAINING), setup, str(out)], capture_output=True, text=True, timeout=300
-        )
-        assert result.returncode == 0, result.stdout + result.stderr
-        return torch.load(out)
-
-    reference, split = train("single"), train("mmp_2x2")
+    reference, split = train_setup(tmp_path, "single"), train_setup(tmp_path, "mmp_2x2")
     assert split.keys() == reference.keys()
     for name, tensor in split.items():
         torch.testing.assert_close(tensor, reference[name], rtol=0, atol=1e-6, msg=name)

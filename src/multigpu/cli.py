@@ -108,6 +108,14 @@ class MultiGPUCLI(LightningCLI):
             # Resuming continues the TensorBoard run the checkpoint was written in.
             self._log_version = checkpoint.get(RunMetadata.KEY, {}).get("log_version")
 
+    def before_fit(self) -> None:
+        """Let the strategy refuse the model before it launches any process."""
+        check_model = getattr(self.trainer.strategy, "check_model", None)
+        if check_model is not None:
+            check_model(self.model)
+
+    before_validate = before_test = before_predict = before_fit
+
     @override
     def instantiate_trainer(self, **kwargs) -> Trainer:
         config = self._config()

@@ -163,9 +163,8 @@ class PipelineStrategy(DDPStrategy):
 
     # --- the model ------------------------------------------------------------------------------
 
-    @override
-    def setup(self, trainer) -> None:
-        pl_module = self.lightning_module
+    def check_model(self, pl_module: LightningModule) -> nn.Sequential:
+        """Refuse a LightningModule this pipeline cannot run, before any process is launched; return its blocks."""
         blocks = block_sequence(pl_module, self.strategy_name)
         if not isinstance(getattr(pl_module, "criterion", None), nn.Module):
             raise UsageError(
@@ -178,6 +177,16 @@ class PipelineStrategy(DDPStrategy):
                 f"the batch of {batch_size} images cannot be cut into micro_batches={self.micro_batches} equal parts: "
                 "choose a batch size that is a multiple of micro_batches."
             )
+        if self.num_stages > len(blocks):
+            raise UsageError(f"{self.num_stages} stages need at least {self.num_stages} blocks, but the network has {len(blocks)}.")
+        if self.balance is not None:
+            choose_balance(blocks, self.num_stages, self.balance, self.balance_by, None)
+        return blocks
+
+    @override
+    def setup(self, trainer) -> None:
+        pl_module = self.lightning_module
+        blocks = self.check_model(pl_module)
         super().setup(trainer)  # moves the module to this process's device; no DDP wrapper (configure_ddp)
         self._build_pipeline(pl_module, blocks)
         # Processes that hold the same stage start from the same weights.
@@ -337,7 +346,13 @@ class PipelineStrategy(DDPStrategy):
     def _clip_gradients(
         self, optimizer: Optimizer, clip_val: float = 0.0, gradient_clip_algorithm: GradClipAlgorithmType = GradClipAlgorithmType.NORM
     ) -> None:
-        """Lightning's clipping, with the norm taken over the gradients of all stages."""
+        """Lightning's clipping step, made pipeline-wide.
+
+        Lightning calls it after unscaling and before the optimizer step, with or without
+        clipping, so it is also where a 16-mixed overflow on one stage skips the step on all.
+        The norm is taken over the gradients of all stages.
+        """
+        self._share_overflow(optimizer)
         if clip_val <= 0:
             return
         if gradient_clip_algorithm == GradClipAlgorithmType.VALUE:
@@ -349,6 +364,18 @@ class PipelineStrategy(DDPStrategy):
             squares += grad.detach().float().pow(2).sum()
         dist.all_reduce(squares, group=self._pipe_group)
         torch.nn.utils.clip_grads_with_norm_(grads, clip_val, squares.sqrt())
+
+    def _share_overflow(self, optimizer: Optimizer) -> None:
+        scaler = getattr(self.precision_plugin, "scaler", None)
+        if scaler is None or not scaler.is_enabled():
+            return
+        # GradScaler keeps its per-device overflow flags here; it has no public way to set them.
+        found = scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+        flags = [flag.to(self.root_device).sum() for flag in found.values()]
+        anywhere = torch.stack(flags).sum() if flags else torch.zeros((), device=self.root_device)
+        dist.all_reduce(anywhere, op=dist.ReduceOp.MAX)
+        if anywhere.item() > 0:
+            found[self.root_device] = torch.ones(1, device=self.root_device)
 
     # --- checkpoints --------------------------------------------------------------------------
 

@@ -1,0 +1,72 @@
+"""pipeline: one process per stage, the maths of one device, checkpoints shared with DDP, clear errors."""
+
+import re
+
+import pytest
+import torch
+
+from conftest import SMOKE, cli_error, cli_main, run_args, run_cli, train_setup
+
+
+@pytest.mark.parametrize("setup", ["pipe_gpipe", "pipe_1f1b", "pipe_2x2"])
+def test_pipeline_trains_like_one_process(setup, tmp_path):
+    """2 stages (and 2 stages x 2 replicas) against one process on the same samples."""
+    reference, piped = train_setup(tmp_path, "single"), train_setup(tmp_path, setup)
+    assert piped.keys() == reference.keys()
+    for name, tensor in piped.items():
+        torch.testing.assert_close(tensor, reference[name], rtol=0, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_resnet_pipeline_equals_one_device_accumulating_the_micro_batches(schedule, tmp_path):
+    """With BatchNorm, each micro-batch is normalised on its own, as when one device accumulates them."""
+    reference, piped = train_setup(tmp_path, "resnet_accumulated"), train_setup(tmp_path, f"resnet_pipe_{schedule}")
+    assert piped.keys() == reference.keys()
+    for name, tensor in piped.items():  # parameters, BatchNorm statistics, batch counters
+        assert torch.equal(tensor, reference[name]), name
+
+
+def test_cli_trains_evaluates_and_shares_checkpoints_with_ddp_and_one_device(tmp_path):
+    args = ["--config", SMOKE, "--trainer.accelerator=cpu", *run_args(tmp_path)]
+    pipeline = ["--trainer.strategy=pipeline", "--trainer.devices=2"]
+    last = tmp_path / "checkpoints" / "test" / "last.ckpt"
+    first = run_cli("fit", *args, *pipeline)
+    assert first.returncode == 0, first.stdout
+    assert "pipeline: 2 stages x 1 replica(s), 4 micro-batches, schedule 1f1b" in first.stdout
+    assert re.search(r"^stage +device +blocks +params +time$", first.stdout, re.MULTILINE)
+    checkpoint = torch.load(last, weights_only=False)
+    # The gathered optimizer state holds every parameter's momentum, from both stages.
+    assert len(checkpoint["optimizer_states"][0]["state"]) == len([k for k in checkpoint["state_dict"] if "running" not in k and "num_batches" not in k])
+    resumed = run_cli("fit", *args, "--trainer.strategy=ddp", "--trainer.devices=2", "--ckpt_path=last", "--trainer.max_epochs=2")
+    assert resumed.returncode == 0 and "Restored all states" in resumed.stdout, resumed.stdout
+    back = run_cli("fit", *args, *pipeline, "--ckpt_path=last", "--trainer.max_epochs=3")
+    assert back.returncode == 0 and "epoch 2 | step 10" in back.stdout, back.stdout
+    for subcommand in ("validate", "test", "predict"):
+        result = run_cli(subcommand, *args, *pipeline, "--ckpt_path=last")
+        assert result.returncode == 0, result.stdout
+    cli_main("fit", *args, "--ckpt_path=last", "--trainer.max_epochs=4")  # and on one device
+    assert torch.load(last, weights_only=False)["global_step"] == 14
+
+
+def test_errors_before_anything_is_launched(capsys, tmp_path):
+    run = run_args(tmp_path)
+    pipeline = ["--trainer.strategy=pipeline", "--trainer.devices=2"]
+    error = cli_error(capsys, *pipeline, "--trainer.strategy.micro_batches=1", *run)
+    assert error == (
+        "error: schedule 1f1b needs at least as many micro-batches as stages: micro_batches=1 < 2 stages. "
+        "Raise micro_batches or use schedule gpipe."
+    )
+    error = cli_error(capsys, *pipeline, "--trainer.strategy.micro_batches=3", *run)
+    assert error == (
+        "error: the batch of 8 images cannot be cut into micro_batches=3 equal parts: "
+        "choose a batch size that is a multiple of micro_batches."
+    )
+    error = cli_error(capsys, "--trainer.strategy=pipeline", "--trainer.devices=3", "--trainer.strategy.num_stages=2", *run)
+    assert error == (
+        "error: the pipeline has 2 stages, but devices x nodes = 3 processes is not a multiple of it: "
+        "use a multiple of 2 devices, or change num_stages."
+    )
+    error = cli_error(capsys, "--trainer.strategy=pipeline", "--trainer.devices=19", "--trainer.strategy.schedule=gpipe", *run)
+    assert error == "error: 19 stages need at least 19 blocks, but the network has 18."
+    error = cli_error(capsys, *pipeline, "--trainer.strategy.balance=[9,8]", *run)
+    assert error == "error: balance [9, 8] sums to 17, but the network has 18 blocks."
