@@ -58,30 +58,34 @@ def resnet(batch_size: int) -> tuple[LightningModule, SyntheticCIFAR10]:
     return ResNet50Classifier(batch_size=batch_size, stem="imagenet", warmup_epochs=0), SyntheticCIFAR10(64, seed=1)
 
 
-# name: (model, strategy, devices, batch per process, accumulated batches)
+# Under bf16 with clipping by a norm the gradients exceed, and two accumulated batches.
+CLIPPED = {"precision": "bf16-mixed", "gradient_clip_val": 0.05, "accumulate_grad_batches": 2}
+
+# name: (model, strategy, devices, batch per process, other Trainer arguments)
 SETUPS = {
-    "single": (tiny, "auto", 1, 16, 1),
-    "mmp_1x2": (tiny, lambda: ManualModelParallelStrategy(balance=[2, 2]), 2, 16, 1),
-    "mmp_2x2": (tiny, lambda: ManualModelParallelStrategy(balance=[2, 2], devices_per_replica=2), 4, 8, 1),
-    "pipe_gpipe": (tiny, lambda: PipelineStrategy(micro_batches=4, schedule="gpipe", balance=[2, 2]), 2, 16, 1),
-    "pipe_1f1b": (tiny, lambda: PipelineStrategy(micro_batches=4, schedule="1f1b", balance=[1, 3]), 2, 16, 1),
-    "pipe_2x2": (tiny, lambda: PipelineStrategy(num_stages=2, micro_batches=2, balance_by="params"), 4, 8, 1),
-    "resnet_accumulated": (resnet, "auto", 1, 4, 2),
-    "resnet_pipe_gpipe": (resnet, lambda: PipelineStrategy(micro_batches=2, schedule="gpipe", balance=[6, 12]), 2, 8, 1),
-    "resnet_pipe_1f1b": (resnet, lambda: PipelineStrategy(micro_batches=2, schedule="1f1b", balance=[6, 12]), 2, 8, 1),
+    "single": (tiny, "auto", 1, 16, {}),
+    "mmp_1x2": (tiny, lambda: ManualModelParallelStrategy(balance=[2, 2]), 2, 16, {}),
+    "mmp_2x2": (tiny, lambda: ManualModelParallelStrategy(balance=[2, 2], devices_per_replica=2), 4, 8, {}),
+    "pipe_gpipe": (tiny, lambda: PipelineStrategy(micro_batches=4, schedule="gpipe", balance=[2, 2]), 2, 16, {}),
+    "pipe_1f1b": (tiny, lambda: PipelineStrategy(micro_batches=4, schedule="1f1b", balance=[1, 3]), 2, 16, {}),
+    "pipe_2x2": (tiny, lambda: PipelineStrategy(num_stages=2, micro_batches=2, balance_by="params"), 4, 8, {}),
+    "single_clipped": (tiny, "auto", 1, 8, CLIPPED),
+    "pipe_clipped": (tiny, lambda: PipelineStrategy(micro_batches=2, schedule="gpipe", balance=[2, 2]), 2, 8, CLIPPED),
+    "resnet_accumulated": (resnet, "auto", 1, 4, {"accumulate_grad_batches": 2}),
+    "resnet_pipe_gpipe": (resnet, lambda: PipelineStrategy(micro_batches=2, schedule="gpipe", balance=[6, 12]), 2, 8, {}),
+    "resnet_pipe_1f1b": (resnet, lambda: PipelineStrategy(micro_batches=2, schedule="1f1b", balance=[6, 12]), 2, 8, {}),
 }
 
 
 def main(name: str, out: str) -> None:
-    build, strategy, devices, batch_size, accumulate = SETUPS[name]
+    build, strategy, devices, batch_size, trainer_arguments = SETUPS[name]
     torch.set_num_threads(1)
     seed_everything(0)
     model, data = build(batch_size)
     trainer = Trainer(
         accelerator="cpu", devices=devices, strategy=strategy() if callable(strategy) else strategy,
-        max_steps=STEPS, accumulate_grad_batches=accumulate, limit_val_batches=0, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        use_distributed_sampler=False,
+        max_steps=STEPS, limit_val_batches=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, use_distributed_sampler=False, **trainer_arguments,
     )
     replicas = trainer.strategy.distributed_sampler_kwargs if trainer.world_size > 1 else {}
     shard = DistributedSampler(data, num_replicas=replicas.get("num_replicas", 1), rank=replicas.get("rank", 0), shuffle=False)

@@ -17,6 +17,12 @@ def test_pipeline_trains_like_one_process(setup, tmp_path):
         torch.testing.assert_close(tensor, reference[name], rtol=0, atol=1e-6, msg=name)
 
 
+def test_clipping_takes_the_norm_over_all_stages_in_bf16_with_accumulation(tmp_path):
+    reference, piped = train_setup(tmp_path, "single_clipped"), train_setup(tmp_path, "pipe_clipped")
+    for name, tensor in piped.items():
+        torch.testing.assert_close(tensor, reference[name], rtol=0, atol=1e-4, msg=name)
+
+
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_resnet_pipeline_equals_one_device_accumulating_the_micro_batches(schedule, tmp_path):
     """With BatchNorm, each micro-batch is normalised on its own, as when one device accumulates them."""
