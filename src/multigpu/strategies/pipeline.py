@@ -358,12 +358,12 @@ class PipelineStrategy(DDPStrategy):
         if gradient_clip_algorithm == GradClipAlgorithmType.VALUE:
             self.precision_plugin.clip_grad_by_value(optimizer, clip_val)
             return
-        grads = [param.grad for param in self._stage_module.parameters() if param.grad is not None]
+        params = [param for param in self._stage_module.parameters() if param.grad is not None]
         squares = torch.zeros((), device=self.root_device)
-        for grad in grads:
-            squares += grad.detach().float().pow(2).sum()
+        for param in params:
+            squares += param.grad.detach().float().pow(2).sum()
         dist.all_reduce(squares, group=self._pipe_group)
-        torch.nn.utils.clip_grads_with_norm_(grads, clip_val, squares.sqrt())
+        torch.nn.utils.clip_grads_with_norm_(params, clip_val, squares.sqrt())
 
     def _share_overflow(self, optimizer: Optimizer) -> None:
         scaler = getattr(self.precision_plugin, "scaler", None)
