@@ -56,15 +56,25 @@ def run_cli(*args: str, cwd: Path = REPO, timeout: int = 300, env: dict | None =
     )
 
 
-def train_setup(tmp_path: Path, setup: str) -> dict:
-    """Run ``tests/strategy_training.py SETUP`` in a subprocess; return the trained state dict."""
-    out = tmp_path / f"{setup}.pt"
-    result = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "strategy_training.py"), setup, str(out)],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    return torch.load(out)
+@pytest.fixture(scope="session")
+def train_setup(tmp_path_factory):
+    """``train_setup(name)`` runs ``tests/strategy_training.py NAME`` in a subprocess, once per
+    session, and returns the trained state dict."""
+    folder = tmp_path_factory.mktemp("strategy_training")
+    trained: dict[str, dict] = {}
+
+    def train(setup: str) -> dict:
+        if setup not in trained:
+            out = folder / f"{setup}.pt"
+            result = subprocess.run(
+                [sys.executable, str(REPO / "tests" / "strategy_training.py"), setup, str(out)],
+                capture_output=True, text=True, timeout=300,
+            )
+            assert result.returncode == 0, result.stdout + result.stderr
+            trained[setup] = torch.load(out)
+        return trained[setup]
+
+    return train
 
 
 def cli_main(*args: str) -> None:

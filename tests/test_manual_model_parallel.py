@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
-from conftest import SMOKE, cli_error, cli_main, run_args, run_cli, train_setup
+from conftest import SMOKE, cli_error, cli_main, run_args, run_cli
 from multigpu.datasets import SyntheticCIFAR10
 from multigpu.errors import UsageError
 from multigpu.model import ResNet50Classifier
@@ -63,8 +63,8 @@ def test_split_over_two_devices_trains_exactly_like_one_device(precision, accumu
         assert torch.equal(tensor, expected[name]), name
 
 
-def test_two_processes_of_two_stages_equal_one_process_on_both_shards(tmp_path):
-    reference, split = train_setup(tmp_path, "single"), train_setup(tmp_path, "mmp_2x2")
+def test_two_processes_of_two_stages_equal_one_process_on_both_shards(train_setup):
+    reference, split = train_setup("single"), train_setup("mmp_2x2")
     assert split.keys() == reference.keys()
     for name, tensor in split.items():
         torch.testing.assert_close(tensor, reference[name], rtol=0, atol=1e-6, msg=name)

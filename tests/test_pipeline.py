@@ -5,28 +5,28 @@ import re
 import pytest
 import torch
 
-from conftest import SMOKE, cli_error, cli_main, run_args, run_cli, train_setup
+from conftest import SMOKE, cli_error, cli_main, run_args, run_cli
 
 
 @pytest.mark.parametrize("setup", ["pipe_gpipe", "pipe_1f1b", "pipe_2x2"])
-def test_pipeline_trains_like_one_process(setup, tmp_path):
+def test_pipeline_trains_like_one_process(setup, train_setup):
     """2 stages (and 2 stages x 2 replicas) against one process on the same samples."""
-    reference, piped = train_setup(tmp_path, "single"), train_setup(tmp_path, setup)
+    reference, piped = train_setup("single"), train_setup(setup)
     assert piped.keys() == reference.keys()
     for name, tensor in piped.items():
         torch.testing.assert_close(tensor, reference[name], rtol=0, atol=1e-6, msg=name)
 
 
-def test_clipping_takes_the_norm_over_all_stages_in_bf16_with_accumulation(tmp_path):
-    reference, piped = train_setup(tmp_path, "single_clipped"), train_setup(tmp_path, "pipe_clipped")
+def test_clipping_takes_the_norm_over_all_stages_in_bf16_with_accumulation(train_setup):
+    reference, piped = train_setup("single_clipped"), train_setup("pipe_clipped")
     for name, tensor in piped.items():
         torch.testing.assert_close(tensor, reference[name], rtol=0, atol=1e-4, msg=name)
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_resnet_pipeline_equals_one_device_accumulating_the_micro_batches(schedule, tmp_path):
+def test_resnet_pipeline_equals_one_device_accumulating_the_micro_batches(schedule, train_setup):
     """With BatchNorm, each micro-batch is normalised on its own, as when one device accumulates them."""
-    reference, piped = train_setup(tmp_path, "resnet_accumulated"), train_setup(tmp_path, f"resnet_pipe_{schedule}")
+    reference, piped = train_setup("resnet_accumulated"), train_setup(f"resnet_pipe_{schedule}")
     assert piped.keys() == reference.keys()
     for name, tensor in piped.items():  # parameters, BatchNorm statistics, batch counters
         assert torch.equal(tensor, reference[name]), name
@@ -76,3 +76,16 @@ def test_errors_before_anything_is_launched(capsys, tmp_path):
     assert error == "error: 19 stages need at least 19 blocks, but the network has 18."
     error = cli_error(capsys, *pipeline, "--trainer.strategy.balance=[9,8]", *run)
     assert error == "error: balance [9, 8] sums to 17, but the network has 18 blocks."
+
+
+@pytest.mark.min_cuda_gpus(2)
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+def test_two_gpu_stages_over_nccl(precision, tmp_path):
+    result = run_cli(
+        "fit", "--config", SMOKE, "--trainer.accelerator=cuda", "--trainer.devices=2", "--trainer.strategy=pipeline",
+        f"--trainer.precision={precision}", "--trainer.gradient_clip_val=1.0", *run_args(tmp_path),
+    )
+    assert result.returncode == 0, result.stdout
+    validate = run_cli("validate", "--config", SMOKE, "--trainer.accelerator=cuda", "--trainer.devices=2",
+                       "--trainer.strategy=pipeline", "--ckpt_path=last", *run_args(tmp_path))
+    assert validate.returncode == 0, validate.stdout
