@@ -25,8 +25,8 @@ from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
 from multigpu.errors import UsageError
-from multigpu.partition import BalanceBy, block_times, choose_balance, split_table
-from multigpu.strategies.network_lookup import block_sequence
+from multigpu.partition import BalanceBy, choose_balance, split_table
+from multigpu.strategies.network_lookup import block_sequence, time_blocks
 
 __all__ = ["ManualModelParallelStrategy"]
 
@@ -128,7 +128,7 @@ class ManualModelParallelStrategy(DDPStrategy):
         blocks = block_sequence(pl_module, self.strategy_name)
         pl_module.to(self.root_device)
         devices = self.stage_devices
-        times = self._block_times(blocks)
+        times = time_blocks(self, blocks)
         balance = choose_balance(blocks, len(devices), self.balance, self.balance_by, times)
         balance = self.broadcast(balance)  # every replica splits the same way, as DDP's buckets need
         rank_zero_info(
@@ -137,17 +137,6 @@ class ManualModelParallelStrategy(DDPStrategy):
             + split_table(blocks, balance, devices, times)
         )
         self._place(blocks, balance, devices)
-
-    def _block_times(self, blocks: nn.Sequential) -> list[float] | None:
-        """Measured time of each block for one training batch, or None without an example input."""
-        pl_module = self.lightning_module
-        example = pl_module.example_input_array
-        if not isinstance(example, torch.Tensor):
-            return None
-        batch_size = pl_module.hparams.get("batch_size", len(example))
-        example = self.precision_plugin.convert_input(example[:1].expand(batch_size, *example.shape[1:]))
-        with self.precision_plugin.train_step_context():
-            return block_times(blocks, example, self.root_device)
 
     def _place(self, blocks: nn.Sequential, balance: Sequence[int], devices: Sequence[torch.device]) -> None:
         self._remove_hooks()

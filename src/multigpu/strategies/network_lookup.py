@@ -1,11 +1,13 @@
-"""Where a strategy finds the network it places or wraps: the LightningModule's ``net``."""
+"""Where a strategy finds the network it places or wraps (the LightningModule's ``net``), and what its blocks cost."""
 
 from lightning.pytorch import LightningModule
-from torch import nn
+from lightning.pytorch.strategies import Strategy
+from torch import Tensor, nn
 
 from multigpu.errors import UsageError
+from multigpu.partition import block_times
 
-__all__ = ["block_sequence", "network"]
+__all__ = ["block_sequence", "network", "time_blocks"]
 
 
 def network(pl_module: LightningModule, strategy: str) -> nn.Module:
@@ -28,3 +30,19 @@ def block_sequence(pl_module: LightningModule, strategy: str) -> nn.Sequential:
             f"{type(pl_module).__name__}.net must be an nn.Sequential of blocks, not {type(net).__name__}."
         )
     return net
+
+
+def time_blocks(strategy: Strategy, blocks: nn.Sequential, micro_batches: int = 1) -> list[float] | None:
+    """Forward and backward seconds of each block on the strategy's root device, in its precision.
+
+    The input is the LightningModule's ``example_input_array`` grown to one training batch
+    (``hparams.batch_size``) divided by ``micro_batches``; None when the module gives no example.
+    """
+    pl_module = strategy.lightning_module
+    example = pl_module.example_input_array
+    if not isinstance(example, Tensor):
+        return None
+    batch_size = max(1, pl_module.hparams.get("batch_size", len(example)) // micro_batches)
+    example = strategy.precision_plugin.convert_input(example[:1].expand(batch_size, *example.shape[1:]))
+    with strategy.precision_plugin.train_step_context():
+        return block_times(blocks, example, strategy.root_device)

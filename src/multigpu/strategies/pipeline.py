@@ -33,8 +33,8 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from multigpu.errors import UsageError
-from multigpu.partition import BalanceBy, block_times, choose_balance, split_blocks, split_table
-from multigpu.strategies.network_lookup import block_sequence
+from multigpu.partition import BalanceBy, choose_balance, split_blocks, split_table
+from multigpu.strategies.network_lookup import block_sequence, time_blocks
 
 __all__ = ["PipelineStrategy"]
 
@@ -195,14 +195,8 @@ class PipelineStrategy(DDPStrategy):
         self.precision_plugin.clip_gradients = self._clip_gradients  # the norm is global over the stages
 
     def _build_pipeline(self, pl_module: LightningModule, blocks: nn.Sequential) -> None:
-        times = None
-        example = pl_module.example_input_array
-        if self.global_rank == 0 and isinstance(example, Tensor):  # rank 0 times the blocks for all
-            batch_size = max(1, pl_module.hparams.get("batch_size", len(example)) // self.micro_batches)
-            example = self.precision_plugin.convert_input(example[:1].expand(batch_size, *example.shape[1:]))
-            with self.precision_plugin.train_step_context():
-                times = block_times(blocks, example, self.root_device)
-        times = self.broadcast(times)
+        # Rank 0 times the blocks, for one micro-batch, for all.
+        times = self.broadcast(time_blocks(self, blocks, self.micro_batches) if self.global_rank == 0 else None)
         balance = choose_balance(blocks, self.num_stages, self.balance, self.balance_by, times)
         start = sum(balance[: self.stage_index])
         self._stage_blocks = list(range(start, start + balance[self.stage_index]))
