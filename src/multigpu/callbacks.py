@@ -4,11 +4,13 @@ import time
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from multigpu.replicas import data_parallel_size
 
-__all__ = ["EpochSummary", "RunMetadata"]
+__all__ = ["EpochSummary", "LastCheckpoint", "RunMetadata"]
 
 
 class EpochSummary(Callback):
@@ -48,7 +50,7 @@ class EpochSummary(Callback):
 
 
 class RunMetadata(Callback):
-    """Stores in each checkpoint how it was made, under the key ``"multigpu"``.
+    """Stores in each checkpoint how it was made, under the key ``"multigpu"``, and reports a changed layout on resume.
 
     The CLI reads ``log_version`` back on ``--ckpt_path`` so that a resumed run
     continues the same TensorBoard run.
@@ -56,11 +58,53 @@ class RunMetadata(Callback):
 
     KEY = "multigpu"
 
+    @staticmethod
+    def _layout(trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
+        return {
+            "strategy": type(trainer.strategy).__name__,
+            "world_size": trainer.world_size,
+            "global_batch_size": getattr(pl_module, "global_batch_size", None),
+        }
+
     @override
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         checkpoint[self.KEY] = {
             "log_version": trainer.logger.version if trainer.logger else None,
-            "global_batch_size": getattr(pl_module, "global_batch_size", None),
-            "world_size": trainer.world_size,
-            "strategy": type(trainer.strategy).__name__,
+            **self._layout(trainer, pl_module),
         }
+
+    @override
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        saved, now = checkpoint.get(self.KEY, {}), self._layout(trainer, pl_module)
+        changes = [
+            f"{name.replace('_', ' ')} {saved[name]} -> {now[name]}"
+            for name in ("strategy", "world_size")
+            if name in saved and saved[name] != now[name]
+        ]
+        after = now["global_batch_size"]
+        before = saved.get("global_batch_size", after)
+        if not changes and before == after:
+            return
+        layout = f"another layout ({', '.join(changes)})" if changes else "the same layout"
+        if before == after:
+            batch = f"the global batch stays {after}"
+        else:
+            batch = f"the global batch changes {before} -> {after}, and the learning rate keeps the checkpoint's scaling"
+        rank_zero_info(f"Resuming with {layout}: {batch}.")
+
+
+class LastCheckpoint(ModelCheckpoint):
+    """Writes ``last.ckpt`` every N optimizer steps and at the end of every training epoch.
+
+    Lightning's ModelCheckpoint takes either a step or an epoch interval, not both; this
+    one keeps the newest state on disk for a resume after a kill, while the run's other
+    ModelCheckpoint keeps the best ones by the monitored metric.
+    """
+
+    def __init__(self, dirpath: str, every_n_train_steps: int) -> None:
+        super().__init__(dirpath=dirpath, every_n_train_steps=every_n_train_steps, save_top_k=0, save_last=True)
+
+    @override
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not self._should_skip_saving_checkpoint(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))

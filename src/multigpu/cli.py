@@ -18,7 +18,8 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from typing_extensions import override
 
-from multigpu.callbacks import EpochSummary, RunMetadata
+from multigpu.callbacks import EpochSummary, LastCheckpoint, RunMetadata
+from multigpu.checkpoint_io import AtomicCheckpointIO
 from multigpu.checkpoints import check_model_options, resolve_ckpt_path
 from multigpu.data import CIFAR10DataModule
 from multigpu.errors import UsageError
@@ -62,6 +63,11 @@ class MultiGPUCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument("--run_name", type=str, default="resnet50-cifar10", help="Name of the run: its checkpoint and log folder.")
         parser.add_argument("--checkpoint_root", type=str, default="checkpoints", help="Folder that holds one checkpoint folder per run.")
+        parser.add_argument(
+            "--save_every_n_steps", type=int, default=0,
+            help="Also write last.ckpt every N optimizer steps, so a killed run loses at most N steps "
+            "(0: only at the end of each epoch).",
+        )
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.set_defaults(
             {
@@ -125,10 +131,19 @@ class MultiGPUCLI(LightningCLI):
                 name=config["run_name"],
                 version=self._log_version,
             )
+        if config["trainer"].get("plugins") is None:  # checkpoints are written atomically
+            kwargs["plugins"] = [AtomicCheckpointIO()]
         try:
             trainer = super().instantiate_trainer(**kwargs)
         except ValueError as error:  # Lightning's checks of accelerator, strategy and devices
             raise UsageError(str(error)) from error
+        every = config.get("save_every_n_steps") or 0
+        if every < 0:
+            raise UsageError(f"--save_every_n_steps must be 0 (off) or positive, not {every}.")
+        if every:  # last.ckpt comes from LastCheckpoint alone; the other one keeps the best
+            trainer.checkpoint_callback.save_last = False
+            dirpath = _checkpoint_dir(config["checkpoint_root"], config["run_name"])
+            trainer.callbacks.append(LastCheckpoint(dirpath, every_n_train_steps=every))
         # Refuse combinations that would only fail once training has started.
         if config["trainer"].get("sync_batchnorm") and not isinstance(trainer.accelerator, CUDAAccelerator):
             raise UsageError("--trainer.sync_batchnorm=true needs CUDA devices (SyncBatchNorm); drop it on the CPU.")
