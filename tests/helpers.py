@@ -1,5 +1,7 @@
 """Test-only Lightning callbacks, loaded by class path from configs the tests write."""
 
+import os
+import signal
 from pathlib import Path
 
 from lightning.pytorch import Callback
@@ -18,3 +20,22 @@ class RecordSamples(Callback):
         fingerprints = [f"{image.flatten()[:4].tolist()}".replace(" ", "") for image in batch[0]]
         with open(self.out_dir / f"rank{trainer.global_rank}.txt", "a") as file:
             file.write("\n".join(fingerprints) + "\n")
+
+
+class KillAt(Callback):
+    """SIGKILLs this process at optimizer step ``step``: as the step starts, or while a checkpoint is being saved."""
+
+    def __init__(self, step: int, moment: str = "step") -> None:
+        self.step, self.moment = step, moment
+
+    def _kill_if(self, trainer, moment: str) -> None:
+        if trainer.global_step == self.step and self.moment == moment:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    @override
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._kill_if(trainer, "step")
+
+    @override
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        self._kill_if(trainer, "save")

@@ -1,11 +1,13 @@
 """Checkpoints that survive kills: atomic files, a last.ckpt every N steps, a reported change of layout."""
 
 import logging
+import signal
+from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import SMOKE, cli_main, run_args
+from conftest import SMOKE, cli_main, run_args, run_cli
 from multigpu.checkpoint_io import AtomicCheckpointIO
 
 
@@ -54,3 +56,39 @@ def test_resuming_with_another_layout_says_what_changed(tmp_path, caplog):
         "Resuming with another layout (strategy ManualModelParallelStrategy -> SingleDeviceStrategy): "
         "the global batch changes 8 -> 4, and the learning rate keeps the checkpoint's scaling." in caplog.text
     )
+
+
+def _final_state(tmp_path, run_name: str) -> dict:
+    return torch.load(tmp_path / "checkpoints" / run_name / "last.ckpt", weights_only=False)
+
+
+@pytest.mark.parametrize(
+    ("kills", "name"),
+    [([(7, "step")], "mid-epoch"), ([(6, "step"), (31, "step")], "right after a save, twice"), ([(8, "save")], "during a save")],
+)
+def test_killed_and_resumed_run_ends_bit_for_bit_like_an_uninterrupted_one(kills, name, tmp_path, tiny_cifar10):
+    """A SIGKILL at any point, then `--ckpt_path last`, gives the parameters of a run never killed.
+
+    Real CIFAR files and augmentations (random crops and flips), shuffled, 25 steps per epoch, 2 epochs;
+    last.ckpt every 2 steps.
+    """
+    data = [f"--data.data_dir={tiny_cifar10}", "--data.synthetic=false", "--data.download=false",
+            "--data.verify_checksums=false", "--data.batch_size=4", "--model.stem=imagenet"]
+    args = ["fit", "--config", SMOKE, *data, "--save_every_n_steps=2", "--trainer.max_epochs=2"]
+    reference = run_cli(*args, *run_args(tmp_path, "reference"))
+    assert reference.returncode == 0, reference.stdout
+    env = {"PYTHONPATH": str(Path(__file__).parent)}
+    for step, moment in kills:
+        kill = tmp_path / f"kill{step}.yaml"
+        kill.write_text(
+            "trainer:\n  callbacks:\n    - class_path: helpers.KillAt\n"
+            f"      init_args:\n        step: {step}\n        moment: {moment}\n"
+        )
+        killed = run_cli(*args, "--config", str(kill), *run_args(tmp_path, "killed"), "--ckpt_path=last", env=env)
+        assert killed.returncode == -signal.SIGKILL, killed.stdout
+    resumed = run_cli(*args, *run_args(tmp_path, "killed"), "--ckpt_path=last")
+    assert resumed.returncode == 0 and "Restored all states" in resumed.stdout, resumed.stdout
+    expected, final = _final_state(tmp_path, "reference"), _final_state(tmp_path, "killed")
+    assert final["global_step"] == expected["global_step"] == 50
+    for key, tensor in expected["state_dict"].items():
+        assert torch.equal(final["state_dict"][key], tensor), f"{name}: {key}"

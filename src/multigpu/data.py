@@ -16,6 +16,8 @@ from multigpu.datasets import (
     train_transform,
 )
 from multigpu.errors import UsageError
+from multigpu.replicas import data_parallel_size
+from multigpu.sampling import ResumableSampler
 
 __all__ = ["CIFAR10DataModule"]
 
@@ -42,6 +44,9 @@ class CIFAR10DataModule(LightningDataModule):
         synthetic: serve random tensors of CIFAR's shape instead of reading the disk.
         synthetic_size: training images per epoch with ``synthetic``; validation, test and
             predict get a quarter of it.
+        shuffle_seed: seed of the training set's per-epoch shuffle and of each sample's random
+            augmentation (see ``ResumableSampler``): a run resumed from a checkpoint, even one
+            written mid-epoch, sees the same images, augmented the same way, as a run never stopped.
     """
 
     num_classes = 10
@@ -58,6 +63,7 @@ class CIFAR10DataModule(LightningDataModule):
         val_split: int = 0,
         synthetic: bool = False,
         synthetic_size: int = 50_000,
+        shuffle_seed: int = 0,
     ) -> None:
         super().__init__()
         if batch_size < 1:
@@ -67,6 +73,7 @@ class CIFAR10DataModule(LightningDataModule):
         self.save_hyperparameters()
         self.batch_size = batch_size
         self.datasets: dict[str, Dataset] = {}
+        self._resume: tuple[int, int] | None = None  # (epoch, batches already trained) from a checkpoint
         # Local rank 0 checks (and downloads) once per machine before anything is built;
         # the other local ranks are started after it, or wait for it in `setup`'s barrier.
         if not synthetic and int(os.environ.get("LOCAL_RANK", 0)) == 0:
@@ -102,13 +109,13 @@ class CIFAR10DataModule(LightningDataModule):
             train, val = ImageTensorDataset(images, labels, train_transform()), test
         self.datasets = {"train": train, "val": val, "test": test}
 
-    def _loader(self, split: str, train: bool = False) -> DataLoader:
+    def _loader(self, split: str, sampler: ResumableSampler | None = None) -> DataLoader:
         workers = self.hparams.num_workers
         return DataLoader(
             self.datasets[split],
             batch_size=self.batch_size,
-            shuffle=train,
-            drop_last=train,
+            sampler=sampler,
+            drop_last=sampler is not None,
             num_workers=workers,
             pin_memory=self.hparams.pin_memory and torch.cuda.is_available(),
             persistent_workers=self.hparams.persistent_workers and workers > 0,
@@ -116,7 +123,27 @@ class CIFAR10DataModule(LightningDataModule):
 
     @override
     def train_dataloader(self) -> DataLoader:
-        return self._loader("train", train=True)
+        trainer = self.trainer
+        replicas = data_parallel_size(trainer) if trainer else 1
+        rank = trainer.global_rank // (trainer.world_size // replicas) if trainer else 0
+        sampler = ResumableSampler(self.datasets["train"], replicas, rank, self.batch_size, seed=self.hparams.shuffle_seed)
+        if self._resume is not None:
+            sampler.resume_at(*self._resume)
+            self._resume = None
+        return self._loader("train", sampler)
+
+    @override
+    def state_dict(self) -> dict[str, int]:
+        """Where training stands in the epoch, so that a resumed run skips what it already trained on."""
+        trainer = self.trainer
+        if trainer is None:
+            return {}
+        return {"epoch": trainer.current_epoch, "batches": trainer.fit_loop.epoch_loop.batch_progress.current.processed}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        if state_dict:
+            self._resume = (state_dict["epoch"], state_dict["batches"])
 
     @override
     def val_dataloader(self) -> DataLoader:

@@ -57,8 +57,15 @@ class ImageTensorDataset(Dataset):
     def __len__(self) -> int:
         return len(self.labels)
 
-    def __getitem__(self, index: int) -> tuple[Tensor, int]:
-        return self.transform(self.images[index]), int(self.labels[index])
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[Tensor, int]:
+        """Sample ``key``, or ``(index, seed)``: its random augmentation then depends on ``seed`` alone."""
+        index, seed = key if isinstance(key, tuple) else (key, None)
+        image, label = self.images[index], int(self.labels[index])
+        if seed is None:
+            return self.transform(image), label
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return self.transform(image), label
 
 
 class SyntheticCIFAR10(Dataset):
@@ -73,7 +80,8 @@ class SyntheticCIFAR10(Dataset):
     def __len__(self) -> int:
         return self.length
 
-    def __getitem__(self, index: int) -> tuple[Tensor, int]:
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[Tensor, int]:
+        index = key[0] if isinstance(key, tuple) else key  # no augmentation to seed
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
         label = int(torch.randint(self.num_classes, (), generator=generator))
         return torch.randn(3, 32, 32, generator=generator), label
