@@ -23,7 +23,8 @@ class RecordSamples(Callback):
 
 
 class KillAt(Callback):
-    """SIGKILLs this process at optimizer step ``step``: as the step starts, or while a checkpoint is being saved."""
+    """SIGKILLs this process at optimizer step ``step``: as the step starts (``step``), or while a
+    checkpoint is being saved (``save``); or sends it SIGTERM as the step starts (``sigterm``)."""
 
     def __init__(self, step: int, moment: str = "step") -> None:
         self.step, self.moment = step, moment
@@ -35,6 +36,8 @@ class KillAt(Callback):
     @override
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._kill_if(trainer, "step")
+        if trainer.global_step == self.step and self.moment == "sigterm":
+            os.kill(os.getpid(), signal.SIGTERM)
 
     @override
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:

@@ -64,7 +64,12 @@ def _final_state(tmp_path, run_name: str) -> dict:
 
 @pytest.mark.parametrize(
     ("kills", "name"),
-    [([(7, "step")], "mid-epoch"), ([(6, "step"), (31, "step")], "right after a save, twice"), ([(8, "save")], "during a save")],
+    [
+        ([(7, "step")], "mid-epoch"),
+        ([(6, "step"), (31, "step")], "right after a save, twice"),
+        ([(8, "save")], "during a save"),
+        ([(9, "sigterm")], "SIGTERM"),
+    ],
 )
 def test_killed_and_resumed_run_ends_bit_for_bit_like_an_uninterrupted_one(kills, name, tmp_path, tiny_cifar10):
     """A SIGKILL at any point, then `--ckpt_path last`, gives the parameters of a run never killed.
@@ -85,7 +90,11 @@ def test_killed_and_resumed_run_ends_bit_for_bit_like_an_uninterrupted_one(kills
             f"      init_args:\n        step: {step}\n        moment: {moment}\n"
         )
         killed = run_cli(*args, "--config", str(kill), *run_args(tmp_path, "killed"), "--ckpt_path=last", env=env)
-        assert killed.returncode == -signal.SIGKILL, killed.stdout
+        if moment == "sigterm":  # saves the step it finished, then exits cleanly
+            assert killed.returncode == 0 and "Received SIGTERM: saved" in killed.stdout, killed.stdout
+            assert _final_state(tmp_path, "killed")["global_step"] == step + 1
+        else:
+            assert killed.returncode == -signal.SIGKILL, killed.stdout
     resumed = run_cli(*args, *run_args(tmp_path, "killed"), "--ckpt_path=last")
     assert resumed.returncode == 0 and "Restored all states" in resumed.stdout, resumed.stdout
     expected, final = _final_state(tmp_path, "reference"), _final_state(tmp_path, "killed")

@@ -1,16 +1,18 @@
 """Callbacks the CLI adds to every run."""
 
+import os
 import time
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
 from multigpu.replicas import data_parallel_size
 
-__all__ = ["EpochSummary", "LastCheckpoint", "RunMetadata"]
+__all__ = ["CheckpointOnSigterm", "EpochSummary", "LastCheckpoint", "RunMetadata"]
 
 
 class EpochSummary(Callback):
@@ -108,3 +110,20 @@ class LastCheckpoint(ModelCheckpoint):
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not self._should_skip_saving_checkpoint(trainer):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+
+class CheckpointOnSigterm(Callback):
+    """On SIGTERM (what SLURM and most schedulers send before they stop a job), write ``last.ckpt``.
+
+    Lightning stops a run that received SIGTERM after the step in progress, on every rank,
+    and the process then exits with status 0; this callback saves the state of that step
+    first, so the same command with ``--ckpt_path last`` continues where the run stopped.
+    """
+
+    @override
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        checkpoint = trainer.checkpoint_callback
+        if isinstance(exception, SIGTERMException) and checkpoint is not None and checkpoint.dirpath:
+            path = os.path.join(checkpoint.dirpath, ModelCheckpoint.CHECKPOINT_NAME_LAST + ModelCheckpoint.FILE_EXTENSION)
+            trainer.save_checkpoint(path)
+            rank_zero_info(f"Received SIGTERM: saved {path} at step {trainer.global_step}; resume with --ckpt_path last.")
