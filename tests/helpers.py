@@ -42,3 +42,15 @@ class KillAt(Callback):
     @override
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
         self._kill_if(trainer, "save")
+
+
+class FailOnRank(Callback):
+    """Raises an error on rank ``rank`` at optimizer step ``step``, as a crashing process would."""
+
+    def __init__(self, rank: int, step: int) -> None:
+        self.rank, self.step = rank, step
+
+    @override
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_rank == self.rank and trainer.global_step == self.step:
+            raise RuntimeError(f"rank {self.rank} failed on purpose at step {self.step}")

@@ -2,6 +2,7 @@
 
 import logging
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,20 @@ def test_killed_and_resumed_run_ends_bit_for_bit_like_an_uninterrupted_one(kills
     assert final["global_step"] == expected["global_step"] == 50
     for key, tensor in expected["state_dict"].items():
         assert torch.equal(final["state_dict"][key], tensor), f"{name}: {key}"
+
+
+@pytest.mark.parametrize("rank", [1, 0])
+def test_a_failing_rank_ends_the_whole_job_quickly_with_its_error(rank, tmp_path):
+    fail = tmp_path / "fail.yaml"
+    fail.write_text(
+        f"trainer:\n  callbacks:\n    - class_path: helpers.FailOnRank\n      init_args:\n        rank: {rank}\n        step: 2\n"
+    )
+    start = time.monotonic()
+    result = run_cli(
+        "fit", "--config", SMOKE, "--config", str(fail), "--trainer.accelerator=cpu", "--trainer.devices=2",
+        "--trainer.strategy=ddp", "--data.synthetic_size=64", *run_args(tmp_path),
+        env={"PYTHONPATH": str(Path(__file__).parent)}, timeout=120,
+    )
+    assert result.returncode != 0
+    assert time.monotonic() - start < 60
+    assert f"RuntimeError: rank {rank} failed on purpose at step 2" in result.stdout

@@ -1,18 +1,20 @@
 """Callbacks the CLI adds to every run."""
 
 import os
+import signal
 import time
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
 from multigpu.replicas import data_parallel_size
 
-__all__ = ["CheckpointOnSigterm", "EpochSummary", "LastCheckpoint", "RunMetadata"]
+__all__ = ["CheckpointOnSigterm", "EpochSummary", "LastCheckpoint", "RunMetadata", "StopAllProcessesOnError"]
 
 
 class EpochSummary(Callback):
@@ -127,3 +129,18 @@ class CheckpointOnSigterm(Callback):
             path = os.path.join(checkpoint.dirpath, ModelCheckpoint.CHECKPOINT_NAME_LAST + ModelCheckpoint.FILE_EXTENSION)
             trainer.save_checkpoint(path)
             rank_zero_info(f"Received SIGTERM: saved {path} at step {trainer.global_step}; resume with --ckpt_path last.")
+
+
+class StopAllProcessesOnError(Callback):
+    """When the process that launched the others fails, kill them at once.
+
+    Lightning's launcher already ends the job when one of the processes it started
+    fails; the other way round, those processes would wait in their next collective
+    (NCCL's default timeout is 30 minutes) for a rank that is gone.
+    """
+
+    @override
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        launcher = trainer.strategy.launcher
+        if isinstance(launcher, _SubprocessScriptLauncher) and not isinstance(exception, SIGTERMException):
+            launcher.kill(signal.SIGKILL)

@@ -18,7 +18,13 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from typing_extensions import override
 
-from multigpu.callbacks import CheckpointOnSigterm, EpochSummary, LastCheckpoint, RunMetadata
+from multigpu.callbacks import (
+    CheckpointOnSigterm,
+    EpochSummary,
+    LastCheckpoint,
+    RunMetadata,
+    StopAllProcessesOnError,
+)
 from multigpu.checkpoint_io import AtomicCheckpointIO
 from multigpu.checkpoints import check_model_options, resolve_ckpt_path
 from multigpu.data import CIFAR10DataModule
@@ -53,7 +59,9 @@ class MultiGPUCLI(LightningCLI):
             ResNet50Classifier,
             CIFAR10DataModule,
             save_config_kwargs={"overwrite": True},
-            trainer_defaults={"callbacks": [EpochSummary(), RunMetadata(), CheckpointOnSigterm()]},
+            trainer_defaults={
+                "callbacks": [EpochSummary(), RunMetadata(), CheckpointOnSigterm(), StopAllProcessesOnError()]
+            },
             parser_kwargs=parser_kwargs,
             auto_configure_optimizers=False,
             **kwargs,
