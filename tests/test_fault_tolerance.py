@@ -78,9 +78,19 @@ def test_killed_and_resumed_run_ends_bit_for_bit_like_an_uninterrupted_one(kills
     Real CIFAR files and augmentations (random crops and flips), shuffled, 25 steps per epoch, 2 epochs;
     last.ckpt every 2 steps.
     """
-    data = [f"--data.data_dir={tiny_cifar10}", "--data.synthetic=false", "--data.download=false",
+    _kill_resume_and_compare(tmp_path, tiny_cifar10, kills, name, [], total_steps=50)
+
+
+def test_killed_ddp_run_resumes_bit_for_bit(tmp_path, tiny_cifar10):
+    """The same with 2 DDP processes (12 steps per epoch each), both killed in the middle of an epoch."""
+    ddp = ["--trainer.strategy=ddp", "--trainer.accelerator=cpu", "--trainer.devices=2"]
+    _kill_resume_and_compare(tmp_path, tiny_cifar10, [(17, "step")], "DDP mid-epoch", ddp, total_steps=24)
+
+
+def _kill_resume_and_compare(tmp_path, cifar, kills, name, extra, total_steps):
+    data = [f"--data.data_dir={cifar}", "--data.synthetic=false", "--data.download=false",
             "--data.verify_checksums=false", "--data.batch_size=4", "--model.stem=imagenet"]
-    args = ["fit", "--config", SMOKE, *data, "--save_every_n_steps=2", "--trainer.max_epochs=2"]
+    args = ["fit", "--config", SMOKE, *data, "--save_every_n_steps=2", "--trainer.max_epochs=2", *extra]
     reference = run_cli(*args, *run_args(tmp_path, "reference"))
     assert reference.returncode == 0, reference.stdout
     env = {"PYTHONPATH": str(Path(__file__).parent)}
@@ -99,7 +109,7 @@ def test_killed_and_resumed_run_ends_bit_for_bit_like_an_uninterrupted_one(kills
     resumed = run_cli(*args, *run_args(tmp_path, "killed"), "--ckpt_path=last")
     assert resumed.returncode == 0 and "Restored all states" in resumed.stdout, resumed.stdout
     expected, final = _final_state(tmp_path, "reference"), _final_state(tmp_path, "killed")
-    assert final["global_step"] == expected["global_step"] == 50
+    assert final["global_step"] == expected["global_step"] == total_steps
     for key, tensor in expected["state_dict"].items():
         assert torch.equal(final["state_dict"][key], tensor), f"{name}: {key}"
 
