@@ -92,6 +92,10 @@ def test_cli_trains_prints_its_split_and_resumes_under_ddp(tmp_path):
     resumed = run_cli(*args, "--trainer.strategy=ddp", "--ckpt_path=last", "--trainer.max_epochs=2")
     assert resumed.returncode == 0, resumed.stdout
     assert "Restored all states" in resumed.stdout and "epoch 1 | step 6" in resumed.stdout
+    assert (
+        "Resuming with another layout (strategy ManualModelParallelStrategy -> DDPStrategy, world size 1 -> 2): "
+        "the global batch changes 8 -> 16, and the learning rate keeps the checkpoint's scaling." in resumed.stdout
+    )
 
 
 def test_checkpoints_round_trip_with_single_device(tmp_path):
