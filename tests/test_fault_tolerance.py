@@ -90,6 +90,12 @@ def test_killed_ddp_run_resumes_bit_for_bit(tmp_path, tiny_cifar10):
     _kill_resume_and_compare(tmp_path, tiny_cifar10, [(17, "step")], "DDP mid-epoch", ddp, total_steps=24)
 
 
+def test_killed_pipeline_run_resumes_bit_for_bit(tmp_path, tiny_cifar10):
+    """2 pipeline stages (12 steps per epoch, 4 micro-batches of 2), both killed in the middle of an epoch."""
+    pipeline = ["--trainer.strategy=pipeline", "--trainer.accelerator=cpu", "--trainer.devices=2", "--data.batch_size=8"]
+    _kill_resume_and_compare(tmp_path, tiny_cifar10, [(17, "step")], "pipeline mid-epoch", pipeline, total_steps=24)
+
+
 def _kill_resume_and_compare(tmp_path, cifar, kills, name, extra, total_steps):
     data = [f"--data.data_dir={cifar}", "--data.synthetic=false", "--data.download=false",
             "--data.verify_checksums=false", "--data.batch_size=4", "--model.stem=imagenet"]
