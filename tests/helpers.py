@@ -30,8 +30,6 @@ class KillAt(Callback):
         self.step, self.moment = step, moment
 
     def _kill_if(self, trainer, moment: str) -> None:
-        if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
-            return  # a restart by torchrun is left to finish
         if trainer.global_step == self.step and self.moment == moment:
             os.kill(os.getpid(), signal.SIGKILL)
 
