@@ -20,6 +20,7 @@ __all__ = [
     "balance_by_cost",
     "block_times",
     "check_balance",
+    "check_stage_count",
     "choose_balance",
     "param_counts",
     "split_blocks",
@@ -39,16 +40,21 @@ def check_balance(balance: Sequence[int], num_blocks: int) -> list[int]:
     return balance
 
 
+def check_stage_count(num_stages: int, num_blocks: int) -> None:
+    """Raise a ``UsageError`` unless ``num_blocks`` blocks can fill ``num_stages`` stages."""
+    if num_stages < 1:
+        raise UsageError(f"the number of stages must be at least 1, not {num_stages}.")
+    if num_stages > num_blocks:
+        raise UsageError(f"{num_stages} stages need at least {num_stages} blocks, but the network has {num_blocks}.")
+
+
 def balance_by_cost(costs: Sequence[float], num_stages: int) -> list[int]:
     """Split blocks with the given costs into ``num_stages`` consecutive stages.
 
     Minimises the cost of the most expensive stage (the bottleneck of a pipeline),
     and among such splits keeps the earlier stages as light as possible.
     """
-    if num_stages > len(costs):
-        raise UsageError(f"{num_stages} stages need at least {num_stages} blocks, but the network has {len(costs)}.")
-    if num_stages < 1:
-        raise UsageError(f"the number of stages must be at least 1, not {num_stages}.")
+    check_stage_count(num_stages, len(costs))
     # best[k][i]: the smallest bottleneck when the first i blocks form k stages.
     prefix = [0.0]
     for cost in costs:
@@ -123,8 +129,7 @@ def choose_balance(
     times: Sequence[float] | None,
 ) -> list[int]:
     """The balance to use: ``balance`` as given (checked), else one computed from parameters or times."""
-    if num_stages > len(blocks):
-        raise UsageError(f"{num_stages} stages need at least {num_stages} blocks, but the network has {len(blocks)}.")
+    check_stage_count(num_stages, len(blocks))
     if balance is not None:
         if len(balance) != num_stages:
             raise UsageError(f"balance {list(balance)} has {len(balance)} stages, but {num_stages} are asked for.")

@@ -33,7 +33,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from multigpu.errors import UsageError
-from multigpu.partition import BalanceBy, choose_balance, split_blocks, split_table
+from multigpu.partition import BalanceBy, check_stage_count, choose_balance, split_blocks, split_table
 from multigpu.strategies.network_lookup import block_sequence, time_blocks
 
 __all__ = ["PipelineStrategy"]
@@ -177,8 +177,7 @@ class PipelineStrategy(DDPStrategy):
                 f"the batch of {batch_size} images cannot be cut into micro_batches={self.micro_batches} equal parts: "
                 "choose a batch size that is a multiple of micro_batches."
             )
-        if self.num_stages > len(blocks):
-            raise UsageError(f"{self.num_stages} stages need at least {self.num_stages} blocks, but the network has {len(blocks)}.")
+        check_stage_count(self.num_stages, len(blocks))
         if self.balance is not None:
             choose_balance(blocks, self.num_stages, self.balance, self.balance_by, None)
         return blocks
