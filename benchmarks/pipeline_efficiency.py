@@ -21,28 +21,18 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
-from lightning.pytorch import Callback, Trainer
+from lightning.pytorch import Trainer
 from torch.utils.data import DataLoader
 
 from multigpu.datasets import SyntheticCIFAR10
 from multigpu.model import ResNet50Classifier
 from multigpu.strategies import PipelineStrategy
+from step_timer import StepTimer
 
 STAGES = 2
-
-
-class StepTimer(Callback):
-    """The wall-clock time at the end of every training step."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.times.append(time.perf_counter())
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -54,7 +44,7 @@ def worker(args: argparse.Namespace) -> None:
         strategy, devices = PipelineStrategy(micro_batches=args.micro_batches, schedule=args.schedule), STAGES
     else:
         strategy, devices = "auto", 1
-    timer = StepTimer()
+    timer = StepTimer(args.warmup, args.out)
     trainer = Trainer(
         accelerator="cpu", devices=devices, strategy=strategy, max_steps=args.warmup + args.steps,
         accumulate_grad_batches=args.accumulate, limit_val_batches=0, logger=False, enable_checkpointing=False,
@@ -62,10 +52,6 @@ def worker(args: argparse.Namespace) -> None:
     )
     model = ResNet50Classifier(batch_size=batch_size, stem=args.stem, warmup_epochs=0)
     trainer.fit(model, DataLoader(SyntheticCIFAR10(batch_size * batches), batch_size=batch_size))
-    if trainer.is_global_zero:
-        timed = timer.times[args.warmup * args.accumulate - 1 :]  # from the end of the warm-up
-        images_per_s = (len(timed) - 1) * batch_size / (timed[-1] - timed[0])
-        Path(args.out).write_text(json.dumps({"images_per_s": images_per_s}))
 
 
 def run(args: argparse.Namespace, micro_batches: int = 0, accumulate: int = 1) -> float:

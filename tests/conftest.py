@@ -2,6 +2,7 @@
 
 import os
 import pickle
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -90,6 +91,13 @@ def cli_error(capsys, *args: str) -> str:
         cli_main("fit", "--config", SMOKE, *args)
     assert exit_info.value.code == 2
     return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now, for a rendezvous."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def run_args(tmp_path: Path, run_name: str = "test") -> list[str]:

@@ -24,12 +24,17 @@ class RecordSamples(Callback):
 
 class KillAt(Callback):
     """SIGKILLs this process at optimizer step ``step``: as the step starts (``step``), or while a
-    checkpoint is being saved (``save``); or sends it SIGTERM as the step starts (``sigterm``)."""
+    checkpoint is being saved (``save``); or sends it SIGTERM as the step starts (``sigterm``).
+
+    A process that torchrun restarted (``TORCHELASTIC_RESTART_COUNT`` above 0) is left to finish.
+    """
 
     def __init__(self, step: int, moment: str = "step") -> None:
         self.step, self.moment = step, moment
 
     def _kill_if(self, trainer, moment: str) -> None:
+        if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+            return  # a restart by torchrun is left to finish
         if trainer.global_step == self.step and self.moment == moment:
             os.kill(os.getpid(), signal.SIGKILL)
 

@@ -1,14 +1,17 @@
 """Checkpoints that survive kills: atomic files, a last.ckpt every N steps, a reported change of layout."""
 
 import logging
+import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import SMOKE, cli_main, run_args, run_cli
+from conftest import REPO, SMOKE, cli_main, free_port, run_args, run_cli, write_tiny_cifar10
 from multigpu.checkpoint_io import AtomicCheckpointIO
 
 
@@ -66,63 +69,107 @@ def _resumable_run(cifar: Path) -> list[str]:
     return ["fit", "--config", SMOKE, *data, "--save_every_n_steps=2", "--trainer.max_epochs=2"]
 
 
+DDP = ["--trainer.strategy=ddp", "--trainer.accelerator=cpu", "--trainer.devices=2"]
+PIPELINE = ["--trainer.strategy=pipeline", "--trainer.accelerator=cpu", "--trainer.devices=2", "--data.batch_size=8"]
+HELPERS = {"PYTHONPATH": str(Path(__file__).parent)}  # helpers.KillAt by class path
+
+
 def _final_state(tmp_path, run_name: str) -> dict:
     return torch.load(tmp_path / "checkpoints" / run_name / "last.ckpt", weights_only=False)
 
 
-@pytest.mark.parametrize(
-    ("kills", "name"),
-    [
-        ([(7, "step")], "mid-epoch"),
-        ([(6, "step"), (31, "step")], "right after a save, twice"),
-        ([(8, "save")], "during a save"),
-        ([(9, "sigterm")], "SIGTERM"),
-    ],
-)
-def test_killed_and_resumed_run_ends_bit_for_bit_like_an_uninterrupted_one(kills, name, tmp_path, tiny_cifar10):
-    """A SIGKILL at any point, then `--ckpt_path last`, gives the parameters of a run never killed.
+def _kill_config(tmp_path: Path, step: int, moment: str = "step") -> str:
+    kill = tmp_path / f"kill{step}.yaml"
+    kill.write_text(
+        "trainer:\n  callbacks:\n    - class_path: helpers.KillAt\n"
+        f"      init_args:\n        step: {step}\n        moment: {moment}\n"
+    )
+    return str(kill)
 
-    Real CIFAR files and augmentations (random crops and flips), shuffled, 25 steps per epoch, 2 epochs;
-    last.ckpt every 2 steps.
+
+@pytest.fixture(scope="module")
+def resumable(tmp_path_factory):
+    """The tiny CIFAR, and ``reference(extra)``: the final checkpoint of ``_resumable_run`` with the
+    arguments ``extra``, never interrupted; each one is trained once per module."""
+    root = tmp_path_factory.mktemp("resumable")
+    cifar = write_tiny_cifar10(root / "cifar", per_batch=8)  # 40 training images
+    finals: dict[tuple[str, ...], dict] = {}
+
+    def reference(extra: list[str]) -> dict:
+        if tuple(extra) not in finals:
+            name = f"reference{len(finals)}"
+            result = run_cli(*_resumable_run(cifar), *extra, *run_args(root, name))
+            assert result.returncode == 0, result.stdout
+            finals[tuple(extra)] = _final_state(root, name)
+        return finals[tuple(extra)]
+
+    reference.cifar = cifar
+    return reference
+
+
+def _assert_same_parameters(final: dict, expected: dict, total_steps: int, name: str) -> None:
+    assert final["global_step"] == expected["global_step"] == total_steps
+    for key, tensor in expected["state_dict"].items():
+        assert torch.equal(final["state_dict"][key], tensor), f"{name}: {key}"
+
+
+def test_killed_and_resumed_run_ends_bit_for_bit_like_an_uninterrupted_one(tmp_path, resumable):
+    """SIGKILLs at several points, each followed by `--ckpt_path last`, give the parameters of a run never killed.
+
+    Real CIFAR files and augmentations (random crops and flips), shuffled, 10 steps per epoch, 2 epochs;
+    last.ckpt every 2 steps. One run is killed again and again, each time resumed from what the kill left.
     """
-    _kill_resume_and_compare(tmp_path, tiny_cifar10, kills, name, [], total_steps=50)
+    kills = [
+        (3, "step", "mid-epoch"),
+        (6, "step", "right after a save"),
+        (8, "save", "during a save"),
+        (13, "step", "in the second epoch"),
+        (15, "sigterm", "SIGTERM"),
+    ]
+    _kill_resume_and_compare(tmp_path, resumable, kills, [], total_steps=20)
 
 
-def test_killed_ddp_run_resumes_bit_for_bit(tmp_path, tiny_cifar10):
-    """The same with 2 DDP processes (12 steps per epoch each), both killed in the middle of an epoch."""
-    ddp = ["--trainer.strategy=ddp", "--trainer.accelerator=cpu", "--trainer.devices=2"]
-    _kill_resume_and_compare(tmp_path, tiny_cifar10, [(17, "step")], "DDP mid-epoch", ddp, total_steps=24)
+def test_killed_ddp_run_resumes_bit_for_bit(tmp_path, resumable):
+    """The same with 2 DDP processes (5 steps per epoch each), both killed in the middle of the second epoch."""
+    _kill_resume_and_compare(tmp_path, resumable, [(7, "step", "DDP mid-epoch")], DDP, total_steps=10)
 
 
-def test_killed_pipeline_run_resumes_bit_for_bit(tmp_path, tiny_cifar10):
-    """2 pipeline stages (12 steps per epoch, 4 micro-batches of 2), both killed in the middle of an epoch."""
-    pipeline = ["--trainer.strategy=pipeline", "--trainer.accelerator=cpu", "--trainer.devices=2", "--data.batch_size=8"]
-    _kill_resume_and_compare(tmp_path, tiny_cifar10, [(17, "step")], "pipeline mid-epoch", pipeline, total_steps=24)
+def test_killed_pipeline_run_resumes_bit_for_bit(tmp_path, resumable):
+    """2 pipeline stages (5 steps per epoch, 4 micro-batches of 2), both killed in the middle of the second epoch."""
+    _kill_resume_and_compare(tmp_path, resumable, [(7, "step", "pipeline mid-epoch")], PIPELINE, total_steps=10)
 
 
-def _kill_resume_and_compare(tmp_path, cifar, kills, name, extra, total_steps):
-    args = [*_resumable_run(cifar), *extra]
-    reference = run_cli(*args, *run_args(tmp_path, "reference"))
-    assert reference.returncode == 0, reference.stdout
-    env = {"PYTHONPATH": str(Path(__file__).parent)}
-    for step, moment in kills:
-        kill = tmp_path / f"kill{step}.yaml"
-        kill.write_text(
-            "trainer:\n  callbacks:\n    - class_path: helpers.KillAt\n"
-            f"      init_args:\n        step: {step}\n        moment: {moment}\n"
-        )
-        killed = run_cli(*args, "--config", str(kill), *run_args(tmp_path, "killed"), "--ckpt_path=last", env=env)
+def _kill_resume_and_compare(tmp_path, resumable, kills, extra, total_steps):
+    args = [*_resumable_run(resumable.cifar), *extra]
+    for step, moment, name in kills:
+        kill = _kill_config(tmp_path, step, moment)
+        killed = run_cli(*args, "--config", kill, *run_args(tmp_path, "killed"), "--ckpt_path=last", env=HELPERS)
         if moment == "sigterm":  # saves the step it finished, then exits cleanly
             assert killed.returncode == 0 and "Received SIGTERM: saved" in killed.stdout, killed.stdout
             assert _final_state(tmp_path, "killed")["global_step"] == step + 1
         else:
-            assert killed.returncode == -signal.SIGKILL, killed.stdout
+            assert killed.returncode == -signal.SIGKILL, f"{name}: {killed.stdout}"
     resumed = run_cli(*args, *run_args(tmp_path, "killed"), "--ckpt_path=last")
     assert resumed.returncode == 0 and "Restored all states" in resumed.stdout, resumed.stdout
-    expected, final = _final_state(tmp_path, "reference"), _final_state(tmp_path, "killed")
-    assert final["global_step"] == expected["global_step"] == total_steps
-    for key, tensor in expected["state_dict"].items():
-        assert torch.equal(final["state_dict"][key], tensor), f"{name}: {key}"
+    _assert_same_parameters(_final_state(tmp_path, "killed"), resumable(extra), total_steps, kills[-1][2])
+
+
+def test_torchrun_restarts_resume_from_the_last_checkpoint_on_their_own(tmp_path, resumable):
+    """torchrun --max-restarts=1 restarts both DDP processes after a SIGKILL at step 7; the restart,
+    the same command with `--ckpt_path last`, resumes and ends bit for bit like an uninterrupted run.
+
+    Static rendezvous on a free port, as the README's command (see its fault tolerance section).
+    """
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--max-restarts=1",
+                "--master-addr=127.0.0.1", f"--master-port={free_port()}", str(REPO / "main.py")]
+    args = [*_resumable_run(resumable.cifar), *DDP, "--ckpt_path=last", "--config", _kill_config(tmp_path, 7)]
+    result = subprocess.run(
+        [*torchrun, *args, *run_args(tmp_path, "restarted")], cwd=REPO, env={**os.environ, **HELPERS},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout
+    assert "Restored all states" in result.stdout, result.stdout
+    _assert_same_parameters(_final_state(tmp_path, "restarted"), resumable(DDP), 10, "torchrun restart")
 
 
 @pytest.mark.parametrize("rank", [1, 0])
@@ -135,7 +182,7 @@ def test_a_failing_rank_ends_the_whole_job_quickly_with_its_error(rank, tmp_path
     result = run_cli(
         "fit", "--config", SMOKE, "--config", str(fail), "--trainer.accelerator=cpu", "--trainer.devices=2",
         "--trainer.strategy=ddp", "--data.synthetic_size=64", *run_args(tmp_path),
-        env={"PYTHONPATH": str(Path(__file__).parent)}, timeout=120,
+        env=HELPERS, timeout=120,
     )
     assert result.returncode != 0
     assert time.monotonic() - start < 60

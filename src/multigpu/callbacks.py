@@ -5,6 +5,8 @@ import signal
 import time
 from typing import Any
 
+import torch
+from lightning.fabric.utilities.throughput import get_available_flops
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
@@ -14,18 +16,42 @@ from typing_extensions import override
 
 from multigpu.replicas import data_parallel_size
 
-__all__ = ["CheckpointOnSigterm", "EpochSummary", "LastCheckpoint", "RunMetadata", "StopAllProcessesOnError"]
+__all__ = ["CheckpointOnSigterm", "LastCheckpoint", "RunMetadata", "StopAllProcessesOnError", "ThroughputSummary"]
 
 
-class EpochSummary(Callback):
-    """Logs the epoch time and training images per second, and prints one line per epoch.
+class ThroughputSummary(Callback):
+    """Logs training images per second, model FLOP utilisation (MFU) and the epoch time, and prints
+    one line per epoch with them and the epoch's losses.
 
-    Images per second count training batches over all processes and exclude validation.
+    Images per second count training batches over all data-parallel replicas and exclude
+    validation. MFU is ``images/s x FLOPs per image / (peak FLOP/s x devices)``: the FLOPs
+    of one image's forward and backward pass come once from the model's
+    ``training_flops_per_image()`` (torch's flop counter), the peak from ``peak_flops``
+    or, on known GPUs, from Lightning's table for the run's precision. Without either, MFU
+    is left out.
+
+    Args:
+        peak_flops: peak FLOP/s of one device, for devices Lightning's table does not know
+            (the CPU, say), or to compare against another figure than the table's.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, peak_flops: float | None = None) -> None:
+        self.peak_flops = peak_flops
+        self._flops_per_image: int | None = None
         self._start = self._train_end = 0.0
         self._images = 0
+
+    @override
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        count = getattr(pl_module, "training_flops_per_image", None)
+        self._flops_per_image = count() if count else None
+
+    def _total_peak_flops(self, trainer: Trainer) -> float | None:
+        peak = self.peak_flops
+        if peak is None:
+            dtype = {"bf16": torch.bfloat16, "16": torch.float16}.get(str(trainer.precision).split("-")[0], torch.float32)
+            peak = get_available_flops(trainer.strategy.root_device, dtype)
+        return peak * trainer.num_devices * trainer.num_nodes if peak else None
 
     @override
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -49,7 +75,13 @@ class EpochSummary(Callback):
         metrics = trainer.callback_metrics
         parts = [f"epoch {trainer.current_epoch}", f"step {trainer.global_step}"]
         parts += [f"{key} {float(metrics[key]):.4f}" for key in ("train/loss", "val/loss", "val/acc") if key in metrics]
-        parts += [f"{images_per_s:.1f} img/s", f"{epoch_time:.1f} s"]
+        parts.append(f"{images_per_s:.1f} img/s")
+        peak = self._total_peak_flops(trainer)
+        if peak and self._flops_per_image:
+            mfu = images_per_s * self._flops_per_image / peak
+            pl_module.log("perf/mfu", mfu, sync_dist=True)
+            parts.append(f"MFU {100 * mfu:.1f}%")
+        parts.append(f"{epoch_time:.1f} s")
         pl_module.print(" | ".join(parts))
 
 
@@ -61,6 +93,16 @@ class RunMetadata(Callback):
     """
 
     KEY = "multigpu"
+
+    @override
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        # Who started the processes: Lightning itself, or torchrun or SLURM (creates_processes_externally).
+        environment = getattr(trainer.strategy, "cluster_environment", None)
+        if environment is not None:
+            started = "started outside Lightning" if environment.creates_processes_externally else "started by Lightning"
+            rank_zero_info(
+                f"{type(environment).__name__}: {trainer.world_size} process(es) on {trainer.num_nodes} node(s), {started}."
+            )
 
     @staticmethod
     def _layout(trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:

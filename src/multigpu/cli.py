@@ -20,10 +20,10 @@ from typing_extensions import override
 
 from multigpu.callbacks import (
     CheckpointOnSigterm,
-    EpochSummary,
     LastCheckpoint,
     RunMetadata,
     StopAllProcessesOnError,
+    ThroughputSummary,
 )
 from multigpu.checkpoint_io import AtomicCheckpointIO
 from multigpu.checkpoints import check_model_options, resolve_ckpt_path
@@ -60,7 +60,7 @@ class MultiGPUCLI(LightningCLI):
             CIFAR10DataModule,
             save_config_kwargs={"overwrite": True},
             trainer_defaults={
-                "callbacks": [EpochSummary(), RunMetadata(), CheckpointOnSigterm(), StopAllProcessesOnError()]
+                "callbacks": [RunMetadata(), CheckpointOnSigterm(), StopAllProcessesOnError()]
             },
             parser_kwargs=parser_kwargs,
             auto_configure_optimizers=False,
@@ -76,6 +76,7 @@ class MultiGPUCLI(LightningCLI):
             help="Also write last.ckpt every N optimizer steps, so a killed run loses at most N steps "
             "(0: only at the end of each epoch).",
         )
+        parser.add_lightning_class_args(ThroughputSummary, "throughput")
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.set_defaults(
             {

@@ -4,7 +4,7 @@ import os
 
 import torch
 from lightning.pytorch import LightningDataModule
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from typing_extensions import override
 
 from multigpu.datasets import (
@@ -13,10 +13,12 @@ from multigpu.datasets import (
     ensure_cifar10,
     eval_transform,
     load_cifar10_split,
+    synthetic_images,
     train_transform,
 )
+from multigpu.device_data import DeviceBatches
 from multigpu.errors import UsageError
-from multigpu.replicas import data_parallel_size
+from multigpu.replicas import data_parallel_rank, data_parallel_size
 from multigpu.sampling import ResumableSampler
 
 __all__ = ["CIFAR10DataModule"]
@@ -47,6 +49,9 @@ class CIFAR10DataModule(LightningDataModule):
         shuffle_seed: seed of the training set's per-epoch shuffle and of each sample's random
             augmentation (see ``ResumableSampler``): a run resumed from a checkpoint, even one
             written mid-epoch, sees the same images, augmented the same way, as a run never stopped.
+        on_device: keep the whole dataset (uint8) on the training device and crop, flip and
+            normalise whole batches there, without loader workers (see ``multigpu.device_data``).
+            Each rank reads the same shard of the same per-epoch shuffle as without it.
     """
 
     num_classes = 10
@@ -64,6 +69,7 @@ class CIFAR10DataModule(LightningDataModule):
         synthetic: bool = False,
         synthetic_size: int = 50_000,
         shuffle_seed: int = 0,
+        on_device: bool = False,
     ) -> None:
         super().__init__()
         if batch_size < 1:
@@ -86,12 +92,22 @@ class CIFAR10DataModule(LightningDataModule):
         hp = self.hparams
         if hp.synthetic:
             eval_size = max(1, hp.synthetic_size // 4)
+            # On the device, synthetic data is uint8 images that go through the same augmentation.
+            synthetic = synthetic_images if hp.on_device else SyntheticCIFAR10
             self.datasets = {
-                "train": SyntheticCIFAR10(hp.synthetic_size, self.num_classes, seed=0),
-                "val": SyntheticCIFAR10(eval_size, self.num_classes, seed=1),
-                "test": SyntheticCIFAR10(eval_size, self.num_classes, seed=2),
+                "train": synthetic(hp.synthetic_size, self.num_classes, seed=0),
+                "val": synthetic(eval_size, self.num_classes, seed=1),
+                "test": synthetic(eval_size, self.num_classes, seed=2),
             }
-            return
+        else:
+            self.datasets = self._cifar10()
+        if hp.on_device:
+            device = self.trainer.strategy.root_device if self.trainer else torch.device("cpu")
+            for dataset in self.datasets.values():
+                dataset.images, dataset.labels = dataset.images.to(device), dataset.labels.to(device)
+
+    def _cifar10(self) -> dict[str, ImageTensorDataset]:
+        hp = self.hparams
         images, labels = load_cifar10_split(hp.data_dir, train=True)
         test_images, test_labels = load_cifar10_split(hp.data_dir, train=False)
         test = ImageTensorDataset(test_images, test_labels, eval_transform())
@@ -107,9 +123,19 @@ class CIFAR10DataModule(LightningDataModule):
             val = ImageTensorDataset(images[val_idx], labels[val_idx], eval_transform())
         else:
             train, val = ImageTensorDataset(images, labels, train_transform()), test
-        self.datasets = {"train": train, "val": val, "test": test}
+        return {"train": train, "val": val, "test": test}
 
-    def _loader(self, split: str, sampler: ResumableSampler | None = None) -> DataLoader:
+    def _shard(self) -> tuple[int, int]:
+        """(replicas, this process's replica): who reads which shard of the data."""
+        trainer = self.trainer
+        return (data_parallel_size(trainer), data_parallel_rank(trainer)) if trainer else (1, 0)
+
+    def _loader(self, split: str, sampler: ResumableSampler | None = None) -> DataLoader | DeviceBatches:
+        if self.hparams.on_device:
+            if sampler is None:  # evaluation: in order, sharded as Lightning shards a DataLoader
+                replicas, rank = self._shard()
+                sampler = DistributedSampler(self.datasets[split], replicas, rank, shuffle=False)
+            return DeviceBatches(self.datasets[split], sampler, self.batch_size, augment=split == "train")
         workers = self.hparams.num_workers
         return DataLoader(
             self.datasets[split],
@@ -123,9 +149,7 @@ class CIFAR10DataModule(LightningDataModule):
 
     @override
     def train_dataloader(self) -> DataLoader:
-        trainer = self.trainer
-        replicas = data_parallel_size(trainer) if trainer else 1
-        rank = trainer.global_rank // (trainer.world_size // replicas) if trainer else 0
+        replicas, rank = self._shard()
         sampler = ResumableSampler(self.datasets["train"], replicas, rank, self.batch_size, seed=self.hparams.shuffle_seed)
         if self._resume is not None:
             sampler.resume_at(*self._resume)

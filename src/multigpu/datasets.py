@@ -27,6 +27,7 @@ __all__ = [
     "ensure_cifar10",
     "eval_transform",
     "load_cifar10_split",
+    "synthetic_images",
     "train_transform",
 ]
 
@@ -85,6 +86,17 @@ class SyntheticCIFAR10(Dataset):
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
         label = int(torch.randint(self.num_classes, (), generator=generator))
         return torch.randn(3, 32, 32, generator=generator), label
+
+
+def synthetic_images(length: int, num_classes: int = 10, seed: int = 0) -> ImageTensorDataset:
+    """``length`` random uint8 3x32x32 images with random labels, the same for a given ``seed``.
+
+    The stand-in for CIFAR-10 where images are augmented as whole batches (``data.on_device``).
+    """
+    generator = torch.Generator().manual_seed(seed)
+    images = torch.randint(256, (length, 3, 32, 32), dtype=torch.uint8, generator=generator)
+    labels = torch.randint(num_classes, (length,), generator=generator)
+    return ImageTensorDataset(images, labels, train_transform())
 
 
 def _missing_files(root: Path) -> list[str]:

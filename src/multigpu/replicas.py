@@ -2,7 +2,7 @@
 
 from lightning.pytorch import Trainer
 
-__all__ = ["data_parallel_size"]
+__all__ = ["data_parallel_rank", "data_parallel_size"]
 
 
 def data_parallel_size(trainer: Trainer) -> int:
@@ -12,3 +12,11 @@ def data_parallel_size(trainer: Trainer) -> int:
     ``data_parallel_size`` as the world size divided by its number of stages.
     """
     return getattr(trainer.strategy, "data_parallel_size", trainer.world_size)
+
+
+def data_parallel_rank(trainer: Trainer) -> int:
+    """This process's replica, 0 .. ``data_parallel_size - 1``: the shard of the data it reads.
+
+    Consecutive ranks form a replica (the stages of one pipeline, say).
+    """
+    return trainer.global_rank // (trainer.world_size // data_parallel_size(trainer))

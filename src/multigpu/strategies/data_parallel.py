@@ -12,6 +12,7 @@ one device.
 from typing import Any
 
 import torch
+from lightning.pytorch import LightningModule
 from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
@@ -134,11 +135,15 @@ class DataParallelStrategy(ParallelStrategy):
             raise UsageError("--trainer.sync_batchnorm=true needs one process per device: use ddp, not dp.")
         super().setup_environment()
 
+    def check_model(self, pl_module: LightningModule) -> nn.Module:
+        """Refuse a LightningModule dp cannot run, before training; return its network."""
+        return network(pl_module, self.strategy_name)
+
     @override
     def model_to_device(self) -> None:
         assert self.lightning_module is not None
         pl_module = self.lightning_module
-        net = network(pl_module, self.strategy_name)
+        net = self.check_model(pl_module)
         pl_module.to(self.root_device)
         if self.root_device.type != "cuda":
             rank_zero_warn(f"strategy dp needs CUDA devices; it trains on one {self.root_device.type} device instead.")

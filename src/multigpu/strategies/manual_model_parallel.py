@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from lightning.fabric.utilities.distributed import _init_dist_connection
 from lightning.fabric.utilities.seed import reset_seed
+from lightning.pytorch import LightningModule
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
@@ -121,11 +122,15 @@ class ManualModelParallelStrategy(DDPStrategy):
         self._process_group_backend = self._get_process_group_backend()
         _init_dist_connection(self.cluster_environment, self._process_group_backend, timeout=self._timeout)
 
+    def check_model(self, pl_module: LightningModule) -> nn.Sequential:
+        """Refuse a LightningModule this strategy cannot split, before training; return its blocks."""
+        return block_sequence(pl_module, self.strategy_name)
+
     @override
     def model_to_device(self) -> None:
         assert self.lightning_module is not None
         pl_module = self.lightning_module
-        blocks = block_sequence(pl_module, self.strategy_name)
+        blocks = self.check_model(pl_module)
         pl_module.to(self.root_device)
         devices = self.stage_devices
         times = time_blocks(self, blocks)

@@ -11,12 +11,21 @@ __all__ = ["block_sequence", "network", "time_blocks"]
 
 
 def network(pl_module: LightningModule, strategy: str) -> nn.Module:
-    """The plain ``nn.Module`` in ``pl_module.net``; a ``UsageError`` names what is missing."""
+    """The plain ``nn.Module`` in ``pl_module.net``; a ``UsageError`` names what is missing.
+
+    Our strategies move, replicate or split the network's blocks, which a network compiled
+    as a whole does not follow: they refuse ``compile``.
+    """
     net = getattr(pl_module, "net", None)
     if not isinstance(net, nn.Module):
         raise UsageError(
             f"strategy {strategy} needs the network as a module in `self.net` of the LightningModule; "
             f"{type(pl_module).__name__} has none."
+        )
+    if pl_module.hparams.get("compile"):
+        raise UsageError(
+            f"strategy {strategy} places the network's blocks itself and cannot run it compiled: "
+            "drop --model.compile, or use ddp or one device."
         )
     return net
 

@@ -1,0 +1,218 @@
+"""Training throughput of the application against a plain PyTorch loop, measured in the same run.
+
+    python benchmarks/throughput.py                                  # the default set for this machine
+    python benchmarks/throughput.py --configs plain app ddp --processes 2 --batch-size 32
+    python benchmarks/throughput.py --list                           # every configuration
+
+Each configuration trains ResNet-50 on synthetic CIFAR-sized images in fresh processes:
+``--warmup`` untimed optimizer steps, then ``--steps`` timed ones. The application runs
+through ``main.py fit`` with its own callbacks, logger and checkpointing; the reference
+is ``plain_loop.py``, the loop the plain recipes write by hand. On the CPU every process
+gets ``--threads`` threads (default 1). The table shows, for each configuration:
+
+    img/s          images per second over all processes
+    step ms        mean time of one optimizer step
+    peak MiB       the most memory each process held (CUDA: allocated; CPU: resident)
+    vs plain       img/s over the plain loop's with the same precision and memory format
+    efficiency     multi-process runs: img/s over (processes x the one-process img/s)
+
+and writes the figures to ``<out>/throughput.json`` and a chart to ``<out>/throughput.png``.
+"""
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+FAST = ["--trainer.precision=bf16-mixed", "--model.channels_last=true"]
+
+
+@dataclass(frozen=True)
+class Config:
+    """One row of the table: the plain loop (``plain`` arguments) or the application (``app`` arguments)."""
+
+    name: str
+    description: str
+    plain: list[str] | None = None
+    app: list[str] | None = None
+    multi_process: bool = False  # one process per device: scaling efficiency against `one_process`
+    one_process: str = "app"
+    reference: str = "plain"  # the plain loop it is compared with
+    fast: bool = field(default=False)  # bf16 and channels_last, whatever --precision says
+
+
+def configs(processes: int) -> dict[str, Config]:
+    spread = [f"--trainer.devices={processes}"]
+    every = [
+        Config("plain", "plain PyTorch loop, synthetic batches on the device", plain=[]),
+        Config("plain-torchvision", "plain loop, torchvision augmentations in CPU workers", plain=["--data=torchvision"]),
+        Config("app", "main.py fit, one process", app=[]),
+        Config("ddp", f"main.py fit, ddp, {processes} processes", app=["--trainer.strategy=ddp", *spread], multi_process=True),
+        Config("pipeline", f"main.py fit, pipeline, {processes} stages, 4 micro-batches",
+               app=["--trainer.strategy=pipeline", *spread], multi_process=True),
+        Config("dp", f"main.py fit, dp over {processes} devices", app=["--trainer.strategy=dp", *spread]),
+        Config("manual_model_parallel", f"main.py fit, manual_model_parallel over {processes} devices",
+               app=["--trainer.strategy=manual_model_parallel", *spread]),
+        Config("plain-fast", "plain loop, bf16 + channels_last", plain=["--channels-last"], fast=True),
+        Config("fast", "main.py fit, bf16 + channels_last", app=[], fast=True, reference="plain-fast"),
+        Config("fast-compiled", "main.py fit, bf16 + channels_last + torch.compile",
+               app=["--model.compile=true"], fast=True, reference="plain-fast"),
+        Config("fast-on-device", "configs/fast.yaml: bf16 + channels_last + compile + data on the GPU",
+               app=["--config", str(REPO / "configs" / "fast.yaml")], fast=True, reference="plain-fast"),
+    ]
+    return {config.name: config for config in every}
+
+
+def default_configs() -> list[str]:
+    if torch.cuda.is_available():
+        names = ["plain-torchvision", "plain", "app", "plain-fast", "fast", "fast-compiled", "fast-on-device"]
+        return names + (["ddp"] if torch.cuda.device_count() > 1 else [])
+    return ["plain", "app", "ddp", "pipeline"]
+
+
+def run(command: list[str], out: Path, threads: int, log: Path) -> dict:
+    """Run one configuration's command; its figures from ``out`` and its ranks' ``out.rankN`` files."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    if not torch.cuda.is_available():
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    with open(log, "w") as file:
+        returncode = subprocess.run(command, cwd=REPO, env=env, stdout=file, stderr=subprocess.STDOUT).returncode
+    if returncode or not out.exists():
+        tail = log.read_text()[-3000:]
+        sys.exit(f"error: {' '.join(command)} failed (exit {returncode}); the end of its output:\n{tail}")
+    figures = json.loads(out.read_text())
+    ranks = sorted(out.parent.glob(out.name + ".rank*"), key=lambda path: int(path.name.rsplit("rank", 1)[1]))
+    figures["peak_memory_bytes"] += [json.loads(path.read_text()) for path in ranks]
+    return figures
+
+
+def command(config: Config, args: argparse.Namespace, folder: Path) -> list[str]:
+    out = folder / f"{config.name}.json"
+    precision = "bf16-mixed" if config.fast else args.precision
+    if config.plain is not None:
+        return [sys.executable, str(HERE / "plain_loop.py"), f"--batch-size={args.batch_size}", f"--steps={args.steps}",
+                f"--warmup={args.warmup}", f"--precision={precision}", f"--stem={args.stem}", f"--out={out}",
+                f"--workers={args.workers}", *config.plain]
+    timer = folder / f"{config.name}-timer.yaml"
+    timer.write_text(
+        "trainer:\n  callbacks:\n    - class_path: step_timer.StepTimer\n"
+        f"      init_args:\n        warmup: {args.warmup}\n        out: {out}\n"
+    )
+    steps = args.warmup + args.steps
+    return [
+        sys.executable, str(REPO / "main.py"), "fit", "--data.synthetic=true",
+        f"--data.synthetic_size={args.batch_size * args.processes * (steps + 1)}", f"--data.batch_size={args.batch_size}",
+        f"--data.num_workers={args.workers if torch.cuda.is_available() else 0}", f"--trainer.max_steps={steps}",
+        "--trainer.limit_val_batches=0", f"--trainer.precision={precision}", f"--model.stem={args.stem}",
+        "--model.warmup_epochs=0", *(FAST if config.fast else []), f"--run_name=bench-{config.name}",
+        f"--checkpoint_root={folder / 'checkpoints'}", f"--trainer.default_root_dir={folder / 'logs'}",
+        *config.app, "--config", str(timer),
+    ]
+
+
+def measure(names: list[str], args: argparse.Namespace) -> list[dict]:
+    table = configs(args.processes)
+    rows: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        for name in names:
+            config = table[name]
+            figures = run(command(config, args, folder), folder / f"{name}.json", args.threads, folder / f"{name}.log")
+            rows[name] = {"name": name, "description": config.description, **figures}
+            print(f"  {name}: {figures['images_per_s']:.1f} img/s", flush=True)
+    for name, row in rows.items():
+        config = table[name]
+        reference = rows.get(config.reference)
+        row["vs_plain"] = row["images_per_s"] / reference["images_per_s"] if reference and name != config.reference else None
+        single = rows.get(config.one_process)
+        processes = len(row["peak_memory_bytes"])
+        row["efficiency"] = (
+            row["images_per_s"] / (processes * single["images_per_s"]) if config.multi_process and single else None
+        )
+    return list(rows.values())
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"\n{'config':<22} {'img/s':>9} {'step ms':>9} {'peak MiB':>16} {'vs plain':>9} {'efficiency':>10}")
+    for row in rows:
+        memory = "/".join(f"{value / 2**20:.0f}" for value in row["peak_memory_bytes"])
+        ratio = f"{row['vs_plain']:.3f}" if row["vs_plain"] is not None else "-"
+        efficiency = f"{row['efficiency']:.3f}" if row["efficiency"] is not None else "-"
+        print(f"{row['name']:<22} {row['images_per_s']:>9.1f} {row['step_time_s'] * 1000:>9.1f} {memory:>16} "
+              f"{ratio:>9} {efficiency:>10}")
+
+
+def write_chart(rows: list[dict], title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(8, 0.5 * len(rows) + 1.5))
+    names = [row["name"] for row in rows][::-1]
+    values = [row["images_per_s"] for row in rows][::-1]
+    colors = ["#999999" if name.startswith("plain") else "#3b75af" for name in names]
+    bars = axes.barh(names, values, color=colors)
+    for bar, row in zip(bars, rows[::-1]):
+        notes = [f"{row['images_per_s']:.1f}"]
+        if row["vs_plain"] is not None:
+            notes.append(f"{row['vs_plain']:.2f}x plain")
+        if row["efficiency"] is not None:
+            notes.append(f"eff. {row['efficiency']:.2f}")
+        axes.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, "  " + ", ".join(notes), va="center", fontsize=8)
+    axes.set_xlabel("training images per second")
+    axes.set_xlim(0, max(values) * 1.45)
+    axes.set_title(title, fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", nargs="+", help="configurations to run, in order (default: see --list)")
+    parser.add_argument("--list", action="store_true", help="list the configurations and exit")
+    parser.add_argument("--processes", type=int, default=max(2, torch.cuda.device_count()),
+                        help="processes (devices) of the multi-process configurations")
+    parser.add_argument("--batch-size", type=int, default=512 if torch.cuda.is_available() else 32, help="per process")
+    parser.add_argument("--steps", type=int, default=30 if torch.cuda.is_available() else 5, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=10 if torch.cuda.is_available() else 2, help="untimed steps first")
+    parser.add_argument("--precision", choices=["32-true", "bf16-mixed"], default="32-true")
+    parser.add_argument("--stem", choices=["cifar", "imagenet"], default="cifar")
+    parser.add_argument("--threads", type=int, default=1, help="threads per process on the CPU")
+    parser.add_argument("--workers", type=int, default=8, help="loader workers on GPUs")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results", help="folder for JSON and PNG")
+    args = parser.parse_args()
+    table = configs(args.processes)
+    if args.list:
+        for config in table.values():
+            print(f"{config.name:<22} {config.description}")
+        return
+    names = args.configs or default_configs()
+    if unknown := [name for name in names if name not in table]:
+        sys.exit(f"error: unknown configuration {unknown[0]!r}; --list shows them all.")
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU, {os.cpu_count()} cores"
+    title = (f"ResNet-50 ({args.stem} stem), batch {args.batch_size} per process, {args.precision}, {device}, "
+             f"{args.warmup} warm-up + {args.steps} timed steps")
+    print(title, flush=True)
+    rows = measure(names, args)
+    print_table(rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
+    machine = {"device": device, "torch": torch.__version__, "python": platform.python_version()}
+    (args.out / "throughput.json").write_text(json.dumps({"machine": machine, "settings": settings, "results": rows}, indent=2))
+    write_chart(rows, title, args.out / "throughput.png")
+    print(f"\nwrote {args.out / 'throughput.json'} and {args.out / 'throughput.png'}")
+
+
+if __name__ == "__main__":
+    main()

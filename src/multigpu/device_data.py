@@ -1,0 +1,77 @@
+"""CIFAR-10 resident on the training device: batches are gathered, augmented and normalised there.
+
+No loader workers and no host-to-device copies: the uint8 images (150 MB for the whole
+training set) sit on the device, and each batch is one gather, one random crop and
+flip of the whole batch, and one normalisation. The same code runs on the CPU.
+"""
+
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.data import DistributedSampler
+
+from multigpu.datasets import CIFAR10_MEAN, CIFAR10_STD, ImageTensorDataset
+
+__all__ = ["DeviceBatches", "normalize", "random_crop_flip"]
+
+
+def random_crop_flip(images: Tensor, generator: torch.Generator, padding: int = 4) -> Tensor:
+    """Each image of (B, C, H, W) cropped at a random offset after zero ``padding``, and flipped
+    horizontally with probability 1/2: torchvision's ``RandomCrop(H, padding)`` and
+    ``RandomHorizontalFlip()``, drawn for a whole batch at once."""
+    b, c, h, w = images.shape
+    device = images.device
+    padded = F.pad(images, (padding,) * 4)
+    offsets = torch.randint(0, 2 * padding + 1, (2, b, 1), device=device, generator=generator)
+    rows = offsets[0] + torch.arange(h, device=device)  # (B, H)
+    cols = offsets[1] + torch.arange(w, device=device)  # (B, W)
+    batch = torch.arange(b, device=device)[:, None, None, None]
+    channels = torch.arange(c, device=device)[None, :, None, None]
+    cropped = padded[batch, channels, rows[:, None, :, None], cols[:, None, None, :]]
+    flip = torch.rand(b, device=device, generator=generator) < 0.5
+    return torch.where(flip[:, None, None, None], cropped.flip(3), cropped)
+
+
+def normalize(images: Tensor) -> Tensor:
+    """uint8 images to float32, scaled to [0, 1] and normalised with CIFAR-10's mean and std."""
+    mean = torch.tensor(CIFAR10_MEAN, device=images.device)[None, :, None, None]
+    std = torch.tensor(CIFAR10_STD, device=images.device)[None, :, None, None]
+    return (images.float() / 255 - mean) / std
+
+
+class DeviceBatches:
+    """Batches ``(images, labels)`` of a dataset held on a device, in the order of ``sampler``.
+
+    ``sampler`` gives this rank's shard: a ``ResumableSampler`` for training, whose
+    ``(index, seed)`` keys also seed each batch's augmentation (with the first sample's
+    seed, so a resumed run augments a batch as the uninterrupted one did), or a
+    ``DistributedSampler`` without shuffling for evaluation. Lightning sets the epoch of
+    ``self.sampler`` as it does a DataLoader's, and passes the batches on unchanged.
+    """
+
+    def __init__(self, dataset: ImageTensorDataset, sampler: DistributedSampler, batch_size: int, augment: bool) -> None:
+        self.images, self.labels = dataset.images, dataset.labels
+        self.sampler, self.batch_size, self.augment = sampler, batch_size, augment
+        self.batch_sampler = None  # as a DataLoader built with a sampler: Lightning inspects both
+        self.drop_last = augment  # training drops the last short batch, as its DataLoader does
+
+    def __len__(self) -> int:
+        if self.drop_last:
+            return len(self.sampler) // self.batch_size
+        return -(-len(self.sampler) // self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        keys = list(self.sampler)
+        end = len(keys) - len(keys) % self.batch_size if self.drop_last else len(keys)
+        generator = torch.Generator(device=self.images.device)
+        for start in range(0, end, self.batch_size):
+            chunk = keys[start : start + self.batch_size]
+            indices = [key[0] if isinstance(key, tuple) else key for key in chunk]
+            index = torch.tensor(indices, device=self.images.device)
+            images = self.images[index]
+            if self.augment:
+                generator.manual_seed(chunk[0][1])
+                images = random_crop_flip(images, generator)
+            yield normalize(images), self.labels[index]
