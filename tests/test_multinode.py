@@ -104,3 +104,4 @@ def test_sbatch_script_trains_under_slurm_and_requeues_itself_before_the_time_li
     output = requeued.communicate(timeout=180)[0]
     assert requeued.returncode == 0 and "Restored all states" in output, output
     assert torch.load(last, weights_only=False)["global_step"] == stopped_at + 2
+    assert [path.name for path in last.parent.glob("last*")] == ["last.ckpt"]  # one file, rewritten

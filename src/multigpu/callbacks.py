@@ -54,6 +54,10 @@ class ThroughputSummary(Callback):
         return peak * trainer.num_devices * trainer.num_nodes if peak else None
 
     @override
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.on_train_epoch_start(trainer, pl_module)  # a run resumed mid-epoch gets no epoch start
+
+    @override
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._start = self._train_end = time.perf_counter()
         self._images = 0
@@ -166,11 +170,17 @@ class CheckpointOnSigterm(Callback):
 
     @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        checkpoint = trainer.checkpoint_callback
-        if isinstance(exception, SIGTERMException) and checkpoint is not None and checkpoint.dirpath:
-            path = os.path.join(checkpoint.dirpath, ModelCheckpoint.CHECKPOINT_NAME_LAST + ModelCheckpoint.FILE_EXTENSION)
-            trainer.save_checkpoint(path)
-            rank_zero_info(f"Received SIGTERM: saved {path} at step {trainer.global_step}; resume with --ckpt_path last.")
+        if not isinstance(exception, SIGTERMException):
+            return
+        # The checkpoint callback that keeps last.ckpt writes it, and records it in its own state,
+        # so that the resumed run goes on rewriting the same file.
+        keeper = next((callback for callback in trainer.checkpoint_callbacks if callback.save_last), None)
+        if keeper is not None and keeper.dirpath:
+            keeper._save_last_checkpoint(trainer, keeper._monitor_candidates(trainer))
+            rank_zero_info(
+                f"Received SIGTERM: saved {keeper.last_model_path} at step {trainer.global_step}; "
+                "resume with --ckpt_path last."
+            )
 
 
 class StopAllProcessesOnError(Callback):

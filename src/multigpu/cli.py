@@ -7,6 +7,7 @@
 
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from multigpu.callbacks import (
 from multigpu.checkpoint_io import AtomicCheckpointIO
 from multigpu.checkpoints import check_model_options, resolve_ckpt_path
 from multigpu.data import CIFAR10DataModule
+from multigpu.elastic import separate_restart_attempts
 from multigpu.errors import UsageError
 from multigpu.model import ResNet50Classifier
 from multigpu.strategies import name_to_class_path
@@ -161,6 +163,10 @@ class MultiGPUCLI(LightningCLI):
 
 def main(args: list[str] | None = None, default_config_files: Sequence[str | Path] = ()) -> None:
     """Run the CLI; a bad request ends with one ``error: ...`` line and exit status 2."""
+    separate_restart_attempts()
+    # Lightning warns that a loader without state of its own resumes mid-epoch unreliably; the data
+    # module's state makes the resumed epoch skip exactly the batches the checkpoint trained on.
+    warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
     try:
         MultiGPUCLI(default_config_files=default_config_files, args=args)
     except (UsageError, MisconfigurationException) as error:
