@@ -1,0 +1,30 @@
+"""The benchmark harness runs end to end: the table with the plain-loop reference, JSON and a PNG chart."""
+
+import json
+import subprocess
+import sys
+
+from conftest import REPO
+
+
+def test_throughput_harness_prints_its_table_and_writes_json_and_chart(tmp_path):
+    command = [sys.executable, str(REPO / "benchmarks" / "throughput.py"), "--configs", "plain", "app", "ddp",
+               "--steps=1", "--warmup=1", "--batch-size=2", "--stem=imagenet", f"--out={tmp_path}"]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    table = result.stdout[result.stdout.index("config") :].splitlines()
+    assert [line.split()[0] for line in table[1:4]] == ["plain", "app", "ddp"]
+    figures = json.loads((tmp_path / "throughput.json").read_text())
+    rows = {row["name"]: row for row in figures["results"]}
+    assert rows["plain"]["vs_plain"] is None and rows["app"]["efficiency"] is None
+    assert rows["app"]["vs_plain"] == rows["app"]["images_per_s"] / rows["plain"]["images_per_s"]
+    assert len(rows["ddp"]["peak_memory_bytes"]) == 2  # one figure per process
+    assert rows["ddp"]["efficiency"] == rows["ddp"]["images_per_s"] / (2 * rows["app"]["images_per_s"])
+    assert (tmp_path / "throughput.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_unknown_configuration_is_refused_with_the_way_out(tmp_path):
+    command = [sys.executable, str(REPO / "benchmarks" / "throughput.py"), "--configs", "nope", f"--out={tmp_path}"]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip() == "error: unknown configuration 'nope'; --list shows them all."
