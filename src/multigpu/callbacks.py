@@ -1,6 +1,5 @@
 """Callbacks the CLI adds to every run."""
 
-import os
 import signal
 import time
 from typing import Any

@@ -148,7 +148,7 @@ class CIFAR10DataModule(LightningDataModule):
         )
 
     @override
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> DataLoader | DeviceBatches:
         replicas, rank = self._shard()
         sampler = ResumableSampler(self.datasets["train"], replicas, rank, self.batch_size, seed=self.hparams.shuffle_seed)
         if self._resume is not None:
@@ -170,13 +170,13 @@ class CIFAR10DataModule(LightningDataModule):
             self._resume = (state_dict["epoch"], state_dict["batches"])
 
     @override
-    def val_dataloader(self) -> DataLoader:
+    def val_dataloader(self) -> DataLoader | DeviceBatches:
         return self._loader("val")
 
     @override
-    def test_dataloader(self) -> DataLoader:
+    def test_dataloader(self) -> DataLoader | DeviceBatches:
         return self._loader("test")
 
     @override
-    def predict_dataloader(self) -> DataLoader:
+    def predict_dataloader(self) -> DataLoader | DeviceBatches:
         return self._loader("test")
