@@ -102,11 +102,6 @@ def command(config: Config, args: argparse.Namespace, folder: Path) -> list[str]
         return [sys.executable, str(HERE / "plain_loop.py"), f"--batch-size={args.batch_size}", f"--steps={args.steps}",
                 f"--warmup={args.warmup}", f"--precision={precision}", f"--stem={args.stem}", f"--out={out}",
                 f"--workers={args.workers}", *config.plain]
-    timer = folder / f"{config.name}-timer.yaml"
-    timer.write_text(
-        "trainer:\n  callbacks:\n    - class_path: step_timer.StepTimer\n"
-        f"      init_args:\n        warmup: {args.warmup}\n        out: {out}\n"
-    )
     steps = args.warmup + args.steps
     return [
         sys.executable, str(REPO / "main.py"), "fit", "--data.synthetic=true",
@@ -115,7 +110,10 @@ def command(config: Config, args: argparse.Namespace, folder: Path) -> list[str]
         "--trainer.limit_val_batches=0", f"--trainer.precision={precision}", f"--model.stem={args.stem}",
         "--model.warmup_epochs=0", *(FAST if config.fast else []), f"--run_name=bench-{config.name}",
         f"--checkpoint_root={folder / 'checkpoints'}", f"--trainer.default_root_dir={folder / 'logs'}",
-        *config.app, "--config", str(timer),
+        *config.app,
+        # Appended, so that the callbacks of a config file (fast.yaml's progress bar) stay.
+        "--trainer.callbacks+=step_timer.StepTimer", f"--trainer.callbacks.warmup={args.warmup}",
+        f"--trainer.callbacks.out={out}",
     ]
 
 
