@@ -76,32 +76,47 @@ def _sbatch(tmp_path: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen(command, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
+def _start_and_signal(tmp_path: Path, signal_number: int, *args: str) -> str:
+    """Start the batch script, send it ``signal_number`` once training runs; return its output."""
+    job = _sbatch(tmp_path, *args, "--config", _record_config(tmp_path))
+    seen = tmp_path / "seen" / "rank0.txt"
+    deadline = time.monotonic() + 180
+    while not (seen.exists() and len(seen.read_text().split()) >= 6) and job.poll() is None:
+        assert time.monotonic() < deadline, "the job did not start training"
+        time.sleep(0.5)
+    job.send_signal(signal_number)
+    output = job.communicate(timeout=120)[0]
+    assert job.returncode == 0, output
+    assert "SLURMEnvironment: 2 process(es) on 1 node(s), started outside Lightning." in output
+    assert "Received SIGTERM: saved" in output
+    return output
+
+
+LONG_RUN = ["--data.synthetic_size=100000", "--model.stem=imagenet", "--data.batch_size=2"]
+
+
 def test_sbatch_script_trains_under_slurm_and_requeues_itself_before_the_time_limit(tmp_path):
     """The script's own command, under Slurm's variables: Lightning takes the SLURM environment.
 
     USR1 (what `--signal=B:USR1@300` sends before the time limit) makes the script stop the
     tasks, which save last.ckpt, and requeue the job; the requeued job resumes and finishes.
     """
-    long_run = ["--data.synthetic_size=100000", "--model.stem=imagenet", "--data.batch_size=2", "--config",
-                _record_config(tmp_path)]
-    job = _sbatch(tmp_path, *long_run)
-    seen = tmp_path / "seen" / "rank0.txt"
-    deadline = time.monotonic() + 180
-    while not (seen.exists() and len(seen.read_text().split()) >= 6) and job.poll() is None:
-        assert time.monotonic() < deadline, "the job did not start training"
-        time.sleep(0.5)
-    job.send_signal(signal.SIGUSR1)
-    output = job.communicate(timeout=120)[0]
-    assert job.returncode == 0, output
-    assert "SLURMEnvironment: 2 process(es) on 1 node(s), started outside Lightning." in output
-    assert "time limit near: stopping the tasks" in output and "Received SIGTERM: saved" in output
+    output = _start_and_signal(tmp_path, signal.SIGUSR1, *LONG_RUN)
+    assert "time limit near: stopping the tasks" in output
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
     last = tmp_path / "shared" / "checkpoints" / "slurm" / "last.ckpt"
     stopped_at = torch.load(last, weights_only=False)["global_step"]
     assert stopped_at >= 3
 
-    requeued = _sbatch(tmp_path, *long_run[:-2], f"--trainer.max_steps={stopped_at + 2}")
+    requeued = _sbatch(tmp_path, *LONG_RUN, f"--trainer.max_steps={stopped_at + 2}")
     output = requeued.communicate(timeout=180)[0]
     assert requeued.returncode == 0 and "Restored all states" in output, output
     assert torch.load(last, weights_only=False)["global_step"] == stopped_at + 2
     assert [path.name for path in last.parent.glob("last*")] == ["last.ckpt"]  # one file, rewritten
+
+
+def test_sbatch_script_on_preemption_waits_for_the_checkpoint_and_leaves_the_requeue_to_slurm(tmp_path):
+    """SIGTERM to the whole job (pre-emption): the script passes it on and waits; it does not requeue."""
+    _start_and_signal(tmp_path, signal.SIGTERM, *LONG_RUN)
+    assert not (tmp_path / "scontrol.log").exists()
+    assert (tmp_path / "shared" / "checkpoints" / "slurm" / "last.ckpt").exists()
