@@ -26,27 +26,29 @@ class KillAt(Callback):
     """SIGKILLs this process at optimizer step ``step``: as the step starts (``step``), or while a
     checkpoint is being saved (``save``); or sends it SIGTERM as the step starts (``sigterm``).
 
-    A process that torchrun restarted (``TORCHELASTIC_RESTART_COUNT`` above 0) is left to finish.
+    Only on global rank ``rank``, when given. A process that torchrun restarted
+    (``TORCHELASTIC_RESTART_COUNT`` above 0) is left to finish.
     """
 
-    def __init__(self, step: int, moment: str = "step") -> None:
-        self.step, self.moment = step, moment
+    def __init__(self, step: int, moment: str = "step", rank: int | None = None) -> None:
+        self.step, self.moment, self.rank = step, moment, rank
 
-    def _kill_if(self, trainer, moment: str) -> None:
+    def _signal_if(self, trainer, moment: str, signum: int) -> None:
         if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
             return  # a restart by torchrun is left to finish
+        if self.rank is not None and trainer.global_rank != self.rank:
+            return
         if trainer.global_step == self.step and self.moment == moment:
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), signum)
 
     @override
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._kill_if(trainer, "step")
-        if trainer.global_step == self.step and self.moment == "sigterm":
-            os.kill(os.getpid(), signal.SIGTERM)
+        self._signal_if(trainer, "step", signal.SIGKILL)
+        self._signal_if(trainer, "sigterm", signal.SIGTERM)
 
     @override
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
-        self._kill_if(trainer, "save")
+        self._signal_if(trainer, "save", signal.SIGKILL)
 
 
 class FailOnRank(Callback):

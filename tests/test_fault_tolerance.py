@@ -78,11 +78,12 @@ def _final_state(tmp_path, run_name: str) -> dict:
     return torch.load(tmp_path / "checkpoints" / run_name / "last.ckpt", weights_only=False)
 
 
-def _kill_config(tmp_path: Path, step: int, moment: str = "step") -> str:
+def _kill_config(tmp_path: Path, step: int, moment: str = "step", rank: int | None = None) -> str:
     kill = tmp_path / f"kill{step}.yaml"
     kill.write_text(
         "trainer:\n  callbacks:\n    - class_path: helpers.KillAt\n"
         f"      init_args:\n        step: {step}\n        moment: {moment}\n"
+        + (f"        rank: {rank}\n" if rank is not None else "")
     )
     return str(kill)
 
@@ -137,6 +138,18 @@ def test_killed_ddp_run_resumes_bit_for_bit(tmp_path, resumable):
 def test_killed_pipeline_run_resumes_bit_for_bit(tmp_path, resumable):
     """2 pipeline stages (5 steps per epoch, 4 micro-batches of 2), both killed in the middle of the second epoch."""
     _kill_resume_and_compare(tmp_path, resumable, [(7, "step", "pipeline mid-epoch")], PIPELINE, total_steps=10)
+
+
+def test_sigterm_to_one_ddp_process_stops_both_after_the_same_step(tmp_path, resumable):
+    """Only rank 1 gets SIGTERM (at step 7): both processes stop after step 8 and exit cleanly,
+    rather than one waiting for the other in a collective; the run then resumes bit for bit."""
+    args = [*_resumable_run(resumable.cifar), *DDP, *run_args(tmp_path, "killed"), "--ckpt_path=last"]
+    stopped = run_cli(*args, "--config", _kill_config(tmp_path, 7, "sigterm", rank=1), env=HELPERS, timeout=180)
+    assert stopped.returncode == 0 and "Received SIGTERM: saved" in stopped.stdout, stopped.stdout
+    assert _final_state(tmp_path, "killed")["global_step"] == 8
+    resumed = run_cli(*args)
+    assert resumed.returncode == 0 and "Restored all states" in resumed.stdout, resumed.stdout
+    _assert_same_parameters(_final_state(tmp_path, "killed"), resumable(DDP), 10, "SIGTERM to rank 1")
 
 
 def _kill_resume_and_compare(tmp_path, resumable, kills, extra, total_steps):

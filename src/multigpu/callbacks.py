@@ -1,10 +1,12 @@
 """Callbacks the CLI adds to every run."""
 
 import signal
+import threading
 import time
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from lightning.fabric.utilities.throughput import get_available_flops
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -160,12 +162,49 @@ class LastCheckpoint(ModelCheckpoint):
 
 
 class CheckpointOnSigterm(Callback):
-    """On SIGTERM (what SLURM and most schedulers send before they stop a job), write ``last.ckpt``.
+    """On SIGTERM (what SLURM and most schedulers send before they stop a job), every process stops
+    after the same training step, ``last.ckpt`` is written, and the processes exit with status 0.
 
-    Lightning stops a run that received SIGTERM after the step in progress, on every rank,
-    and the process then exits with status 0; this callback saves the state of that step
-    first, so the same command with ``--ckpt_path last`` continues where the run stopped.
+    The same command with ``--ckpt_path last`` then continues where the run stopped.
+
+    Lightning's own SIGTERM handler runs a broadcast inside the signal handler, and each
+    process checks the flag at its own step boundaries. When the signal reaches the
+    processes at slightly different moments, their collectives no longer pair up and the
+    job hangs (seen with 2 gloo processes under the Slurm script). Here the handler only
+    notes the signal, and passes it on to the processes Lightning started, as Lightning
+    does. At the end of every training step the processes agree, with one all-reduce,
+    whether any of them has seen it; then all of them raise Lightning's flag, and Lightning
+    stops them after that same step.
     """
+
+    def __init__(self) -> None:
+        self._signalled = False
+        self._trainer: Trainer | None = None
+
+    @override
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._signalled, self._trainer = False, trainer
+        if threading.current_thread() is threading.main_thread():
+            # Replaces Lightning's handler for this run; Lightning restores the previous one at its teardown.
+            signal.signal(signal.SIGTERM, self._note)
+
+    def _note(self, signum: int, frame: Any) -> None:
+        launcher = self._trainer.strategy.launcher if self._trainer is not None else None
+        if not self._signalled and launcher is not None:
+            launcher.kill(signum)
+        self._signalled = True
+
+    @override
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        signalled = self._signalled
+        if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
+            flag = torch.tensor([int(signalled)], device=trainer.strategy.root_device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            signalled = bool(flag.item())
+        if signalled:
+            trainer._signal_connector.received_sigterm = True  # Lightning stops after this step
 
     @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
