@@ -93,6 +93,19 @@ def cli_error(capsys, *args: str) -> str:
     return capsys.readouterr().err.strip().splitlines()[-1]
 
 
+# Subprocesses find the test-only callbacks of tests/helpers.py by class path with this.
+HELPERS_ENV = {"PYTHONPATH": str(Path(__file__).parent)}
+
+
+def helper_callback(folder: Path, name: str, **init_args) -> str:
+    """Write a config that adds the callback ``helpers.<name>(**init_args)``; return its path."""
+    lines = ["trainer:", "  callbacks:", f"    - class_path: helpers.{name}", "      init_args:"]
+    lines += [f"        {key}: {value}" for key, value in init_args.items() if value is not None]
+    path = folder / f"{name}{len(list(folder.glob(f'{name}*.yaml')))}.yaml"  # a new file per call
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now, for a rendezvous."""
     with socket.socket() as sock:

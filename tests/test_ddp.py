@@ -1,21 +1,15 @@
 """DDP with two gloo processes on the CPU, launched by Lightning from the CLI."""
 
-from pathlib import Path
-
-from conftest import REPO, SMOKE, run_cli, run_args
+from conftest import HELPERS_ENV, REPO, SMOKE, helper_callback, run_args, run_cli
 
 
 def test_ddp_two_cpu_processes_train_on_disjoint_shards(tmp_path):
     record = tmp_path / "samples"
-    extra = tmp_path / "record.yaml"
-    extra.write_text(
-        "trainer:\n  callbacks:\n    - class_path: helpers.RecordSamples\n"
-        f"      init_args:\n        out_dir: {record}\n"
-    )
+    extra = helper_callback(tmp_path, "RecordSamples", out_dir=record)
     result = run_cli(
-        "fit", "--config", SMOKE, "--config", str(REPO / "configs" / "ddp.yaml"), "--config", str(extra),
+        "fit", "--config", SMOKE, "--config", str(REPO / "configs" / "ddp.yaml"), "--config", extra,
         "--trainer.accelerator=cpu", "--trainer.devices=2", "--data.synthetic_size=64", *run_args(tmp_path),
-        env={"PYTHONPATH": str(Path(__file__).parent)},
+        env=HELPERS_ENV,
     )
     assert result.returncode == 0, result.stdout
     seen = [set((record / f"rank{rank}.txt").read_text().split()) for rank in (0, 1)]

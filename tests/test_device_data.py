@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from conftest import SMOKE, cli_main, run_args
 from multigpu.data import CIFAR10DataModule
 from multigpu.datasets import eval_transform
-from multigpu.device_data import DeviceBatches, normalize, random_crop_flip
+from multigpu.device_data import DeviceBatches, cifar10_stats, normalize, random_crop_flip
 from multigpu.sampling import ResumableSampler
 
 
@@ -33,7 +33,7 @@ def test_each_image_is_a_crop_of_its_padded_self_some_flipped():
 def test_normalisation_matches_the_loader_path():
     images = torch.randint(256, (4, 3, 32, 32), dtype=torch.uint8)
     expected = torch.stack([eval_transform()(image) for image in images])
-    torch.testing.assert_close(normalize(images), expected)
+    torch.testing.assert_close(normalize(images, *cifar10_stats(images.device)), expected)
 
 
 def test_ranks_read_the_distributed_samplers_shards_and_a_resumed_epoch_continues_exactly(tiny_cifar10):
@@ -71,7 +71,7 @@ def test_fit_with_the_dataset_on_the_device(tmp_path, tiny_cifar10):
     assert last["global_step"] == 3
 
 
-def test_synthetic_data_on_the_device_is_uint8_images_augmented_there(tmp_path):
+def test_synthetic_data_on_the_device_is_uint8_images_augmented_there():
     data = CIFAR10DataModule(synthetic=True, synthetic_size=32, batch_size=8, on_device=True)
     data.setup("fit")
     assert data.datasets["train"].images.dtype == torch.uint8

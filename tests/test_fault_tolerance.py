@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, SMOKE, cli_main, free_port, run_args, run_cli, write_tiny_cifar10
+from conftest import HELPERS_ENV, REPO, SMOKE, cli_main, free_port, helper_callback, run_args, run_cli, write_tiny_cifar10
 from multigpu.checkpoint_io import AtomicCheckpointIO
 
 
@@ -71,7 +71,6 @@ def _resumable_run(cifar: Path) -> list[str]:
 
 DDP = ["--trainer.strategy=ddp", "--trainer.accelerator=cpu", "--trainer.devices=2"]
 PIPELINE = ["--trainer.strategy=pipeline", "--trainer.accelerator=cpu", "--trainer.devices=2", "--data.batch_size=8"]
-HELPERS = {"PYTHONPATH": str(Path(__file__).parent)}  # helpers.KillAt by class path
 
 
 def _final_state(tmp_path, run_name: str) -> dict:
@@ -79,13 +78,7 @@ def _final_state(tmp_path, run_name: str) -> dict:
 
 
 def _kill_config(tmp_path: Path, step: int, moment: str = "step", rank: int | None = None) -> str:
-    kill = tmp_path / f"kill{step}.yaml"
-    kill.write_text(
-        "trainer:\n  callbacks:\n    - class_path: helpers.KillAt\n"
-        f"      init_args:\n        step: {step}\n        moment: {moment}\n"
-        + (f"        rank: {rank}\n" if rank is not None else "")
-    )
-    return str(kill)
+    return helper_callback(tmp_path, "KillAt", step=step, moment=moment, rank=rank)
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +137,7 @@ def test_sigterm_to_one_ddp_process_stops_both_after_the_same_step(tmp_path, res
     """Only rank 1 gets SIGTERM (at step 7): both processes stop after step 8 and exit cleanly,
     rather than one waiting for the other in a collective; the run then resumes bit for bit."""
     args = [*_resumable_run(resumable.cifar), *DDP, *run_args(tmp_path, "killed"), "--ckpt_path=last"]
-    stopped = run_cli(*args, "--config", _kill_config(tmp_path, 7, "sigterm", rank=1), env=HELPERS, timeout=180)
+    stopped = run_cli(*args, "--config", _kill_config(tmp_path, 7, "sigterm", rank=1), env=HELPERS_ENV, timeout=180)
     assert stopped.returncode == 0 and "Received SIGTERM: saved" in stopped.stdout, stopped.stdout
     assert _final_state(tmp_path, "killed")["global_step"] == 8
     resumed = run_cli(*args)
@@ -156,7 +149,7 @@ def _kill_resume_and_compare(tmp_path, resumable, kills, extra, total_steps):
     args = [*_resumable_run(resumable.cifar), *extra]
     for step, moment, name in kills:
         kill = _kill_config(tmp_path, step, moment)
-        killed = run_cli(*args, "--config", kill, *run_args(tmp_path, "killed"), "--ckpt_path=last", env=HELPERS)
+        killed = run_cli(*args, "--config", kill, *run_args(tmp_path, "killed"), "--ckpt_path=last", env=HELPERS_ENV)
         if moment == "sigterm":  # saves the step it finished, then exits cleanly
             assert killed.returncode == 0 and "Received SIGTERM: saved" in killed.stdout, killed.stdout
             assert _final_state(tmp_path, "killed")["global_step"] == step + 1
@@ -177,7 +170,7 @@ def test_torchrun_restarts_resume_from_the_last_checkpoint_on_their_own(tmp_path
                 "--master-addr=127.0.0.1", f"--master-port={free_port()}", str(REPO / "main.py")]
     args = [*_resumable_run(resumable.cifar), *DDP, "--ckpt_path=last", "--config", _kill_config(tmp_path, 7)]
     result = subprocess.run(
-        [*torchrun, *args, *run_args(tmp_path, "restarted")], cwd=REPO, env={**os.environ, **HELPERS},
+        [*torchrun, *args, *run_args(tmp_path, "restarted")], cwd=REPO, env={**os.environ, **HELPERS_ENV},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stdout
@@ -187,15 +180,12 @@ def test_torchrun_restarts_resume_from_the_last_checkpoint_on_their_own(tmp_path
 
 @pytest.mark.parametrize("rank", [1, 0])
 def test_a_failing_rank_ends_the_whole_job_quickly_with_its_error(rank, tmp_path):
-    fail = tmp_path / "fail.yaml"
-    fail.write_text(
-        f"trainer:\n  callbacks:\n    - class_path: helpers.FailOnRank\n      init_args:\n        rank: {rank}\n        step: 2\n"
-    )
+    fail = helper_callback(tmp_path, "FailOnRank", rank=rank, step=2)
     start = time.monotonic()
     result = run_cli(
         "fit", "--config", SMOKE, "--config", str(fail), "--trainer.accelerator=cpu", "--trainer.devices=2",
         "--trainer.strategy=ddp", "--data.synthetic_size=64", *run_args(tmp_path),
-        env=HELPERS, timeout=120,
+        env=HELPERS_ENV, timeout=120,
     )
     assert result.returncode != 0
     assert time.monotonic() - start < 60

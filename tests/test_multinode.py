@@ -10,18 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, SMOKE, free_port, run_args
+from conftest import HELPERS_ENV, REPO, SMOKE, free_port, helper_callback, run_args
 
 TESTS = Path(__file__).parent
-HELPERS = {"PYTHONPATH": str(TESTS)}  # helpers.RecordSamples by class path
 
 
 def _record_config(tmp_path: Path) -> str:
-    record = tmp_path / "record.yaml"
-    record.write_text(
-        f"trainer:\n  callbacks:\n    - class_path: helpers.RecordSamples\n      init_args:\n        out_dir: {tmp_path / 'seen'}\n"
-    )
-    return str(record)
+    return helper_callback(tmp_path, "RecordSamples", out_dir=tmp_path / "seen")
 
 
 def _seen(tmp_path: Path, rank: int) -> list[str]:
@@ -46,7 +41,7 @@ def test_two_torchrun_nodes_train_together(strategy, tmp_path):
             "--trainer.num_nodes=2", "--trainer.devices=1", f"--trainer.strategy={strategy}",
             *run_args(tmp_path / f"node{node}"),
         ]
-        nodes.append(subprocess.Popen(command, cwd=REPO, env={**os.environ, **HELPERS}, text=True,
+        nodes.append(subprocess.Popen(command, cwd=REPO, env={**os.environ, **HELPERS_ENV}, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     outputs = [node.communicate(timeout=240)[0] for node in nodes]
     for node, output in zip(nodes, outputs):
@@ -64,7 +59,7 @@ def test_two_torchrun_nodes_train_together(strategy, tmp_path):
 def _sbatch(tmp_path: Path, *args: str) -> subprocess.Popen:
     """scripts/slurm/train.sbatch as Slurm would run it for 1 node x 2 tasks, with stand-ins for srun and scontrol."""
     env = {
-        **os.environ, **HELPERS,
+        **os.environ, **HELPERS_ENV,
         "PATH": f"{TESTS / 'slurm'}{os.pathsep}{os.environ['PATH']}",
         "SHARED": str(tmp_path / "shared"), "SCONTROL_LOG": str(tmp_path / "scontrol.log"),
         "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "resnet50-cifar10", "SLURM_JOB_NODELIST": "localhost",

@@ -38,21 +38,21 @@ class ThroughputSummary(Callback):
 
     def __init__(self, peak_flops: float | None = None) -> None:
         self.peak_flops = peak_flops
+        self._peak: float | None = None  # all devices' peak FLOP/s, when known
         self._flops_per_image: int | None = None
         self._start = self._train_end = 0.0
         self._images = 0
 
     @override
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        count = getattr(pl_module, "training_flops_per_image", None)
-        self._flops_per_image = count() if count else None
-
-    def _total_peak_flops(self, trainer: Trainer) -> float | None:
+        # Once per run, and the FLOPs only where there is a peak to divide them by.
         peak = self.peak_flops
         if peak is None:
             dtype = {"bf16": torch.bfloat16, "16": torch.float16}.get(str(trainer.precision).split("-")[0], torch.float32)
             peak = get_available_flops(trainer.strategy.root_device, dtype)
-        return peak * trainer.num_devices * trainer.num_nodes if peak else None
+        self._peak = peak * trainer.num_devices * trainer.num_nodes if peak else None
+        count = getattr(pl_module, "training_flops_per_image", None)
+        self._flops_per_image = count() if self._peak and count else None
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -81,9 +81,8 @@ class ThroughputSummary(Callback):
         parts = [f"epoch {trainer.current_epoch}", f"step {trainer.global_step}"]
         parts += [f"{key} {float(metrics[key]):.4f}" for key in ("train/loss", "val/loss", "val/acc") if key in metrics]
         parts.append(f"{images_per_s:.1f} img/s")
-        peak = self._total_peak_flops(trainer)
-        if peak and self._flops_per_image:
-            mfu = images_per_s * self._flops_per_image / peak
+        if self._peak and self._flops_per_image:
+            mfu = images_per_s * self._flops_per_image / self._peak
             pl_module.log("perf/mfu", mfu, sync_dist=True)
             parts.append(f"MFU {100 * mfu:.1f}%")
         parts.append(f"{epoch_time:.1f} s")

@@ -1,8 +1,9 @@
 """CIFAR-10 resident on the training device: batches are gathered, augmented and normalised there.
 
-No loader workers and no host-to-device copies: the uint8 images (150 MB for the whole
-training set) sit on the device, and each batch is one gather, one random crop and
-flip of the whole batch, and one normalisation. The same code runs on the CPU.
+No loader workers, and one host-to-device copy per epoch (the shard's order): the uint8
+images (150 MB for the whole training set) sit on the device, and each batch is one
+gather, one random crop and flip of the whole batch, and one normalisation. The same
+code runs on the CPU.
 """
 
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ from torch.utils.data import DistributedSampler
 
 from multigpu.datasets import CIFAR10_MEAN, CIFAR10_STD, ImageTensorDataset
 
-__all__ = ["DeviceBatches", "normalize", "random_crop_flip"]
+__all__ = ["DeviceBatches", "cifar10_stats", "normalize", "random_crop_flip"]
 
 
 def random_crop_flip(images: Tensor, generator: torch.Generator, padding: int = 4) -> Tensor:
@@ -34,10 +35,15 @@ def random_crop_flip(images: Tensor, generator: torch.Generator, padding: int = 
     return torch.where(flip[:, None, None, None], cropped.flip(3), cropped)
 
 
-def normalize(images: Tensor) -> Tensor:
-    """uint8 images to float32, scaled to [0, 1] and normalised with CIFAR-10's mean and std."""
-    mean = torch.tensor(CIFAR10_MEAN, device=images.device)[None, :, None, None]
-    std = torch.tensor(CIFAR10_STD, device=images.device)[None, :, None, None]
+def cifar10_stats(device: torch.device) -> tuple[Tensor, Tensor]:
+    """CIFAR-10's per-channel mean and std on ``device``, shaped (1, 3, 1, 1)."""
+    mean = torch.tensor(CIFAR10_MEAN, device=device)[None, :, None, None]
+    std = torch.tensor(CIFAR10_STD, device=device)[None, :, None, None]
+    return mean, std
+
+
+def normalize(images: Tensor, mean: Tensor, std: Tensor) -> Tensor:
+    """uint8 images to float32, scaled to [0, 1] and normalised with ``mean`` and ``std`` (``cifar10_stats``)."""
     return (images.float() / 255 - mean) / std
 
 
@@ -56,6 +62,7 @@ class DeviceBatches:
         self.sampler, self.batch_size, self.augment = sampler, batch_size, augment
         self.batch_sampler = None  # as a DataLoader built with a sampler: Lightning inspects both
         self.drop_last = augment  # training drops the last short batch, as its DataLoader does
+        self._stats = cifar10_stats(self.images.device)
 
     def __len__(self) -> int:
         if self.drop_last:
@@ -65,13 +72,12 @@ class DeviceBatches:
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         keys = list(self.sampler)
         end = len(keys) - len(keys) % self.batch_size if self.drop_last else len(keys)
+        order = torch.tensor([key[0] if isinstance(key, tuple) else key for key in keys], device=self.images.device)
         generator = torch.Generator(device=self.images.device)
         for start in range(0, end, self.batch_size):
-            chunk = keys[start : start + self.batch_size]
-            indices = [key[0] if isinstance(key, tuple) else key for key in chunk]
-            index = torch.tensor(indices, device=self.images.device)
+            index = order[start : start + self.batch_size]
             images = self.images[index]
             if self.augment:
-                generator.manual_seed(chunk[0][1])
+                generator.manual_seed(keys[start][1])
                 images = random_crop_flip(images, generator)
-            yield normalize(images), self.labels[index]
+            yield normalize(images, *self._stats), self.labels[index]
