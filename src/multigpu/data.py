@@ -162,7 +162,10 @@ class CIFAR10DataModule(LightningDataModule):
         trainer = self.trainer
         if trainer is None:
             return {}
-        return {"epoch": trainer.current_epoch, "batches": trainer.fit_loop.epoch_loop.batch_progress.current.processed}
+        epoch, batches = trainer.current_epoch, trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        if batches >= trainer.num_training_batches:  # saved at the epoch's end: the next one starts afresh
+            epoch, batches = epoch + 1, 0
+        return {"epoch": epoch, "batches": batches}
 
     @override
     def load_state_dict(self, state_dict: dict[str, int]) -> None:

@@ -26,7 +26,13 @@ class ResumableSampler(DistributedSampler):
         self._resume: tuple[int, int] | None = None
 
     def resume_at(self, epoch: int, batches: int) -> None:
-        """Start the next pass over ``epoch`` after its first ``batches`` batches."""
+        """Make the next pass the one over ``epoch``, after its first ``batches`` batches.
+
+        The epoch is set here, not only by Lightning's ``set_epoch``: Lightning creates the
+        resumed epoch's loader iterator before it sets the epoch, and a loader with workers
+        draws its first indices from the sampler at that moment.
+        """
+        self.set_epoch(epoch)
         self._resume = (epoch, batches)
 
     def sample_seed(self, index: int) -> int:
