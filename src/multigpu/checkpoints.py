@@ -1,9 +1,10 @@
 """Finding and checking a checkpoint before anything is built from it."""
 
 import pickle
+import re
 import zipfile
-from pathlib import Path
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -11,7 +12,9 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from multigpu.errors import UsageError
 
-__all__ = ["check_checkpoint", "check_model_options", "find_last_checkpoint", "resolve_ckpt_path"]
+__all__ = [
+    "check_checkpoint", "check_model_options", "find_last_checkpoint", "finished_training", "resolve_ckpt_path",
+]
 
 # Model options that change the network's shapes: a checkpoint only loads with the same value.
 _NETWORK_OPTIONS = ("stem",)
@@ -26,24 +29,58 @@ def find_last_checkpoint(dirpath: str | Path) -> Path | None:
 def check_checkpoint(path: str | Path) -> dict[str, Any]:
     """Open ``path`` and return its contents, or raise a ``UsageError`` that says what is wrong.
 
-    The file is memory-mapped, so tensors are not read until they are used.
+    The file is memory-mapped, so tensors are not read until they are used. It is read with
+    torch's safe loader, which builds tensors and plain values only (all that our checkpoints
+    hold): a file that would build anything else, and so could run code, is refused unread.
     """
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"checkpoint {path} does not exist: pass an existing file, or --ckpt_path last to resume.")
     try:
-        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
-    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as error:
+        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except pickle.UnpicklingError as error:
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
+        if found is None:
+            raise _unreadable(path, error) from None
         raise UsageError(
-            f"checkpoint {path} cannot be read ({type(error).__name__}): it is truncated or not a "
-            f"PyTorch checkpoint. Pass another checkpoint with --ckpt_path."
+            f"checkpoint {path} holds objects other than tensors and plain values ({found.group(1)}); loading it could run "
+            f"code, so it is refused. Pass a checkpoint written by this application with --ckpt_path."
         ) from None
+    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError) as error:
+        raise _unreadable(path, error) from None
     if not isinstance(checkpoint, dict) or not {"state_dict", "global_step", "epoch"} <= checkpoint.keys():
         raise UsageError(
             f"checkpoint {path} is not a Lightning training checkpoint (it lacks state_dict, epoch or "
             f"global_step). Pass a checkpoint written by this application with --ckpt_path."
         )
     return checkpoint
+
+
+def _unreadable(path: Path, error: Exception) -> UsageError:
+    return UsageError(
+        f"checkpoint {path} cannot be read ({type(error).__name__}): it is truncated or not a "
+        f"PyTorch checkpoint. Pass another checkpoint with --ckpt_path."
+    )
+
+
+def finished_training(checkpoint: dict[str, Any], max_epochs: int | None, max_steps: int | None) -> str | None:
+    """Why a run whose newest checkpoint is ``checkpoint`` has nothing left to train, or ``None``.
+
+    Lightning's limits: ``max_steps`` -1 (or none) is no step limit; ``max_epochs`` -1 is no
+    epoch limit, and none is 1000 epochs when there is no step limit either.
+    """
+    step = checkpoint["global_step"]
+    if max_steps is not None and max_steps != -1 and step >= max_steps:
+        return f"it has reached max_steps={max_steps} (step {step})"
+    if max_epochs is None:
+        max_epochs = 1000 if max_steps in (None, -1) else -1
+    batches = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress", {})
+    current = batches.get("current", {})
+    epoch_done = batches.get("is_last_batch", False) and current.get("processed") == current.get("ready")
+    epochs = checkpoint["epoch"] + int(epoch_done)
+    if max_epochs != -1 and epochs >= max_epochs:
+        return f"it has trained max_epochs={max_epochs} epochs (step {step})"
+    return None
 
 
 def resolve_ckpt_path(ckpt_path: str | None, dirpath: str | Path) -> tuple[str | None, dict[str, Any]]:

@@ -6,10 +6,12 @@
 """
 
 import os
+import re
 import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
@@ -17,6 +19,7 @@ from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from multigpu.callbacks import (
@@ -27,12 +30,13 @@ from multigpu.callbacks import (
     ThroughputSummary,
 )
 from multigpu.checkpoint_io import AtomicCheckpointIO
-from multigpu.checkpoints import check_model_options, resolve_ckpt_path
+from multigpu.checkpoints import check_model_options, finished_training, resolve_ckpt_path
 from multigpu.data import CIFAR10DataModule
 from multigpu.elastic import separate_restart_attempts
-from multigpu.errors import UsageError
+from multigpu.errors import RunFinished, UsageError
 from multigpu.model import ResNet50Classifier
 from multigpu.strategies import name_to_class_path
+from multigpu.trainer_options import check_trainer_options
 
 __all__ = ["MultiGPUCLI", "main"]
 
@@ -41,6 +45,21 @@ SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
 def _checkpoint_dir(checkpoint_root: str, run_name: str) -> str:
     return os.path.join(checkpoint_root, run_name)
+
+
+class OneLineErrorParser(LightningArgumentParser):
+    """Reports a value the parser refuses in one ``error: ...`` line, without the usage text."""
+
+    @override
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error:
+            super().error(message, ex)
+        # jsonargparse spreads a refused value over several lines: the key, each expected type, the value.
+        message = re.sub(r'^Parser key "([^"]+)":', r"--\1:", message)
+        lines = [re.sub(r"^\s*(- )?", "", line).strip() for line in message.splitlines()]
+        kept = [line for line in lines if line and not line.startswith(("Subtypes:", "Given value type:", "Errors:"))]
+        print(f"error: {' '.join(kept)} (see --help)", file=sys.stderr)
+        sys.exit(2)
 
 
 class MultiGPUCLI(LightningCLI):
@@ -65,6 +84,7 @@ class MultiGPUCLI(LightningCLI):
                 "callbacks": [RunMetadata(), CheckpointOnSigterm(), StopAllProcessesOnError()]
             },
             parser_kwargs=parser_kwargs,
+            parser_class=OneLineErrorParser,
             auto_configure_optimizers=False,
             **kwargs,
         )
@@ -116,14 +136,30 @@ class MultiGPUCLI(LightningCLI):
         config = self._config()
         if config.get("ckpt_path") is None:
             return
+        if config.get("weights_only") is False:
+            raise UsageError("--weights_only=false would let a checkpoint run code: drop it, checkpoints are read safely.")
         dirpath = _checkpoint_dir(config["checkpoint_root"], config["run_name"])
         config["ckpt_path"], checkpoint = resolve_ckpt_path(config["ckpt_path"], dirpath)
         if not checkpoint:
             return
         check_model_options(config["ckpt_path"], checkpoint, config["model"])
         if self.config.get("subcommand") == "fit":
+            trainer = config["trainer"]
+            if reason := finished_training(checkpoint, trainer.get("max_epochs"), trainer.get("max_steps")):
+                raise RunFinished(
+                    f"Run {config['run_name']} has already finished: {reason}. Nothing to do; {config['ckpt_path']} "
+                    f"is left as it is. Raise --trainer.max_epochs or --trainer.max_steps to train further."
+                )
             # Resuming continues the TensorBoard run the checkpoint was written in.
             self._log_version = checkpoint.get(RunMetadata.KEY, {}).get("log_version")
+            rank_zero_info(f"Resuming from {config['ckpt_path']} at step {checkpoint['global_step']}.")
+
+    @override
+    def before_instantiate_classes(self) -> None:
+        config = self._config()
+        check_trainer_options(config["trainer"])
+        if (config.get("save_every_n_steps") or 0) < 0:
+            raise UsageError(f"--save_every_n_steps must be 0 (off) or positive, not {config['save_every_n_steps']}.")
 
     def before_fit(self) -> None:
         """Let the strategy refuse the model before it launches any process."""
@@ -149,8 +185,6 @@ class MultiGPUCLI(LightningCLI):
         except ValueError as error:  # Lightning's checks of accelerator, strategy and devices
             raise UsageError(str(error)) from error
         every = config.get("save_every_n_steps") or 0
-        if every < 0:
-            raise UsageError(f"--save_every_n_steps must be 0 (off) or positive, not {every}.")
         if every:  # last.ckpt comes from LastCheckpoint alone; the other one keeps the best
             trainer.checkpoint_callback.save_last = False
             dirpath = _checkpoint_dir(config["checkpoint_root"], config["run_name"])
@@ -169,6 +203,9 @@ def main(args: list[str] | None = None, default_config_files: Sequence[str | Pat
     warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
     try:
         MultiGPUCLI(default_config_files=default_config_files, args=args)
+    except RunFinished as finished:
+        rank_zero_info(str(finished))
     except (UsageError, MisconfigurationException) as error:
-        print(f"error: {error}", file=sys.stderr)
+        message = " ".join(str(error).split())  # one line, whatever the message's own layout
+        print(f"error: {message}", file=sys.stderr)
         sys.exit(2)

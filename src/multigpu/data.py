@@ -17,7 +17,7 @@ from multigpu.datasets import (
     train_transform,
 )
 from multigpu.device_data import DeviceBatches
-from multigpu.errors import UsageError
+from multigpu.errors import UsageError, check_at_least
 from multigpu.replicas import data_parallel_rank, data_parallel_size
 from multigpu.sampling import ResumableSampler
 
@@ -72,8 +72,9 @@ class CIFAR10DataModule(LightningDataModule):
         on_device: bool = False,
     ) -> None:
         super().__init__()
-        if batch_size < 1:
-            raise UsageError(f"data.batch_size must be at least 1, not {batch_size}.")
+        check_at_least("data.batch_size", batch_size, 1)
+        check_at_least("data.num_workers", num_workers, 0)
+        check_at_least("data.synthetic_size", synthetic_size, 1)
         if val_split < 0:
             raise UsageError(f"data.val_split must be 0 (use the test split) or a positive count, not {val_split}.")
         self.save_hyperparameters()

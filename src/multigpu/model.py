@@ -18,7 +18,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
-from multigpu.errors import UsageError
+from multigpu.errors import UsageError, check_at_least
 from multigpu.network import Stem, resnet50_blocks
 from multigpu.replicas import data_parallel_size
 from multigpu.schedule import scaled_lr, warmup_cosine
@@ -57,15 +57,19 @@ class ResNet50Classifier(LightningModule):
         stem: Stem = "cifar",
         base_lr: float = 0.2,
         momentum: float = 0.9,
-        nesterov: bool = False,
+        nesterov: bool = True,
         weight_decay: float = 5e-4,
-        no_decay_norm_bias: bool = False,
-        warmup_epochs: float = 1.0,
+        no_decay_norm_bias: bool = True,
+        warmup_epochs: float = 2.0,
         label_smoothing: float = 0.0,
         channels_last: bool = False,
         compile: bool | dict[str, Any] = False,
     ) -> None:
         super().__init__()
+        for option, value in (("base_lr", base_lr), ("momentum", momentum), ("weight_decay", weight_decay),
+                              ("warmup_epochs", warmup_epochs)):
+            check_at_least(f"model.{option}", value, 0)
+        check_at_least("model.label_smoothing", label_smoothing, 0, below=1)
         self.save_hyperparameters()
         self.net = resnet50_blocks(num_classes, stem)
         if channels_last:

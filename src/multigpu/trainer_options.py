@@ -1,0 +1,123 @@
+"""Checks of the Trainer's accelerator, devices and strategy, made before anything is built.
+
+Lightning checks these too, but only when the Trainer is built (after the data module
+and the model), some with a traceback (``devices=-3`` on the CPU) and some over two
+lines (more GPUs than the machine has). These say in one line what to pass instead.
+"""
+
+from collections.abc import Mapping
+from typing import Any
+
+from lightning.fabric.utilities.device_parser import _select_auto_accelerator
+from lightning.pytorch.accelerators import AcceleratorRegistry, MPSAccelerator
+from lightning.pytorch.strategies import StrategyRegistry
+
+from multigpu.errors import UsageError, check_at_least
+
+__all__ = ["check_trainer_options"]
+
+
+def check_trainer_options(trainer: Mapping[str, Any]) -> None:
+    """Refuse an unknown strategy or accelerator, a device request this machine cannot meet, or
+    accumulation or clipping values that mean nothing."""
+    _check_strategy(trainer.get("strategy", "auto"))
+    accumulate = trainer.get("accumulate_grad_batches", 1)
+    if isinstance(accumulate, int):
+        check_at_least("--trainer.accumulate_grad_batches", accumulate, 1)
+    if isinstance(trainer.get("gradient_clip_val"), (int, float)):
+        check_at_least("--trainer.gradient_clip_val", trainer["gradient_clip_val"], 0)
+    accelerator = _accelerator_name(trainer.get("accelerator", "auto"))
+    if accelerator is not None:
+        _check_devices(accelerator, trainer.get("devices", "auto"))
+
+
+def _check_strategy(strategy: Any) -> None:
+    # Strategy objects and class paths are Lightning's and jsonargparse's to check.
+    if not isinstance(strategy, str) or "." in strategy or strategy.lower() in ("auto", *StrategyRegistry):
+        return
+    names = ", ".join(["auto", *StrategyRegistry.available_strategies()])
+    raise UsageError(f"--trainer.strategy={strategy} is not a strategy: use one of {names}.")
+
+
+def _accelerator_name(accelerator: Any) -> str | None:
+    """The registered accelerator that ``accelerator`` selects, checked to be usable here."""
+    if not isinstance(accelerator, str):
+        return None  # an Accelerator object: Lightning checks it
+    name = accelerator.lower()
+    if name == "auto":
+        return _select_auto_accelerator()
+    if name == "gpu":
+        name = "mps" if MPSAccelerator.is_available() else "cuda"
+    if name not in AcceleratorRegistry:
+        known = ", ".join(["auto", "gpu", *sorted(AcceleratorRegistry.available_accelerators())])
+        raise UsageError(f"--trainer.accelerator={accelerator} is not an accelerator: use one of {known}.")
+    accelerator_class = AcceleratorRegistry[name]["accelerator"]
+    try:
+        available = accelerator_class.is_available()
+    except Exception:  # e.g. XLA's check when torch_xla is not installed
+        available = False
+    if not available:
+        raise UsageError(
+            f"--trainer.accelerator={accelerator}: {accelerator_class.__name__} is not available on this "
+            f"machine; use --trainer.accelerator={_select_auto_accelerator()}, or auto."
+        )
+    return name
+
+
+def _device_request(devices: Any) -> int | list[int] | str:
+    """``devices`` as Lightning reads it: ``"auto"``, a count, or a list of device indices."""
+    if isinstance(devices, (int, list, tuple)) and not isinstance(devices, bool):
+        request = devices if isinstance(devices, int) else list(devices)
+    elif isinstance(devices, str):
+        text = devices.strip()
+        if text == "auto":
+            return text
+        parts = [part.strip() for part in text.strip("[]").split(",") if part.strip()]
+        try:
+            numbers = [int(part) for part in parts]
+        except ValueError:
+            numbers = []
+        if not numbers:
+            raise UsageError(
+                f"--trainer.devices={devices} is not a device request: pass a count such as 2, auto, "
+                f"or GPU indices such as [0,1]."
+            )
+        request = numbers if "," in text or text.startswith("[") else numbers[0]
+    else:
+        raise UsageError(f"--trainer.devices={devices} is not a device request: pass a count such as 2, or auto.")
+    if isinstance(request, list) and (not request or not all(isinstance(index, int) for index in request)):
+        raise UsageError(f"--trainer.devices={devices}: list device indices as whole numbers, such as [0,1].")
+    return request
+
+
+def _check_devices(accelerator: str, devices: Any) -> None:
+    request = _device_request(devices)
+    if request == "auto":
+        return
+    # The CPU runs as many processes as asked for; the others have a fixed number of devices.
+    available = None if accelerator == "cpu" else AcceleratorRegistry[accelerator]["accelerator"].auto_device_count()
+    if isinstance(request, int):
+        if request == -1 and available is not None:
+            return  # every device
+        if request < 1:
+            every = ", -1 for every device" if available is not None else ""
+            raise UsageError(
+                f"--trainer.devices={devices} is not a number of devices: pass a positive count{every}, or auto."
+            )
+        if available is not None and request > available:
+            raise UsageError(
+                f"--trainer.devices={devices} asks for {request} {accelerator} devices, but this machine has "
+                f"{available}: pass at most {available}, or auto."
+            )
+        return
+    if available is None:
+        raise UsageError(
+            f"--trainer.devices={devices} lists device indices, which only GPUs have: on the CPU pass a "
+            f"number of processes, such as 2."
+        )
+    missing = [index for index in request if not 0 <= index < available]
+    if missing:
+        raise UsageError(
+            f"--trainer.devices={devices} names {accelerator} device {missing[0]}, which this machine does not "
+            f"have: it has {available}, numbered 0 to {available - 1}."
+        )
