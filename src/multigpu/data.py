@@ -4,6 +4,7 @@ import os
 
 import torch
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from typing_extensions import override
 
@@ -21,7 +22,18 @@ from multigpu.errors import UsageError, check_at_least
 from multigpu.replicas import data_parallel_rank, data_parallel_size
 from multigpu.sampling import ResumableSampler
 
-__all__ = ["CIFAR10DataModule"]
+__all__ = ["CIFAR10DataModule", "node_local_rank"]
+
+
+def node_local_rank() -> int:
+    """This process's rank among the processes of its machine: ``LOCAL_RANK`` where Lightning's
+    launcher or torchrun set it, ``SLURM_LOCALID`` under srun (which sets no ``LOCAL_RANK``),
+    and 0 for a process started by hand."""
+    if "LOCAL_RANK" in os.environ:
+        return int(os.environ["LOCAL_RANK"])
+    if SLURMEnvironment.detect():
+        return int(os.environ.get("SLURM_LOCALID", 0))
+    return 0
 
 
 class CIFAR10DataModule(LightningDataModule):
@@ -81,9 +93,10 @@ class CIFAR10DataModule(LightningDataModule):
         self.batch_size = batch_size
         self.datasets: dict[str, Dataset] = {}
         self._resume: tuple[int, int] | None = None  # (epoch, batches already trained) from a checkpoint
-        # Local rank 0 checks (and downloads) once per machine before anything is built;
-        # the other local ranks are started after it, or wait for it in `setup`'s barrier.
-        if not synthetic and int(os.environ.get("LOCAL_RANK", 0)) == 0:
+        # The first process of each machine checks (and downloads) the data before anything is built.
+        # Lightning starts the other local processes after it; under torchrun or srun, which start
+        # them all at once, they wait for it when the process group is set up, which it joins after this.
+        if not synthetic and node_local_rank() == 0:
             ensure_cifar10(data_dir, download, verify_checksums)
 
     @override
