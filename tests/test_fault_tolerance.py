@@ -2,6 +2,8 @@
 
 import logging
 import os
+import random
+import re
 import signal
 import subprocess
 import sys
@@ -36,9 +38,9 @@ def test_last_checkpoint_every_n_steps_and_at_each_epoch_end(tmp_path):
     args = ["fit", "--config", SMOKE, *run_args(tmp_path), "--save_every_n_steps=3"]
     folder = tmp_path / "checkpoints" / "test"
     cli_main(*args, "--trainer.max_steps=3")  # stops in the middle of the 4-step epoch
-    assert torch.load(folder / "last.ckpt", weights_only=False)["global_step"] == 3
+    assert torch.load(folder / "last.ckpt", )["global_step"] == 3
     cli_main(*args, "--ckpt_path=last", "--trainer.max_epochs=2")  # epoch ends at steps 4 and 8
-    last = torch.load(folder / "last.ckpt", weights_only=False)
+    last = torch.load(folder / "last.ckpt", )
     assert last["global_step"] == 8 and last["epoch"] == 1
     assert sorted(path.name for path in folder.glob("last*")) == ["last.ckpt"]  # one file, rewritten
 
@@ -63,18 +65,32 @@ def test_resuming_with_another_layout_says_what_changed(tmp_path, caplog):
 
 
 def _resumable_run(cifar: Path) -> list[str]:
-    """2 epochs on the tiny CIFAR files with their random augmentations, last.ckpt every 2 steps."""
+    """2 epochs on the tiny CIFAR files with their random augmentations, last.ckpt every 2 steps, and
+    the recipe's loader settings: 2 persistent workers (the configurations below change the count)."""
     data = [f"--data.data_dir={cifar}", "--data.synthetic=false", "--data.download=false",
-            "--data.verify_checksums=false", "--data.batch_size=4", "--model.stem=imagenet"]
+            "--data.verify_checksums=false", "--data.batch_size=4", "--model.stem=imagenet",
+            "--data.num_workers=2", "--data.persistent_workers=true"]
     return ["fit", "--config", SMOKE, *data, "--save_every_n_steps=2", "--trainer.max_epochs=2"]
 
 
-DDP = ["--trainer.strategy=ddp", "--trainer.accelerator=cpu", "--trainer.devices=2"]
-PIPELINE = ["--trainer.strategy=pipeline", "--trainer.accelerator=cpu", "--trainer.devices=2", "--data.batch_size=8"]
+CPU2 = ["--trainer.accelerator=cpu", "--trainer.devices=2"]
+DDP = ["--trainer.strategy=ddp", *CPU2, "--data.num_workers=1"]
+PIPELINE = ["--trainer.strategy=pipeline", *CPU2, "--data.batch_size=8"]
+MODEL_PARALLEL = ["--trainer.strategy=manual_model_parallel", *CPU2, "--data.num_workers=1"]
+ON_DEVICE = ["--data.on_device=true"]
+STEPS = {"one device": 20, "ddp": 10, "pipeline": 10, "manual_model_parallel": 20, "on_device": 20}
+# Each configuration is killed at random moments; together they cover 1 and 2 workers.
+KILLED = {"one device": [], "ddp": DDP, "pipeline": PIPELINE, "manual_model_parallel": MODEL_PARALLEL,
+          "on_device": ON_DEVICE}
 
 
 def _final_state(tmp_path, run_name: str) -> dict:
-    return torch.load(tmp_path / "checkpoints" / run_name / "last.ckpt", weights_only=False)
+    return torch.load(tmp_path / "checkpoints" / run_name / "last.ckpt")
+
+
+def _step_on_disk(tmp_path, run_name: str) -> int | None:
+    last = tmp_path / "checkpoints" / run_name / "last.ckpt"
+    return torch.load(last)["global_step"] if last.is_file() else None
 
 
 def _kill_config(tmp_path: Path, step: int, moment: str = "step", rank: int | None = None) -> str:
@@ -84,7 +100,8 @@ def _kill_config(tmp_path: Path, step: int, moment: str = "step", rank: int | No
 @pytest.fixture(scope="module")
 def resumable(tmp_path_factory):
     """The tiny CIFAR, and ``reference(extra)``: the final checkpoint of ``_resumable_run`` with the
-    arguments ``extra``, never interrupted; each one is trained once per module."""
+    arguments ``extra``, never interrupted; each one is trained once per module, and its wall time
+    kept in ``reference.seconds``."""
     root = tmp_path_factory.mktemp("resumable")
     cifar = write_tiny_cifar10(root / "cifar", per_batch=8)  # 40 training images
     finals: dict[tuple[str, ...], dict] = {}
@@ -92,45 +109,118 @@ def resumable(tmp_path_factory):
     def reference(extra: list[str]) -> dict:
         if tuple(extra) not in finals:
             name = f"reference{len(finals)}"
+            start = time.monotonic()
             result = run_cli(*_resumable_run(cifar), *extra, *run_args(root, name))
+            reference.seconds[tuple(extra)] = time.monotonic() - start
             assert result.returncode == 0, result.stdout
             finals[tuple(extra)] = _final_state(root, name)
         return finals[tuple(extra)]
 
     reference.cifar = cifar
+    reference.seconds = {}
     return reference
 
 
-def _assert_same_parameters(final: dict, expected: dict, total_steps: int, name: str) -> None:
-    assert final["global_step"] == expected["global_step"] == total_steps
-    for key, tensor in expected["state_dict"].items():
-        assert torch.equal(final["state_dict"][key], tensor), f"{name}: {key}"
+def _assert_equal(found, expected, where: str) -> None:
+    """``torch.equal`` on every tensor of two nested checkpoint entries, ``==`` on everything else."""
+    if isinstance(expected, torch.Tensor):
+        assert torch.equal(found, expected), where
+    elif isinstance(expected, dict):
+        assert found.keys() == expected.keys(), where
+        for key in expected:
+            _assert_equal(found[key], expected[key], f"{where}[{key!r}]")
+    elif isinstance(expected, (list, tuple)):
+        assert len(found) == len(expected), where
+        for index, (a, b) in enumerate(zip(found, expected)):
+            _assert_equal(a, b, f"{where}[{index}]")
+    else:
+        assert found == expected, f"{where}: {found} != {expected}"
 
 
-def test_killed_and_resumed_run_ends_bit_for_bit_like_an_uninterrupted_one(tmp_path, resumable):
-    """SIGKILLs at several points, each followed by `--ckpt_path last`, give the parameters of a run never killed.
+def _assert_same_state(final: dict, expected: dict, total_steps: int, name: str) -> None:
+    """Parameters, BatchNorm buffers, optimizer and LR scheduler state, bit for bit."""
+    assert final["global_step"] == expected["global_step"] == total_steps, name
+    for key in ("state_dict", "optimizer_states", "lr_schedulers"):
+        _assert_equal(final[key], expected[key], f"{name}: {key}")
 
-    Real CIFAR files and augmentations (random crops and flips), shuffled, 10 steps per epoch, 2 epochs;
-    last.ckpt every 2 steps. One run is killed again and again, each time resumed from what the kill left.
+
+def _assert_resumed_from(output: str, step: int | None, name: str) -> None:
+    """A run that got as far as reading its checkpoint says it resumes from ``step`` (none: from scratch)."""
+    resumed = re.findall(r"Resuming from \S+ at step (\d+)\.", output)
+    if step is None:
+        assert not resumed, f"{name}: resumed from step {resumed} with no checkpoint on disk"
+    else:
+        assert resumed in ([], [str(step)]), f"{name}: resumed from step {resumed}, the checkpoint holds {step}"
+
+
+def _run_killed_after(args: list[str], seconds: float, log: Path) -> tuple[str, bool]:
+    """Run the CLI and SIGKILL it, its workers and its other processes ``seconds`` later, unless it has
+    ended by then; return its output and whether it was killed."""
+    with open(log, "w") as out:
+        process = subprocess.Popen(
+            [sys.executable, str(REPO / "main.py"), *args], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+        )
+        try:
+            process.wait(timeout=seconds)
+            killed = False
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)  # the whole job at once, as a lost machine
+            process.wait()
+            killed = True
+    assert killed or process.returncode == 0, log.read_text()
+    return log.read_text(), killed
+
+
+@pytest.mark.parametrize("name", KILLED)
+def test_killed_at_random_moments_and_resumed_ends_bit_for_bit_like_an_uninterrupted_run(name, tmp_path, resumable):
+    """SIGKILL at random wall-clock moments (2 kills, each drawn from the uninterrupted run's length), each
+    followed by the same command with `--ckpt_path last`: every attempt resumes from the step on disk, and
+    the run ends with the parameters, BatchNorm buffers, optimizer and scheduler state of a run never killed.
+
+    Replay a failure with the seed it prints: MULTIGPU_KILL_SEED=<seed> pytest -k <name>.
     """
-    kills = [
-        (3, "step", "mid-epoch"),
-        (6, "step", "right after a save"),
-        (8, "save", "during a save"),
-        (13, "step", "in the second epoch"),
-        (15, "sigterm", "SIGTERM"),
-    ]
-    _kill_resume_and_compare(tmp_path, resumable, kills, [], total_steps=20)
+    extra = KILLED[name]
+    expected = resumable(extra)
+    length = resumable.seconds[tuple(extra)]
+    seed = int(os.environ.get("MULTIGPU_KILL_SEED", random.randrange(2**31)))
+    print(f"{name}: kill moments drawn with seed {seed} from a run of {length:.1f} s")
+    draw = random.Random(seed)
+    moments = [draw.uniform(0, length) for _ in range(2)]
+    args = [*_resumable_run(resumable.cifar), *extra, *run_args(tmp_path, "killed"), "--ckpt_path=last"]
+    for attempt, seconds in enumerate(moments):
+        on_disk = _step_on_disk(tmp_path, "killed")
+        output, killed = _run_killed_after(args, seconds, tmp_path / f"attempt{attempt}.log")
+        print(f"attempt {attempt}: from step {on_disk}, {'killed' if killed else 'ended'} after {seconds:.1f} s, "
+              f"left step {_step_on_disk(tmp_path, 'killed')}")
+        _assert_resumed_from(output, on_disk, f"{name}, attempt {attempt} (seed {seed})")
+        assert (_step_on_disk(tmp_path, "killed") or 0) >= (on_disk or 0), f"{name}: a kill lost a checkpoint"
+    on_disk = _step_on_disk(tmp_path, "killed")
+    resumed = run_cli(*args)
+    assert resumed.returncode == 0, resumed.stdout
+    if on_disk == STEPS[name]:
+        assert "has already finished" in resumed.stdout, resumed.stdout
+    else:
+        assert f"at step {on_disk}." in resumed.stdout if on_disk else "starting from scratch" in resumed.stdout
+        _assert_resumed_from(resumed.stdout, on_disk, f"{name}, last attempt (seed {seed})")
+    _assert_same_state(_final_state(tmp_path, "killed"), expected, STEPS[name], f"{name} (seed {seed})")
 
 
-def test_killed_ddp_run_resumes_bit_for_bit(tmp_path, resumable):
-    """The same with 2 DDP processes (5 steps per epoch each), both killed in the middle of the second epoch."""
-    _kill_resume_and_compare(tmp_path, resumable, [(7, "step", "DDP mid-epoch")], DDP, total_steps=10)
-
-
-def test_killed_pipeline_run_resumes_bit_for_bit(tmp_path, resumable):
-    """2 pipeline stages (5 steps per epoch, 4 micro-batches of 2), both killed in the middle of the second epoch."""
-    _kill_resume_and_compare(tmp_path, resumable, [(7, "step", "pipeline mid-epoch")], PIPELINE, total_steps=10)
+def test_killed_at_chosen_moments_and_resumed_ends_bit_for_bit_like_an_uninterrupted_run(tmp_path, resumable):
+    """The moments a random draw rarely hits, each followed by `--ckpt_path last`, give the state of a run
+    never killed: SIGKILL while a checkpoint is being written, and SIGTERM (which saves, then exits cleanly)."""
+    kills = [(8, "save", "during a save"), (15, "sigterm", "SIGTERM")]
+    args = [*_resumable_run(resumable.cifar), *run_args(tmp_path, "killed"), "--ckpt_path=last"]
+    for step, moment, name in kills:
+        killed = run_cli(*args, "--config", _kill_config(tmp_path, step, moment), env=HELPERS_ENV)
+        if moment == "sigterm":  # saves the step it finished, then exits cleanly
+            assert killed.returncode == 0 and "Received SIGTERM: saved" in killed.stdout, killed.stdout
+            assert _final_state(tmp_path, "killed")["global_step"] == step + 1
+        else:
+            assert killed.returncode == -signal.SIGKILL, f"{name}: {killed.stdout}"
+    resumed = run_cli(*args)
+    assert resumed.returncode == 0 and "Restored all states" in resumed.stdout, resumed.stdout
+    _assert_same_state(_final_state(tmp_path, "killed"), resumable([]), 20, "chosen moments")
 
 
 def test_sigterm_to_one_ddp_process_stops_both_after_the_same_step(tmp_path, resumable):
@@ -142,22 +232,7 @@ def test_sigterm_to_one_ddp_process_stops_both_after_the_same_step(tmp_path, res
     assert _final_state(tmp_path, "killed")["global_step"] == 8
     resumed = run_cli(*args)
     assert resumed.returncode == 0 and "Restored all states" in resumed.stdout, resumed.stdout
-    _assert_same_parameters(_final_state(tmp_path, "killed"), resumable(DDP), 10, "SIGTERM to rank 1")
-
-
-def _kill_resume_and_compare(tmp_path, resumable, kills, extra, total_steps):
-    args = [*_resumable_run(resumable.cifar), *extra]
-    for step, moment, name in kills:
-        kill = _kill_config(tmp_path, step, moment)
-        killed = run_cli(*args, "--config", kill, *run_args(tmp_path, "killed"), "--ckpt_path=last", env=HELPERS_ENV)
-        if moment == "sigterm":  # saves the step it finished, then exits cleanly
-            assert killed.returncode == 0 and "Received SIGTERM: saved" in killed.stdout, killed.stdout
-            assert _final_state(tmp_path, "killed")["global_step"] == step + 1
-        else:
-            assert killed.returncode == -signal.SIGKILL, f"{name}: {killed.stdout}"
-    resumed = run_cli(*args, *run_args(tmp_path, "killed"), "--ckpt_path=last")
-    assert resumed.returncode == 0 and "Restored all states" in resumed.stdout, resumed.stdout
-    _assert_same_parameters(_final_state(tmp_path, "killed"), resumable(extra), total_steps, kills[-1][2])
+    _assert_same_state(_final_state(tmp_path, "killed"), resumable(DDP), 10, "SIGTERM to rank 1")
 
 
 def test_torchrun_restarts_resume_from_the_last_checkpoint_on_their_own(tmp_path, resumable):
@@ -175,7 +250,7 @@ def test_torchrun_restarts_resume_from_the_last_checkpoint_on_their_own(tmp_path
     )
     assert result.returncode == 0, result.stdout
     assert "Restored all states" in result.stdout, result.stdout
-    _assert_same_parameters(_final_state(tmp_path, "restarted"), resumable(DDP), 10, "torchrun restart")
+    _assert_same_state(_final_state(tmp_path, "restarted"), resumable(DDP), 10, "torchrun restart")
 
 
 @pytest.mark.parametrize("rank", [1, 0])
