@@ -72,17 +72,17 @@ def configs(processes: int) -> dict[str, Config]:
     return {config.name: config for config in every}
 
 
-def default_configs() -> list[str]:
-    if torch.cuda.is_available():
+def default_configs(cuda: bool) -> list[str]:
+    if cuda:
         names = ["plain-torchvision", "plain", "app", "plain-fast", "fast", "fast-compiled", "fast-on-device"]
         return names + (["ddp"] if torch.cuda.device_count() > 1 else [])
     return ["plain", "app", "ddp", "pipeline"]
 
 
-def run(command: list[str], out: Path, threads: int, log: Path) -> dict:
+def run(command: list[str], out: Path, threads: int | None, log: Path) -> dict:
     """Run one configuration's command; its figures from ``out`` and its ranks' ``out.rankN`` files."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    if not torch.cuda.is_available():
+    if threads is not None:  # the CPU
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     with open(log, "w") as file:
         returncode = subprocess.run(command, cwd=REPO, env=env, stdout=file, stderr=subprocess.STDOUT).returncode
@@ -99,14 +99,16 @@ def command(config: Config, args: argparse.Namespace, folder: Path) -> list[str]
     out = folder / f"{config.name}.json"
     precision = "bf16-mixed" if config.fast else args.precision
     if config.plain is not None:
-        return [sys.executable, str(HERE / "plain_loop.py"), f"--batch-size={args.batch_size}", f"--steps={args.steps}",
+        return [sys.executable, str(HERE / "plain_loop.py"), f"--device={'cuda' if args.cuda else 'cpu'}",
+                f"--batch-size={args.batch_size}", f"--steps={args.steps}",
                 f"--warmup={args.warmup}", f"--precision={precision}", f"--stem={args.stem}", f"--out={out}",
                 f"--workers={args.workers}", *config.plain]
     steps = args.warmup + args.steps
     return [
         sys.executable, str(REPO / "main.py"), "fit", "--data.synthetic=true",
         f"--data.synthetic_size={args.batch_size * args.processes * (steps + 1)}", f"--data.batch_size={args.batch_size}",
-        f"--data.num_workers={args.workers if torch.cuda.is_available() else 0}", f"--trainer.max_steps={steps}",
+        f"--trainer.accelerator={'cuda' if args.cuda else 'cpu'}",
+        f"--data.num_workers={args.workers if args.cuda else 0}", f"--trainer.max_steps={steps}",
         "--trainer.limit_val_batches=0", f"--trainer.precision={precision}", f"--model.stem={args.stem}",
         "--model.warmup_epochs=0", *(FAST if config.fast else []), f"--run_name=bench-{config.name}",
         f"--checkpoint_root={folder / 'checkpoints'}", f"--trainer.default_root_dir={folder / 'logs'}",
@@ -124,7 +126,8 @@ def measure(names: list[str], args: argparse.Namespace) -> list[dict]:
         folder = Path(tmp)
         for name in names:
             config = table[name]
-            figures = run(command(config, args, folder), folder / f"{name}.json", args.threads, folder / f"{name}.log")
+            threads = None if args.cuda else args.threads
+            figures = run(command(config, args, folder), folder / f"{name}.json", threads, folder / f"{name}.log")
             rows[name] = {"name": name, "description": config.description, **figures}
             print(f"  {name}: {figures['images_per_s']:.1f} img/s", flush=True)
     for name, row in rows.items():
@@ -179,27 +182,35 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", nargs="+", help="configurations to run, in order (default: see --list)")
     parser.add_argument("--list", action="store_true", help="list the configurations and exit")
-    parser.add_argument("--processes", type=int, default=max(2, torch.cuda.device_count()),
-                        help="processes (devices) of the multi-process configurations")
+    parser.add_argument("--accelerator", choices=["auto", "cpu", "cuda"], default="auto",
+                        help="where to train (auto: CUDA when it is visible)")
+    parser.add_argument("--processes", type=int, help="processes (devices) of the multi-process configurations "
+                        "(default: every GPU, at least 2; on the CPU 2)")
     # On the CPU: the recipe's batch; the first steps from a fresh initialisation run slower there.
-    parser.add_argument("--batch-size", type=int, default=512 if torch.cuda.is_available() else 128, help="per process")
-    parser.add_argument("--steps", type=int, default=30 if torch.cuda.is_available() else 3, help="timed steps")
-    parser.add_argument("--warmup", type=int, default=10 if torch.cuda.is_available() else 3, help="untimed steps first")
+    parser.add_argument("--batch-size", type=int, help="per process (default: 512 on GPUs, 128 on the CPU)")
+    parser.add_argument("--steps", type=int, help="timed steps (default: 30 on GPUs, 3 on the CPU)")
+    parser.add_argument("--warmup", type=int, help="untimed steps first (default: 10 on GPUs, 3 on the CPU)")
     parser.add_argument("--precision", choices=["32-true", "bf16-mixed"], default="32-true")
     parser.add_argument("--stem", choices=["cifar", "imagenet"], default="cifar")
     parser.add_argument("--threads", type=int, default=1, help="threads per process on the CPU")
     parser.add_argument("--workers", type=int, default=8, help="loader workers on GPUs")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results", help="folder for JSON and PNG")
     args = parser.parse_args()
+    args.cuda = args.accelerator == "cuda" or (args.accelerator == "auto" and torch.cuda.is_available())
+    gpu_or_cpu = {"processes": (max(2, torch.cuda.device_count()), 2), "batch_size": (512, 128), "steps": (30, 3),
+                  "warmup": (10, 3)}
+    for name, (gpu, cpu) in gpu_or_cpu.items():
+        if getattr(args, name) is None:
+            setattr(args, name, gpu if args.cuda else cpu)
     table = configs(args.processes)
     if args.list:
         for config in table.values():
             print(f"{config.name:<22} {config.description}")
         return
-    names = args.configs or default_configs()
+    names = args.configs or default_configs(args.cuda)
     if unknown := [name for name in names if name not in table]:
         sys.exit(f"error: unknown configuration {unknown[0]!r}; --list shows them all.")
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU, {os.cpu_count()} cores"
+    device = torch.cuda.get_device_name(0) if args.cuda else f"CPU, {os.cpu_count()} cores"
     title = (f"ResNet-50 ({args.stem} stem), batch {args.batch_size} per process, {args.precision}, {device}, "
              f"{args.warmup} warm-up + {args.steps} timed steps")
     print(title, flush=True)

@@ -9,7 +9,7 @@ from conftest import REPO
 
 def test_throughput_harness_prints_its_table_and_writes_json_and_chart(tmp_path):
     command = [sys.executable, str(REPO / "benchmarks" / "throughput.py"), "--configs", "plain", "app", "ddp",
-               "--steps=1", "--warmup=1", "--batch-size=2", "--stem=imagenet", f"--out={tmp_path}"]
+               "--accelerator=cpu", "--steps=1", "--warmup=1", "--batch-size=2", "--stem=imagenet", f"--out={tmp_path}"]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     table = result.stdout[result.stdout.index("config") :].splitlines()

@@ -15,7 +15,8 @@ from strategy_training import TinyBlocks
 def test_wrapped_network_saves_and_loads_plain_state_dicts():
     model = ResNet50Classifier(stem="imagenet")
     plain = {name: tensor.clone() for name, tensor in model.state_dict().items()}
-    model.net = TransparentDataParallel(model.net, device_ids=[], output_device=None)
+    # DataParallel takes no device list without CUDA, and needs one with it; nothing runs forward here.
+    model.net = TransparentDataParallel(model.net, device_ids=[0] if torch.cuda.is_available() else [], output_device=None)
     assert model.state_dict().keys() == plain.keys()
     with torch.no_grad():
         model.net.module[0][0].weight.zero_()

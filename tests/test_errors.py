@@ -1,5 +1,7 @@
 """Each bad request ends with one ``error:`` line and exit status 2, before training."""
 
+import torch
+
 from conftest import cli_error, run_args
 
 
@@ -11,8 +13,14 @@ def test_wrong_config_key(capsys, tmp_path):
 
 
 def test_impossible_device_count(capsys, tmp_path):
-    error = cli_error(capsys, *["--trainer.accelerator=cuda", "--trainer.devices=4", *run_args(tmp_path)])
-    assert error.startswith("error: ") and "CUDAAccelerator" in error
+    """One GPU more than the machine has: no CUDA at all, or too few GPUs; one line either way."""
+    visible = torch.cuda.device_count()
+    error = cli_error(capsys, *["--trainer.accelerator=cuda", f"--trainer.devices={visible + 1}", *run_args(tmp_path)])
+    if visible:
+        assert error == (f"error: --trainer.devices={visible + 1} asks for {visible + 1} cuda devices, but this "
+                         f"machine has {visible}: pass at most {visible}, or auto.")
+    else:
+        assert error.startswith("error: --trainer.accelerator=cuda: CUDAAccelerator is not available")
 
 
 def test_sync_batchnorm_on_the_cpu(capsys, tmp_path):
