@@ -1,8 +1,9 @@
 """Each bad request ends with one ``error:`` line and exit status 2, before training."""
 
+import pytest
 import torch
 
-from conftest import cli_error, run_args
+from conftest import SMOKE, cli_error, cli_main, run_args
 
 
 def test_wrong_config_key(capsys, tmp_path):
@@ -43,3 +44,70 @@ def test_corrupt_checkpoint(capsys, tmp_path):
     corrupt.write_bytes(b"\x00" * 100)
     error = cli_error(capsys, *[f"--ckpt_path={corrupt}", *run_args(tmp_path)])
     assert error.startswith(f"error: checkpoint {corrupt} cannot be read")
+
+
+BAD_VALUES = {
+    "--trainer.devices=-3": "--trainer.devices=-3 is not a number of devices",
+    "--trainer.devices=0": "--trainer.devices=0 is not a number of devices",
+    "--trainer.devices=[7]": "--trainer.devices=[7] lists device indices, which only GPUs have",
+    "--trainer.devices=two": "--trainer.devices=two is not a device request",
+    "--trainer.accelerator=tpu": "--trainer.accelerator=tpu: XLAAccelerator is not available",
+    "--trainer.accelerator=abacus": "--trainer.accelerator=abacus is not an accelerator",
+    "--trainer.strategy=ddp --trainer.devices=-1": "--trainer.devices=-1 is not a number of devices",
+    "--model.base_lr=-0.1": "model.base_lr must be at least 0, not -0.1",
+    "--model.momentum=-0.9": "model.momentum must be at least 0, not -0.9",
+    "--model.weight_decay=-1e-4": "model.weight_decay must be at least 0, not -0.0001",
+    "--model.warmup_epochs=-1": "model.warmup_epochs must be at least 0, not -1.0",
+    "--model.label_smoothing=1.5": "model.label_smoothing must be in [0, 1), not 1.5",
+    "--model.label_smoothing=1": "model.label_smoothing must be in [0, 1), not 1.0",
+    "--model.label_smoothing=-0.1": "model.label_smoothing must be in [0, 1), not -0.1",
+    "--model.stem=resnet": "--model.stem: Expected a typing.Literal['cifar', 'imagenet']. Got value: resnet",
+    "--data.num_workers=-1": "data.num_workers must be at least 0, not -1",
+    "--data.batch_size=0": "data.batch_size must be at least 1, not 0",
+    "--trainer.strategy=pipe": "--trainer.strategy=pipe is not a strategy: use one of auto, ddp,",
+    "--trainer.accumulate_grad_batches=0": "--trainer.accumulate_grad_batches must be at least 1, not 0",
+    "--trainer.gradient_clip_val=-1": "--trainer.gradient_clip_val must be at least 0, not -1",
+    "--trainer.precision=17": "--trainer.precision: Does not validate",
+    "--trainer.num_nodes=0": "`num_nodes` must be a positive integer, but got 0",
+    "--trainer.max_epochs=-5": "`max_epochs` must be a non-negative integer or -1",
+    "--save_every_n_steps=-1": "--save_every_n_steps must be 0 (off) or positive, not -1",
+}
+
+
+def test_every_bad_value_ends_with_one_error_line_and_writes_nothing(capsys, tmp_path, monkeypatch):
+    """Each invocation: exactly one `error:` line on stderr, exit status 2, and no file anywhere under its folder."""
+    for arguments, expected in BAD_VALUES.items():
+        folder = tmp_path / arguments.replace("=", "_").replace(" ", "")
+        folder.mkdir()
+        monkeypatch.chdir(folder)
+        with pytest.raises(SystemExit) as exit_info:
+            cli_main("fit", "--config", SMOKE, *arguments.split(), *run_args(folder))
+        errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+        assert exit_info.value.code == 2, arguments
+        assert len(errors) == 1 and errors[0].startswith(f"error: {expected}"), (arguments, errors)
+        assert not [path for path in folder.rglob("*") if path.is_file()], arguments
+        if arguments == "--trainer.strategy=pipe":  # our strategies are among the names to choose from
+            assert errors[0].endswith("dp, manual_model_parallel, pipeline.")
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_unread(capsys, tmp_path):
+    """Unpickling this file would create `created`: every subcommand refuses it with one line, and the file
+    is never created."""
+    created = tmp_path / "created"
+
+    class CreatesAFile:
+        def __reduce__(self):
+            return open, (str(created), "w")
+
+    crafted = tmp_path / "crafted.ckpt"
+    torch.save({"state_dict": {}, "epoch": 0, "global_step": 0, "payload": CreatesAFile()}, crafted)
+    for subcommand in ("fit", "validate"):
+        with pytest.raises(SystemExit) as exit_info:
+            cli_main(subcommand, "--config", SMOKE, f"--ckpt_path={crafted}", *run_args(tmp_path))
+        assert exit_info.value.code == 2
+        errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+        assert errors == [
+            f"error: checkpoint {crafted} holds objects other than tensors and plain values (io.open); loading it "
+            f"could run code, so it is refused. Pass a checkpoint written by this application with --ckpt_path."
+        ]
+        assert not created.exists()

@@ -15,6 +15,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
+from multigpu.errors import UsageError
 from multigpu.replicas import data_parallel_size
 
 __all__ = ["CheckpointOnSigterm", "LastCheckpoint", "RunMetadata", "StopAllProcessesOnError", "ThroughputSummary"]
@@ -37,6 +38,8 @@ class ThroughputSummary(Callback):
     """
 
     def __init__(self, peak_flops: float | None = None) -> None:
+        if peak_flops is not None and peak_flops <= 0:
+            raise UsageError(f"throughput.peak_flops must be a positive FLOP/s figure, not {peak_flops}.")
         self.peak_flops = peak_flops
         self._peak: float | None = None  # all devices' peak FLOP/s, when known
         self._flops_per_image: int | None = None

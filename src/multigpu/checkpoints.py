@@ -88,19 +88,32 @@ def resolve_ckpt_path(ckpt_path: str | None, dirpath: str | Path) -> tuple[str |
 
     ``"last"`` means the newest ``last*.ckpt`` in ``dirpath``; when there is none yet
     the run starts from scratch, so the same command both starts and resumes a job.
-    Other special values (``"best"``, ``"hpc"``, ...) are left to Lightning.
+    ``"best"`` means the best checkpoint that the run's ModelCheckpoint recorded in that
+    ``last*.ckpt`` (Lightning knows it only within the process that trained). Remote
+    paths (``s3://`` ...) are left to Lightning.
     """
     if ckpt_path is None:
         return None, {}
-    if ckpt_path == "last":
+    if ckpt_path in ("last", "best"):
         last = find_last_checkpoint(dirpath)
-        if last is None:
+        if last is None and ckpt_path == "last":
             rank_zero_info(f"No checkpoint in {dirpath} yet: starting from scratch.")
             return None, {}
-        ckpt_path = str(last)
-    elif ckpt_path in ("best", "hpc") or "://" in ckpt_path:
+        ckpt_path = str(last) if ckpt_path == "last" else _best_checkpoint(last, dirpath)
+    elif "://" in ckpt_path:
         return ckpt_path, {}
     return ckpt_path, check_checkpoint(ckpt_path)
+
+
+def _best_checkpoint(last: Path | None, dirpath: str | Path) -> str:
+    states = check_checkpoint(last).get("callbacks", {}).values() if last is not None else []
+    best = next((state["best_model_path"] for state in states if state.get("best_model_path")), None)
+    if best is None:
+        raise UsageError(
+            f"--ckpt_path best: no checkpoint in {dirpath} records a best model yet (the run validates at "
+            f"each epoch's end). Pass a checkpoint file, or --ckpt_path last."
+        )
+    return best
 
 
 def check_model_options(path: str, checkpoint: dict[str, Any], options: Mapping[str, Any]) -> None:

@@ -155,6 +155,19 @@ class MultiGPUCLI(LightningCLI):
             rank_zero_info(f"Resuming from {config['ckpt_path']} at step {checkpoint['global_step']}.")
 
     @override
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except UsageError:
+            raise
+        except ValueError as error:
+            # jsonargparse reports a class that refused its arguments (our strategies' checks among them)
+            # as a value that matched none of the accepted types, with each type's reason on a line "- ...".
+            reasons = [line.strip()[2:] for line in str(error).splitlines() if line.strip().startswith("- ")]
+            reasons = [reason for reason in reasons if not reason.startswith("Expected a")]
+            raise UsageError("; ".join(reasons) if reasons else " ".join(str(error).split())) from error
+
+    @override
     def before_instantiate_classes(self) -> None:
         config = self._config()
         check_trainer_options(config["trainer"])

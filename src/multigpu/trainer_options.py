@@ -16,16 +16,27 @@ from multigpu.errors import UsageError, check_at_least
 
 __all__ = ["check_trainer_options"]
 
+# Lightning's names of the precisions the recipe trains in ("16" and "bf16" are its short forms).
+_PRECISIONS = {"32", "32-true", "16", "16-mixed", "bf16", "bf16-mixed"}
+
 
 def check_trainer_options(trainer: Mapping[str, Any]) -> None:
     """Refuse an unknown strategy or accelerator, a device request this machine cannot meet, or
     accumulation or clipping values that mean nothing."""
     _check_strategy(trainer.get("strategy", "auto"))
+    precision = trainer.get("precision")
+    if precision is not None and str(precision) not in _PRECISIONS:
+        raise UsageError(
+            f"--trainer.precision={precision} is not one this application trains in: use 32-true, 16-mixed "
+            f"(CUDA; bf16-mixed on the CPU) or bf16-mixed."
+        )
     accumulate = trainer.get("accumulate_grad_batches", 1)
     if isinstance(accumulate, int):
         check_at_least("--trainer.accumulate_grad_batches", accumulate, 1)
     if isinstance(trainer.get("gradient_clip_val"), (int, float)):
         check_at_least("--trainer.gradient_clip_val", trainer["gradient_clip_val"], 0)
+    if isinstance(trainer.get("check_val_every_n_epoch"), int):
+        check_at_least("--trainer.check_val_every_n_epoch", trainer["check_val_every_n_epoch"], 1)
     accelerator = _accelerator_name(trainer.get("accelerator", "auto"))
     if accelerator is not None:
         _check_devices(accelerator, trainer.get("devices", "auto"))
