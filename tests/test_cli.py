@@ -1,5 +1,6 @@
 """The CLI end to end, in subprocesses, as a user runs it."""
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -34,11 +35,11 @@ def test_fit_writes_checkpoints_tensorboard_and_config_then_resumes_the_same_run
     for tag in ("train/loss", "train/acc", "train/lr", "val/loss", "val/acc", "perf/images_per_s", "perf/epoch_time_s"):
         assert tag in scalars, tag
     assert sorted(scalars["train/loss"]) == [0, 1, 2, 3]
-    assert torch.load(last, weights_only=False)["global_step"] == 4
+    assert torch.load(last)["global_step"] == 4
 
     resumed = run_cli("fit", "--config", SMOKE, *run_args(tmp_path), "--ckpt_path=last", "--trainer.max_epochs=2")
     assert resumed.returncode == 0, resumed.stdout
-    checkpoint = torch.load(last, weights_only=False)
+    checkpoint = torch.load(last)
     assert checkpoint["global_step"] == 8 and checkpoint["epoch"] == 1
     assert checkpoint["lr_schedulers"][0]["last_epoch"] == 8
     # The same TensorBoard run goes on from step 4; the config is overwritten, not refused.
@@ -66,7 +67,7 @@ def test_ddp_spawn_two_cpu_processes(tmp_path):
         "fit", "--config", SMOKE, "--trainer.strategy=ddp_spawn", "--trainer.devices=2", *run_args(tmp_path)
     )
     assert result.returncode == 0, result.stdout
-    assert torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt", weights_only=False)["global_step"] == 2
+    assert torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt")["global_step"] == 2
 
 
 def _in_process(subcommand: str, tmp_path: Path, *args: str) -> None:
@@ -78,7 +79,7 @@ def test_accumulation_clipping_and_16_mixed_then_validate_test_predict(tmp_path,
         "fit", tmp_path, "--trainer.accumulate_grad_batches=2", "--trainer.gradient_clip_val=1.0",
         "--trainer.precision=16-mixed",
     )
-    checkpoint = torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt", weights_only=False)
+    checkpoint = torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt")
     assert checkpoint["global_step"] == 2  # 4 batches, 2 per optimizer step
     assert checkpoint["multigpu"]["global_batch_size"] == 16
     for subcommand in ("validate", "test", "predict"):
@@ -92,9 +93,28 @@ def test_resume_follows_the_command_line_and_refuses_another_network(tmp_path, c
     _in_process("fit", tmp_path, "--ckpt_path=last", "--trainer.max_epochs=2", "--model.label_smoothing=0.1")
     assert "Model options changed since" in caplog.text and "label_smoothing 0.0 -> 0.1" in caplog.text
     last = tmp_path / "checkpoints" / "test" / "last.ckpt"
-    assert torch.load(last, weights_only=False)["hyper_parameters"]["label_smoothing"] == 0.1
+    assert torch.load(last)["hyper_parameters"]["label_smoothing"] == 0.1
 
     with pytest.raises(SystemExit) as exit_info:
         _in_process("fit", tmp_path, "--ckpt_path=last", "--trainer.max_epochs=3", "--model.stem=imagenet")
     assert exit_info.value.code == 2
     assert "holds a network with --model.stem=cifar, not imagenet" in capsys.readouterr().err
+
+
+def test_a_finished_run_stays_finished(tmp_path, caplog):
+    """The same command with `--ckpt_path last` on a run that reached max_epochs (then max_steps) says so in
+    one line and leaves every file of its checkpoint folder byte for byte as it was."""
+    folder = tmp_path / "checkpoints" / "test"
+
+    def files() -> dict[str, bytes]:
+        return {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
+
+    for limits in (["--trainer.max_epochs=1"], ["--trainer.max_epochs=3", "--trainer.max_steps=6"]):
+        _in_process("fit", tmp_path, *limits, "--ckpt_path=last")
+        before = files()
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            _in_process("fit", tmp_path, *limits, "--ckpt_path=last")
+        assert "Run test has already finished" in caplog.text and "Nothing to do" in caplog.text, limits
+        assert files() == before, limits
+    assert torch.load(folder / "last.ckpt")["global_step"] == 6  # max_steps=6 trained on from step 4

@@ -1,5 +1,6 @@
 """Every file in configs/ parses and builds, stacked on the recipe as a user stacks it."""
 
+import inspect
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,11 @@ def test_cuda_config_parses_builds_its_strategy_and_needs_cuda(config, tmp_path,
     assert failed.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith("error: ") and "CUDA" in error
+
+
+@pytest.mark.parametrize(("section", "component"), [("model", ResNet50Classifier), ("data", CIFAR10DataModule)])
+def test_the_code_defaults_are_the_recipe(section, component):
+    """Code that builds the model or the data module without the CLI trains the recipe of configs/default.yaml."""
+    recipe = yaml.safe_load(DEFAULT_CONFIG.read_text())[section]
+    defaults = {name: parameter.default for name, parameter in inspect.signature(component).parameters.items()}
+    assert {key: defaults[key] for key in recipe} == recipe

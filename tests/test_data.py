@@ -90,3 +90,17 @@ def test_real_subset_from_environment():
     data = _module(Path(subset))
     data.setup("fit")
     assert len(data.datasets["train"]) == 5085 and len(data.datasets["val"]) == 1017
+
+
+def test_under_srun_only_the_first_task_of_each_node_checks_the_dataset(tmp_path, monkeypatch):
+    """srun starts every task at once and sets SLURM_LOCALID, not LOCAL_RANK: local task 1 leaves the check
+    (and a download) to local task 0, which stops at the missing files."""
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    for name, value in {"SLURM_NTASKS": "4", "SLURM_JOB_NAME": "train", "SLURM_NODEID": "1", "SLURM_PROCID": "3"}.items():
+        monkeypatch.setenv(name, value)
+    missing = {"data_dir": str(tmp_path / "none"), "download": False}
+    monkeypatch.setenv("SLURM_LOCALID", "1")
+    CIFAR10DataModule(**missing)  # waits for its node's first task when the process group is set up
+    monkeypatch.setenv("SLURM_LOCALID", "0")
+    with pytest.raises(UsageError, match="CIFAR-10 is not in"):
+        CIFAR10DataModule(**missing)

@@ -30,13 +30,13 @@ def test_dp_without_cuda_warns_trains_on_one_device_and_shares_checkpoints(tmp_p
     with pytest.warns(UserWarning, match="strategy dp needs CUDA devices; it trains on one cpu device instead"):
         cli_main(*args, "--trainer.strategy=dp", "--trainer.devices=2", "--trainer.precision=bf16-mixed",
                  "--trainer.gradient_clip_val=1.0")
-    checkpoint = torch.load(last, weights_only=False)
+    checkpoint = torch.load(last)
     assert checkpoint["global_step"] == 4 and checkpoint["multigpu"]["strategy"] == "DataParallelStrategy"
     assert not [name for name in checkpoint["state_dict"] if "module." in name]
     cli_main(*args, "--ckpt_path=last", "--trainer.max_epochs=2")  # dp -> one device
     dp = ["--trainer.strategy=dp", "--trainer.accumulate_grad_batches=2"]
     cli_main(*args, *dp, "--ckpt_path=last", "--trainer.max_epochs=3")  # and back
-    assert torch.load(last, weights_only=False)["global_step"] == 10
+    assert torch.load(last)["global_step"] == 10
 
 
 def _train_tiny_on_cuda(strategy, devices: int, dtypes: list) -> TinyBlocks:
@@ -71,7 +71,7 @@ def test_one_gpu_trains_in_bf16(strategy, tmp_path):
         "fit", "--config", SMOKE, "--trainer.accelerator=cuda", "--trainer.devices=1", "--trainer.precision=bf16-mixed",
         f"--trainer.strategy={strategy}", *run_args(tmp_path),
     )
-    assert torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt", weights_only=False)["global_step"] == 4
+    assert torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt")["global_step"] == 4
 
 
 def test_dp_refuses_several_processes_or_machines(capsys, tmp_path, monkeypatch):

@@ -67,7 +67,7 @@ def test_fit_with_the_dataset_on_the_device(tmp_path, tiny_cifar10):
     cli_main("fit", "--config", SMOKE, *run_args(tmp_path), "--data.on_device=true", "--data.synthetic=false",
              f"--data.data_dir={tiny_cifar10}", "--data.download=false", "--data.verify_checksums=false",
              "--model.stem=imagenet", "--trainer.max_steps=3")
-    last = torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt", weights_only=False)
+    last = torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt")
     assert last["global_step"] == 3
 
 

@@ -102,14 +102,14 @@ def test_checkpoints_round_trip_with_single_device(tmp_path):
     args = ["fit", "--config", SMOKE, *run_args(tmp_path)]
     last = tmp_path / "checkpoints" / "test" / "last.ckpt"
     cli_main(*args)
-    single_keys = torch.load(last, weights_only=False)["state_dict"].keys()
+    single_keys = torch.load(last)["state_dict"].keys()
     split = ["--trainer.strategy=manual_model_parallel", "--trainer.devices=2", "--trainer.strategy.balance=[9,9]"]
     cli_main(*args, *split, "--ckpt_path=last", "--trainer.max_epochs=2")
-    checkpoint = torch.load(last, weights_only=False)
+    checkpoint = torch.load(last)
     assert checkpoint["global_step"] == 8 and checkpoint["state_dict"].keys() == single_keys
     assert checkpoint["multigpu"]["strategy"] == "ManualModelParallelStrategy"
     cli_main(*args, "--ckpt_path=last", "--trainer.max_epochs=3")
-    assert torch.load(last, weights_only=False)["global_step"] == 12
+    assert torch.load(last)["global_step"] == 12
 
 
 class _Unsplittable(LightningModule):

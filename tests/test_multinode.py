@@ -100,13 +100,13 @@ def test_sbatch_script_trains_under_slurm_and_requeues_itself_before_the_time_li
     assert "time limit near: stopping the tasks" in output
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
     last = tmp_path / "shared" / "checkpoints" / "slurm" / "last.ckpt"
-    stopped_at = torch.load(last, weights_only=False)["global_step"]
+    stopped_at = torch.load(last)["global_step"]
     assert stopped_at >= 3
 
     requeued = _sbatch(tmp_path, *LONG_RUN, f"--trainer.max_steps={stopped_at + 2}")
     output = requeued.communicate(timeout=180)[0]
     assert requeued.returncode == 0 and "Restored all states" in output, output
-    assert torch.load(last, weights_only=False)["global_step"] == stopped_at + 2
+    assert torch.load(last)["global_step"] == stopped_at + 2
     assert [path.name for path in last.parent.glob("last*")] == ["last.ckpt"]  # one file, rewritten
 
 

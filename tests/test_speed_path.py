@@ -17,7 +17,7 @@ EAGER_COMPILE = "--model.compile={backend: eager}"
 
 
 def _last(tmp_path) -> dict:
-    return torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt", weights_only=False)
+    return torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt")
 
 
 def test_flops_per_training_image_count_the_forward_and_backward_passes():
