@@ -68,9 +68,14 @@ BAD_VALUES = {
     "--trainer.accumulate_grad_batches=0": "--trainer.accumulate_grad_batches must be at least 1, not 0",
     "--trainer.gradient_clip_val=-1": "--trainer.gradient_clip_val must be at least 0, not -1",
     "--trainer.precision=17": "--trainer.precision: Does not validate",
-    "--trainer.num_nodes=0": "`num_nodes` must be a positive integer, but got 0",
-    "--trainer.max_epochs=-5": "`max_epochs` must be a non-negative integer or -1",
-    "--save_every_n_steps=-1": "--save_every_n_steps must be 0 (off) or positive, not -1",
+    "--trainer.num_nodes=0": "--trainer.num_nodes must be at least 1, not 0",
+    "--trainer.max_epochs=-5": "--trainer.max_epochs must be at least -1, not -5",
+    "--trainer.max_epochs=-1": "the cosine schedule needs an end",
+    "--model.momentum=0": "model.nesterov=true needs model.momentum above 0",
+    "--throughput.peak_flops=-1": "throughput.peak_flops must be a positive FLOP/s figure",
+    "--trainer.check_val_every_n_epoch=0": "--trainer.check_val_every_n_epoch must be at least 1, not 0",
+    "--trainer.strategy=pipeline --trainer.strategy.micro_batches=0": "micro_batches must be at least 1, not 0",
+    "--save_every_n_steps=-1": "--save_every_n_steps must be at least 0, not -1",
 }
 
 

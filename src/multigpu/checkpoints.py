@@ -13,7 +13,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from multigpu.errors import UsageError
 
 __all__ = [
-    "check_checkpoint", "check_model_options", "find_last_checkpoint", "finished_training", "resolve_ckpt_path",
+    "check_checkpoint", "check_model_options", "find_last_checkpoint", "finished_training", "next_position",
+    "resolve_ckpt_path",
 ]
 
 # Model options that change the network's shapes: a checkpoint only loads with the same value.
@@ -63,21 +64,38 @@ def _unreadable(path: Path, error: Exception) -> UsageError:
     )
 
 
-def finished_training(checkpoint: dict[str, Any], max_epochs: int | None, max_steps: int | None) -> str | None:
+def next_position(fit_loop: Mapping[str, Any]) -> tuple[int, int]:
+    """Where a run resumed from this state of Lightning's fit loop (its ``state_dict()``, as a checkpoint
+    holds it under ``loops``) goes on: the epoch it trains next, and how many of that epoch's batches
+    are already trained.
+
+    A checkpoint written after an epoch's last batch (at the epoch's end, or by SIGTERM, which
+    Lightning acts on once the epoch is counted) goes on with the next epoch from its start.
+    """
+    epochs = fit_loop["epoch_progress"]["current"]
+    batches = fit_loop["epoch_loop.batch_progress"]
+    if epochs["started"] <= epochs["processed"]:  # between epochs
+        return epochs["processed"], 0
+    if batches["is_last_batch"] and batches["current"]["processed"] == batches["current"]["ready"]:
+        return epochs["processed"] + 1, 0
+    return epochs["processed"], batches["current"]["processed"]
+
+
+def finished_training(
+    checkpoint: dict[str, Any], max_epochs: int | None, max_steps: int | None, max_time: Any = None
+) -> str | None:
     """Why a run whose newest checkpoint is ``checkpoint`` has nothing left to train, or ``None``.
 
     Lightning's limits: ``max_steps`` -1 (or none) is no step limit; ``max_epochs`` -1 is no
-    epoch limit, and none is 1000 epochs when there is no step limit either.
+    epoch limit, and none is 1000 epochs when neither a step nor a time limit is set.
     """
     step = checkpoint["global_step"]
     if max_steps is not None and max_steps != -1 and step >= max_steps:
         return f"it has reached max_steps={max_steps} (step {step})"
     if max_epochs is None:
-        max_epochs = 1000 if max_steps in (None, -1) else -1
-    batches = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress", {})
-    current = batches.get("current", {})
-    epoch_done = batches.get("is_last_batch", False) and current.get("processed") == current.get("ready")
-    epochs = checkpoint["epoch"] + int(epoch_done)
+        max_epochs = 1000 if max_steps in (None, -1) and max_time is None else -1
+    fit_loop = checkpoint.get("loops", {}).get("fit_loop")
+    epochs = next_position(fit_loop)[0] if fit_loop else checkpoint["epoch"]
     if max_epochs != -1 and epochs >= max_epochs:
         return f"it has trained max_epochs={max_epochs} epochs (step {step})"
     return None
@@ -89,8 +107,8 @@ def resolve_ckpt_path(ckpt_path: str | None, dirpath: str | Path) -> tuple[str |
     ``"last"`` means the newest ``last*.ckpt`` in ``dirpath``; when there is none yet
     the run starts from scratch, so the same command both starts and resumes a job.
     ``"best"`` means the best checkpoint that the run's ModelCheckpoint recorded in that
-    ``last*.ckpt`` (Lightning knows it only within the process that trained). Remote
-    paths (``s3://`` ...) are left to Lightning.
+    ``last*.ckpt`` (Lightning knows it only within the process that trained). ``"hpc"``
+    and remote paths (``s3://`` ...) are left to Lightning.
     """
     if ckpt_path is None:
         return None, {}
@@ -100,7 +118,7 @@ def resolve_ckpt_path(ckpt_path: str | None, dirpath: str | Path) -> tuple[str |
             rank_zero_info(f"No checkpoint in {dirpath} yet: starting from scratch.")
             return None, {}
         ckpt_path = str(last) if ckpt_path == "last" else _best_checkpoint(last, dirpath)
-    elif "://" in ckpt_path:
+    elif ckpt_path == "hpc" or "://" in ckpt_path:  # Lightning's own (its SLURM checkpoint), or remote
         return ckpt_path, {}
     return ckpt_path, check_checkpoint(ckpt_path)
 

@@ -5,6 +5,7 @@
     python main.py fit --config configs/smoke.yaml --ckpt_path last   # start or resume
 """
 
+import inspect
 import os
 import re
 import sys
@@ -33,8 +34,8 @@ from multigpu.checkpoint_io import AtomicCheckpointIO
 from multigpu.checkpoints import check_model_options, finished_training, resolve_ckpt_path
 from multigpu.data import CIFAR10DataModule
 from multigpu.elastic import separate_restart_attempts
-from multigpu.errors import RunFinished, UsageError
-from multigpu.model import ResNet50Classifier
+from multigpu.errors import RunFinished, UsageError, check_at_least
+from multigpu.model import ResNet50Classifier, check_recipe
 from multigpu.strategies import name_to_class_path
 from multigpu.trainer_options import check_trainer_options
 
@@ -138,6 +139,8 @@ class MultiGPUCLI(LightningCLI):
             return
         if config.get("weights_only") is False:
             raise UsageError("--weights_only=false would let a checkpoint run code: drop it, checkpoints are read safely.")
+        if "weights_only" in config:
+            config["weights_only"] = True  # Lightning's own read too, remote files included
         dirpath = _checkpoint_dir(config["checkpoint_root"], config["run_name"])
         config["ckpt_path"], checkpoint = resolve_ckpt_path(config["ckpt_path"], dirpath)
         if not checkpoint:
@@ -145,7 +148,8 @@ class MultiGPUCLI(LightningCLI):
         check_model_options(config["ckpt_path"], checkpoint, config["model"])
         if self.config.get("subcommand") == "fit":
             trainer = config["trainer"]
-            if reason := finished_training(checkpoint, trainer.get("max_epochs"), trainer.get("max_steps")):
+            limits = (trainer.get(name) for name in ("max_epochs", "max_steps", "max_time"))
+            if reason := finished_training(checkpoint, *limits):
                 raise RunFinished(
                     f"Run {config['run_name']} has already finished: {reason}. Nothing to do; {config['ckpt_path']} "
                     f"is left as it is. Raise --trainer.max_epochs or --trainer.max_steps to train further."
@@ -165,14 +169,18 @@ class MultiGPUCLI(LightningCLI):
             # as a value that matched none of the accepted types, with each type's reason on a line "- ...".
             reasons = [line.strip()[2:] for line in str(error).splitlines() if line.strip().startswith("- ")]
             reasons = [reason for reason in reasons if not reason.startswith("Expected a")]
-            raise UsageError("; ".join(reasons) if reasons else " ".join(str(error).split())) from error
+            if not reasons:
+                raise
+            raise UsageError("; ".join(reasons)) from error
 
     @override
     def before_instantiate_classes(self) -> None:
+        # Before the data module, which may download CIFAR-10, and the model are built.
         config = self._config()
         check_trainer_options(config["trainer"])
-        if (config.get("save_every_n_steps") or 0) < 0:
-            raise UsageError(f"--save_every_n_steps must be 0 (off) or positive, not {config['save_every_n_steps']}.")
+        check_at_least("--save_every_n_steps", config.get("save_every_n_steps") or 0, 0)
+        model = config["model"]
+        check_recipe(*(model[name] for name in inspect.signature(check_recipe).parameters))
 
     def before_fit(self) -> None:
         """Let the strategy refuse the model before it launches any process."""

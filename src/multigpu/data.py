@@ -4,10 +4,10 @@ import os
 
 import torch
 from lightning.pytorch import LightningDataModule
-from lightning.pytorch.plugins.environments import SLURMEnvironment
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from typing_extensions import override
 
+from multigpu.checkpoints import next_position
 from multigpu.datasets import (
     ImageTensorDataset,
     SyntheticCIFAR10,
@@ -29,11 +29,7 @@ def node_local_rank() -> int:
     """This process's rank among the processes of its machine: ``LOCAL_RANK`` where Lightning's
     launcher or torchrun set it, ``SLURM_LOCALID`` under srun (which sets no ``LOCAL_RANK``),
     and 0 for a process started by hand."""
-    if "LOCAL_RANK" in os.environ:
-        return int(os.environ["LOCAL_RANK"])
-    if SLURMEnvironment.detect():
-        return int(os.environ.get("SLURM_LOCALID", 0))
-    return 0
+    return int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", 0)))
 
 
 class CIFAR10DataModule(LightningDataModule):
@@ -51,7 +47,7 @@ class CIFAR10DataModule(LightningDataModule):
             your own or a partial copy of the dataset.
         batch_size: images per device and step (the whole batch of the process under ``dp``).
         num_workers: loader worker processes per device.
-        pin_memory: pin host memory (only where CUDA is available).
+        pin_memory: pin host memory (only when training on CUDA devices).
         persistent_workers: keep the workers alive between epochs (only with workers).
         val_split: 0 validates on the official test split; N > 0 holds out N training
             images instead, the same ones on every run.
@@ -87,8 +83,7 @@ class CIFAR10DataModule(LightningDataModule):
         check_at_least("data.batch_size", batch_size, 1)
         check_at_least("data.num_workers", num_workers, 0)
         check_at_least("data.synthetic_size", synthetic_size, 1)
-        if val_split < 0:
-            raise UsageError(f"data.val_split must be 0 (use the test split) or a positive count, not {val_split}.")
+        check_at_least("data.val_split", val_split, 0)
         self.save_hyperparameters()
         self.batch_size = batch_size
         self.datasets: dict[str, Dataset] = {}
@@ -116,7 +111,7 @@ class CIFAR10DataModule(LightningDataModule):
         else:
             self.datasets = self._cifar10()
         if hp.on_device:
-            device = self.trainer.strategy.root_device if self.trainer else torch.device("cpu")
+            device = self._device()
             for dataset in self.datasets.values():
                 dataset.images, dataset.labels = dataset.images.to(device), dataset.labels.to(device)
 
@@ -139,6 +134,10 @@ class CIFAR10DataModule(LightningDataModule):
             train, val = ImageTensorDataset(images, labels, train_transform()), test
         return {"train": train, "val": val, "test": test}
 
+    def _device(self) -> torch.device:
+        """Where the batches go: the strategy's device, or the CPU without a trainer."""
+        return self.trainer.strategy.root_device if self.trainer else torch.device("cpu")
+
     def _shard(self) -> tuple[int, int]:
         """(replicas, this process's replica): who reads which shard of the data."""
         trainer = self.trainer
@@ -157,7 +156,7 @@ class CIFAR10DataModule(LightningDataModule):
             sampler=sampler,
             drop_last=sampler is not None,
             num_workers=workers,
-            pin_memory=self.hparams.pin_memory and torch.cuda.is_available(),
+            pin_memory=self.hparams.pin_memory and self._device().type == "cuda",
             persistent_workers=self.hparams.persistent_workers and workers > 0,
         )
 
@@ -176,9 +175,7 @@ class CIFAR10DataModule(LightningDataModule):
         trainer = self.trainer
         if trainer is None:
             return {}
-        epoch, batches = trainer.current_epoch, trainer.fit_loop.epoch_loop.batch_progress.current.processed
-        if batches >= trainer.num_training_batches:  # saved at the epoch's end: the next one starts afresh
-            epoch, batches = epoch + 1, 0
+        epoch, batches = next_position(trainer.fit_loop.state_dict())
         return {"epoch": epoch, "batches": batches}
 
     @override

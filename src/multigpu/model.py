@@ -23,9 +23,23 @@ from multigpu.network import Stem, resnet50_blocks
 from multigpu.replicas import data_parallel_size
 from multigpu.schedule import scaled_lr, warmup_cosine
 
-__all__ = ["IMAGE_SHAPE", "ResNet50Classifier"]
+__all__ = ["IMAGE_SHAPE", "SCHEDULE_NEEDS_AN_END", "ResNet50Classifier", "check_recipe"]
 
 IMAGE_SHAPE = (3, 32, 32)
+SCHEDULE_NEEDS_AN_END = "the cosine schedule needs an end: set --trainer.max_epochs or --trainer.max_steps."
+
+
+def check_recipe(
+    base_lr: float, momentum: float, nesterov: bool, weight_decay: float, warmup_epochs: float, label_smoothing: float
+) -> None:
+    """Refuse optimizer and loss settings that mean nothing, in one line each (the CLI calls it before it
+    builds anything, the model when it is built)."""
+    for option, value in (("base_lr", base_lr), ("momentum", momentum), ("weight_decay", weight_decay),
+                          ("warmup_epochs", warmup_epochs)):
+        check_at_least(f"model.{option}", value, 0)
+    check_at_least("model.label_smoothing", label_smoothing, 0, below=1)
+    if nesterov and momentum == 0:
+        raise UsageError("model.nesterov=true needs model.momentum above 0: add --model.nesterov=false for plain SGD.")
 
 
 class ResNet50Classifier(LightningModule):
@@ -66,10 +80,7 @@ class ResNet50Classifier(LightningModule):
         compile: bool | dict[str, Any] = False,
     ) -> None:
         super().__init__()
-        for option, value in (("base_lr", base_lr), ("momentum", momentum), ("weight_decay", weight_decay),
-                              ("warmup_epochs", warmup_epochs)):
-            check_at_least(f"model.{option}", value, 0)
-        check_at_least("model.label_smoothing", label_smoothing, 0, below=1)
+        check_recipe(base_lr, momentum, nesterov, weight_decay, warmup_epochs, label_smoothing)
         self.save_hyperparameters()
         self.net = resnet50_blocks(num_classes, stem)
         if channels_last:
@@ -161,7 +172,7 @@ class ResNet50Classifier(LightningModule):
             weight_decay=hp.weight_decay,
         )
         if math.isinf(trainer.estimated_stepping_batches):
-            raise UsageError("the cosine schedule needs an end: set --trainer.max_epochs or --trainer.max_steps.")
+            raise UsageError(SCHEDULE_NEEDS_AN_END)
         total_steps = int(trainer.estimated_stepping_batches)
         if trainer.train_dataloader is None:  # not loaded yet when only max_steps bounds the run
             trainer.fit_loop.setup_data()

@@ -13,6 +13,7 @@ from lightning.pytorch.accelerators import AcceleratorRegistry, MPSAccelerator
 from lightning.pytorch.strategies import StrategyRegistry
 
 from multigpu.errors import UsageError, check_at_least
+from multigpu.model import SCHEDULE_NEEDS_AN_END
 
 __all__ = ["check_trainer_options"]
 
@@ -21,8 +22,8 @@ _PRECISIONS = {"32", "32-true", "16", "16-mixed", "bf16", "bf16-mixed"}
 
 
 def check_trainer_options(trainer: Mapping[str, Any]) -> None:
-    """Refuse an unknown strategy or accelerator, a device request this machine cannot meet, or
-    accumulation or clipping values that mean nothing."""
+    """Refuse an unknown strategy or accelerator, a device request this machine cannot meet, a
+    precision the recipe does not train in, or counts and limits that mean nothing."""
     _check_strategy(trainer.get("strategy", "auto"))
     precision = trainer.get("precision")
     if precision is not None and str(precision) not in _PRECISIONS:
@@ -35,8 +36,11 @@ def check_trainer_options(trainer: Mapping[str, Any]) -> None:
         check_at_least("--trainer.accumulate_grad_batches", accumulate, 1)
     if isinstance(trainer.get("gradient_clip_val"), (int, float)):
         check_at_least("--trainer.gradient_clip_val", trainer["gradient_clip_val"], 0)
-    if isinstance(trainer.get("check_val_every_n_epoch"), int):
-        check_at_least("--trainer.check_val_every_n_epoch", trainer["check_val_every_n_epoch"], 1)
+    for option, minimum in (("check_val_every_n_epoch", 1), ("num_nodes", 1), ("max_epochs", -1), ("max_steps", -1)):
+        if isinstance(trainer.get(option), int):
+            check_at_least(f"--trainer.{option}", trainer[option], minimum)
+    if trainer.get("max_epochs") == -1 and trainer.get("max_steps") in (None, -1):
+        raise UsageError(SCHEDULE_NEEDS_AN_END)
     accelerator = _accelerator_name(trainer.get("accelerator", "auto"))
     if accelerator is not None:
         _check_devices(accelerator, trainer.get("devices", "auto"))
