@@ -114,11 +114,14 @@ def free_port() -> int:
 
 
 def run_args(tmp_path: Path, run_name: str = "test") -> list[str]:
-    """Arguments that keep a run's checkpoints and logs inside ``tmp_path``."""
+    """Arguments that keep a run's checkpoints and logs inside ``tmp_path``, and give the network the
+    ImageNet stem, which trains about 16 times faster than the CIFAR stem on 32x32 images (the
+    network's tests cover both; a test that needs the CIFAR stem passes ``--model.stem=cifar`` after these)."""
     return [
         f"--run_name={run_name}",
         f"--checkpoint_root={tmp_path / 'checkpoints'}",
         f"--trainer.default_root_dir={tmp_path / 'logs'}",
+        "--model.stem=imagenet",
     ]
 
 

@@ -96,9 +96,9 @@ def test_resume_follows_the_command_line_and_refuses_another_network(tmp_path, c
     assert torch.load(last)["hyper_parameters"]["label_smoothing"] == 0.1
 
     with pytest.raises(SystemExit) as exit_info:
-        _in_process("fit", tmp_path, "--ckpt_path=last", "--trainer.max_epochs=3", "--model.stem=imagenet")
+        _in_process("fit", tmp_path, "--ckpt_path=last", "--trainer.max_epochs=3", "--model.stem=cifar")
     assert exit_info.value.code == 2
-    assert "holds a network with --model.stem=cifar, not imagenet" in capsys.readouterr().err
+    assert "holds a network with --model.stem=imagenet, not cifar" in capsys.readouterr().err
 
 
 def test_a_finished_run_stays_finished(tmp_path, caplog):

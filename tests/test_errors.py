@@ -86,7 +86,7 @@ def test_every_bad_value_ends_with_one_error_line_and_writes_nothing(capsys, tmp
         folder.mkdir()
         monkeypatch.chdir(folder)
         with pytest.raises(SystemExit) as exit_info:
-            cli_main("fit", "--config", SMOKE, *arguments.split(), *run_args(folder))
+            cli_main("fit", "--config", SMOKE, *run_args(folder), *arguments.split())
         errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
         assert exit_info.value.code == 2, arguments
         assert len(errors) == 1 and errors[0].startswith(f"error: {expected}"), (arguments, errors)
