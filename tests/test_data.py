@@ -96,8 +96,6 @@ def test_under_srun_only_the_first_task_of_each_node_checks_the_dataset(tmp_path
     """srun starts every task at once and sets SLURM_LOCALID, not LOCAL_RANK: local task 1 leaves the check
     (and a download) to local task 0, which stops at the missing files."""
     monkeypatch.delenv("LOCAL_RANK", raising=False)
-    for name, value in {"SLURM_NTASKS": "4", "SLURM_JOB_NAME": "train", "SLURM_NODEID": "1", "SLURM_PROCID": "3"}.items():
-        monkeypatch.setenv(name, value)
     missing = {"data_dir": str(tmp_path / "none"), "download": False}
     monkeypatch.setenv("SLURM_LOCALID", "1")
     CIFAR10DataModule(**missing)  # waits for its node's first task when the process group is set up
