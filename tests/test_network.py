@@ -36,6 +36,8 @@ def test_channels_last_model_keeps_the_format_and_the_result():
     plain = ResNet50Classifier().eval()
     torch.manual_seed(0)
     fast = ResNet50Classifier(channels_last=True).eval()
+    for model in (plain, fast):
+        model.configure_model()
     assert fast.net[0][0].weight.is_contiguous(memory_format=torch.channels_last)
     x = torch.randn(2, 3, 32, 32)
     torch.testing.assert_close(fast(x), plain(x), rtol=1e-4, atol=1e-4)

@@ -19,7 +19,8 @@ from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
 from multigpu.errors import UsageError, check_at_least
-from multigpu.network import Stem, resnet50_blocks
+from multigpu.deferred_blocks import DeferredBlocks
+from multigpu.network import Stem, resnet50_block_factories
 from multigpu.replicas import data_parallel_size
 from multigpu.schedule import scaled_lr, warmup_cosine
 
@@ -82,9 +83,8 @@ class ResNet50Classifier(LightningModule):
         super().__init__()
         check_recipe(base_lr, momentum, nesterov, weight_decay, warmup_epochs, label_smoothing)
         self.save_hyperparameters()
-        self.net = resnet50_blocks(num_classes, stem)
-        if channels_last:
-            self.net = self.net.to(memory_format=torch.channels_last)
+        # On the meta device until configure_model, where the strategy places each block (deferred_blocks).
+        self.net = DeferredBlocks(resnet50_block_factories(num_classes, stem))
         if not compile:
             # Two CIFAR-sized images: the model summary shows sizes, and strategies time the blocks with
             # them. The summary's forward would make a compiled network compile once more, for 2 images.
@@ -97,17 +97,25 @@ class ResNet50Classifier(LightningModule):
 
     @override
     def configure_model(self) -> None:
+        self.net.materialize()
+        if self.hparams.channels_last:
+            self.net.to(memory_format=torch.channels_last)
         compile_options = self.hparams.compile
         if compile_options and not self._compiled:
             options = {} if compile_options is True else dict(compile_options)
             self.net.compile(**{"dynamic": False, **options})  # in place: the state dict keeps its names
             self._compiled = True
 
+    @override
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self._trainer is None:  # load_from_checkpoint: build the network for the weights to land in
+            self.configure_model()
+
     def training_flops_per_image(self) -> int:
         """FLOPs of the forward and backward pass of one training image, counted with torch's flop
         counter on a copy of the network on the meta device (nothing is computed)."""
+        net = nn.Sequential(*DeferredBlocks(resnet50_block_factories(self.hparams.num_classes, self.hparams.stem)))
         with torch.device("meta"):
-            net = resnet50_blocks(self.hparams.num_classes, self.hparams.stem)
             images = torch.zeros(2, *IMAGE_SHAPE)  # BatchNorm in training mode needs two
         return measure_flops(net, lambda: net(images), lambda logits: logits.sum()) // 2
 

@@ -13,6 +13,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from multigpu.deferred_blocks import DeferredBlocks
 from multigpu.errors import UsageError
 
 __all__ = [
@@ -101,12 +102,14 @@ def block_times(blocks: nn.Sequential, example: Tensor, device: torch.device, re
     """Seconds of one forward and backward pass of each block on ``device``, for the input ``example``.
 
     Each block is timed on a copy of its own, so the network's parameters and BatchNorm
-    statistics stay as they are and only one block's copy is on the device at a time;
-    one warm-up pass comes before the ``repeats`` that are timed.
+    statistics stay as they are and only one block's copy is on the device at a time; the
+    copy of a block of ``DeferredBlocks`` is built anew, so the network itself may still be on
+    the meta device. One warm-up pass comes before the ``repeats`` that are timed.
     """
+    fresh = blocks.build if isinstance(blocks, DeferredBlocks) else lambda index: copy.deepcopy(blocks[index])
     times, x = [], example.to(device)
-    for index, block in enumerate(blocks):
-        block = copy.deepcopy(block).to(device).train()
+    for index in range(len(blocks)):
+        block = fresh(index).to(device).train()
         x = x.detach().requires_grad_(index > 0 and x.is_floating_point())
         elapsed = []
         for _ in range(repeats + 1):

@@ -2,8 +2,9 @@
 
 Each stage's first block moves its input to the stage's device, and the network's
 output comes back to the first device, where the loss and the metrics live;
-autograd carries the gradients back across the devices. Parameter names do not
-change, so a checkpoint is the plain full state dict every strategy loads.
+autograd carries the gradients back across the devices. Each block is built or
+moved straight to its stage's device (``split_network``): the first device holds its
+own stage, not the whole network. Parameter names do not change, so a checkpoint is the plain full state dict every strategy loads.
 
 With ``devices_per_replica: k`` the ``--trainer.devices`` of a node are cut into
 groups of ``k``: one process per group holds a copy of the network split over its
@@ -11,23 +12,19 @@ groups of ``k``: one process per group holds a copy of the network split over it
 processes ("distributed model and data parallel").
 """
 
-from collections.abc import Sequence
-from typing import Any
-
 import torch
 from lightning.fabric.utilities.distributed import _init_dist_connection
 from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch import LightningModule
-from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
-from torch.optim import Optimizer
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
 from multigpu.errors import UsageError
 from multigpu.partition import BalanceBy, choose_balance, split_table
 from multigpu.strategies.network_lookup import block_sequence, time_blocks
+from multigpu.strategies.split_network import SplitNetworkStrategy
 
 __all__ = ["ManualModelParallelStrategy"]
 
@@ -46,7 +43,7 @@ def _move_output(device: torch.device):
     return hook
 
 
-class ManualModelParallelStrategy(DDPStrategy):
+class ManualModelParallelStrategy(SplitNetworkStrategy):
     """Consecutive blocks of ``pl_module.net`` on consecutive devices, optionally replicated with DDP.
 
     Args:
@@ -80,6 +77,8 @@ class ManualModelParallelStrategy(DDPStrategy):
         self.balance_by = balance_by
         self.devices_per_replica = devices_per_replica
         self._hooks: list[RemovableHandle] = []
+        self._balance: list[int] = []
+        self._block_devices: list[torch.device] | None = None
 
     @property
     def stages_per_replica(self) -> int:
@@ -127,31 +126,32 @@ class ManualModelParallelStrategy(DDPStrategy):
         return block_sequence(pl_module, self.strategy_name)
 
     @override
-    def model_to_device(self) -> None:
-        assert self.lightning_module is not None
-        pl_module = self.lightning_module
-        blocks = self.check_model(pl_module)
-        pl_module.to(self.root_device)
-        devices = self.stage_devices
-        times = time_blocks(self, blocks)
-        balance = choose_balance(blocks, len(devices), self.balance, self.balance_by, times)
-        balance = self.broadcast(balance)  # every replica splits the same way, as DDP's buckets need
-        rank_zero_info(
-            f"manual_model_parallel: {len(devices)} stages per replica, {self.num_nodes * self.num_processes} "
-            f"replica(s), balance {balance}" + ("" if self.balance else f" (by {self.balance_by})") + "\n"
-            + split_table(blocks, balance, devices, times)
-        )
-        self._place(blocks, balance, devices)
+    def block_devices(self) -> list[torch.device]:
+        if self._block_devices is None:
+            blocks = self.check_model(self.lightning_module)
+            devices = self.stage_devices
+            times = time_blocks(self, blocks)
+            self._balance = self.broadcast(choose_balance(blocks, len(devices), self.balance, self.balance_by, times))
+            # (every replica splits the same way, as DDP's buckets need)
+            rank_zero_info(
+                f"manual_model_parallel: {len(devices)} stages per replica, {self.num_nodes * self.num_processes} "
+                f"replica(s), balance {self._balance}" + ("" if self.balance else f" (by {self.balance_by})") + "\n"
+                + split_table(blocks, self._balance, devices, times)
+            )
+            self._block_devices = [device for count, device in zip(self._balance, devices) for _ in range(count)]
+        return self._block_devices
 
-    def _place(self, blocks: nn.Sequential, balance: Sequence[int], devices: Sequence[torch.device]) -> None:
+    @override
+    def model_to_device(self) -> None:
+        super().model_to_device()  # each block straight to its stage's device
+        blocks = block_sequence(self.lightning_module, self.strategy_name)
         self._remove_hooks()
         start = 0
-        for count, device in zip(balance, devices, strict=True):
-            blocks[start : start + count].to(device)
+        for count, device in zip(self._balance, self.stage_devices, strict=True):
             if device != self.root_device:
                 self._hooks.append(blocks[start].register_forward_pre_hook(_move_inputs(device)))
             start += count
-        if devices[-1] != self.root_device:
+        if self.stage_devices[-1] != self.root_device:
             self._hooks.append(blocks[-1].register_forward_hook(_move_output(self.root_device)))
 
     def _remove_hooks(self) -> None:
@@ -168,14 +168,6 @@ class ManualModelParallelStrategy(DDPStrategy):
     def determine_ddp_device_ids(self) -> list[int] | None:
         # DDP takes a module spread over several devices only without device_ids.
         return None if self.stages_per_replica > 1 else super().determine_ddp_device_ids()
-
-    @override
-    def load_optimizer_state_dict(self, checkpoint: dict[str, Any]) -> None:
-        # Lightning's version moves all optimizer state to the root device; here each state
-        # stays where ``Optimizer.load_state_dict`` puts it, on its parameter's device.
-        optimizers: list[Optimizer] = self.optimizers
-        for optimizer, state in zip(optimizers, checkpoint["optimizer_states"]):
-            optimizer.load_state_dict(state)
 
     @override
     def teardown(self) -> None:

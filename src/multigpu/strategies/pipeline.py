@@ -13,18 +13,20 @@ The last stage's logits are then broadcast to the other stages of the pipeline,
 and every process runs the LightningModule's own ``training_step`` (or
 ``validation_step`` ...) on them, so loss, metrics and logging are those of DDP.
 
-Every process keeps the whole network, but computes and updates only its stage;
-checkpoints gather each stage from the process that trained it.
+Each process materialises only its own stage (``split_network``): the other stages'
+parameters, gradients and optimizer state are never allocated in it. Checkpoints
+gather each stage from the process that trained it (``pipeline_checkpoints``).
+The files beside this one hold the rest: ``pipeline_runner`` (a batch through the
+schedule), ``pipeline_gradients`` (clipping, overflow, replicas), ``pipeline_checkpoints``.
 """
 
-from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 from lightning.pytorch import LightningModule
-from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import GradClipAlgorithmType, rank_zero_info
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import Tensor, nn
@@ -33,27 +35,19 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from multigpu.errors import UsageError
-from multigpu.partition import BalanceBy, check_stage_count, choose_balance, split_blocks, split_table
+from multigpu.partition import BalanceBy, check_stage_count, choose_balance, split_table
 from multigpu.strategies.network_lookup import block_sequence, time_blocks
+from multigpu.strategies.pipeline_checkpoints import gather_optimizer_state, gather_state_dict
+from multigpu.strategies.pipeline_gradients import average_between_replicas, clip_norm_over_stages, share_overflow
+from multigpu.strategies.pipeline_runner import Replay, StageRunner
+from multigpu.strategies.split_network import SplitNetworkStrategy
 
 __all__ = ["PipelineStrategy"]
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
 
-class _Replay(nn.Module):
-    """Stands in for the network: returns the pipeline's output for the batch it was computed on."""
-
-    def __init__(self, output: Tensor) -> None:
-        super().__init__()
-        self.output = output
-
-    @override
-    def forward(self, x: Tensor) -> Tensor:
-        return self.output
-
-
-class PipelineStrategy(DDPStrategy):
+class PipelineStrategy(SplitNetworkStrategy):
     """Pipeline parallelism over processes, optionally replicated (data parallel between pipelines).
 
     Args:
@@ -91,13 +85,12 @@ class PipelineStrategy(DDPStrategy):
         self.schedule_name = schedule
         self.balance = balance
         self.balance_by = balance_by
-        self._schedule: ScheduleGPipe | Schedule1F1B | None = None
         self._pipe_group: dist.ProcessGroup | None = None
         self._stage_group: dist.ProcessGroup | None = None
-        self._stage_blocks: list[int] = []
-        self._batch_size: int | None = None
-        self._output_width: int | None = None
-        self._held_grads: list[tuple[nn.Parameter, Tensor | None]] = []
+        self._stage_blocks: range | None = None
+        self._stage_module: nn.Sequential | None = None
+        self._runner: StageRunner | None = None
+        self._example_input: Any = None
 
     # --- layout -------------------------------------------------------------------------------
 
@@ -183,33 +176,45 @@ class PipelineStrategy(DDPStrategy):
         return blocks
 
     @override
+    def block_devices(self) -> list[torch.device | None]:
+        blocks = self.check_model(self.lightning_module)
+        if self._stage_blocks is None:
+            # Rank 0 times the blocks, one at a time and for one micro-batch, for all.
+            times = self.broadcast(time_blocks(self, blocks, self.micro_batches) if self.global_rank == 0 else None)
+            balance = choose_balance(blocks, self.num_stages, self.balance, self.balance_by, times)
+            start = sum(balance[: self.stage_index])
+            self._stage_blocks = range(start, start + balance[self.stage_index])
+            devices = [f"rank {self._pipe_rank(stage)}" for stage in range(self.num_stages)]
+            rank_zero_info(
+                f"pipeline: {self.num_stages} stages x {self.data_parallel_size} replica(s), {self.micro_batches} "
+                f"micro-batches, schedule {self.schedule_name}, balance {balance}"
+                + ("" if self.balance else f" (by {self.balance_by})") + "\n" + split_table(blocks, balance, devices, times)
+            )
+        return [self.root_device if index in self._stage_blocks else None for index in range(len(blocks))]
+
+    @override
     def setup(self, trainer) -> None:
+        # DDPStrategy.setup without the DDP wrapper and without its broadcast of the whole module from rank 0.
+        self.accelerator.setup(trainer)
+        self.precision_plugin.convert_module(self.model)
+        self.model_to_device()  # this process's blocks on its device, the others on the meta device
+        if trainer.state.fn == TrainerFn.FITTING:
+            self.setup_optimizers(trainer)
+        self.setup_precision_plugin()
         pl_module = self.lightning_module
-        blocks = self.check_model(pl_module)
-        super().setup(trainer)  # moves the module to this process's device; no DDP wrapper (configure_ddp)
-        self._build_pipeline(pl_module, blocks)
+        blocks = block_sequence(pl_module, self.strategy_name)
+        self._stage_module = blocks[self._stage_blocks.start : self._stage_blocks.stop]
         # Processes that hold the same stage start from the same weights.
         for tensor in self._stage_module.state_dict().values():
             dist.broadcast(tensor, src=self.stage_index, group=self._stage_group)
-        self.precision_plugin.clip_gradients = self._clip_gradients  # the norm is global over the stages
-
-    def _build_pipeline(self, pl_module: LightningModule, blocks: nn.Sequential) -> None:
-        # Rank 0 times the blocks, for one micro-batch, for all.
-        times = self.broadcast(time_blocks(self, blocks, self.micro_batches) if self.global_rank == 0 else None)
-        balance = choose_balance(blocks, self.num_stages, self.balance, self.balance_by, times)
-        start = sum(balance[: self.stage_index])
-        self._stage_blocks = list(range(start, start + balance[self.stage_index]))
-        self._stage_module = split_blocks(blocks, balance)[self.stage_index]
-        devices = [f"rank {self._pipe_rank(stage)}" for stage in range(self.num_stages)]
-        rank_zero_info(
-            f"pipeline: {self.num_stages} stages x {self.data_parallel_size} replica(s), {self.micro_batches} "
-            f"micro-batches, schedule {self.schedule_name}, balance {balance}"
-            + ("" if self.balance else f" (by {self.balance_by})") + "\n" + split_table(blocks, balance, devices, times)
-        )
         stage = PipelineStage(self._stage_module, self.stage_index, self.num_stages, self.root_device, group=self._pipe_group)
-        self._schedule = SCHEDULES[self.schedule_name](
-            stage, self.micro_batches, loss_fn=self._micro_batch_loss, scale_grads=False
-        )
+        schedule = SCHEDULES[self.schedule_name](stage, self.micro_batches, loss_fn=self._micro_batch_loss, scale_grads=False)
+        self._runner = StageRunner(schedule, self._stage_module, self.stage_index, self.num_stages,
+                                   self._pipe_rank(self.num_stages - 1), self._pipe_group, self.root_device,
+                                   self.precision_plugin)
+        self.precision_plugin.clip_gradients = self._clip_gradients  # the norm is global over the stages
+        # The model summary's forward pass would need every block in this process.
+        self._example_input, pl_module.example_input_array = pl_module.example_input_array, None
 
     def _micro_batch_loss(self, logits: Tensor, target: Tensor) -> Tensor:
         """Each micro-batch's share of the mean loss over the batch and the accumulated batches."""
@@ -220,76 +225,18 @@ class PipelineStrategy(DDPStrategy):
 
     # --- steps --------------------------------------------------------------------------------
 
-    def _run(self, batch: Any, train: bool) -> Tensor:
-        """Run the batch through the pipeline; every stage gets the last stage's output."""
-        x, y = batch[0], batch[1]
-        size = len(x)
-        if self._batch_size is None:
-            self._batch_size = size
-        if size > self._batch_size or (train and size != self._batch_size):
-            raise UsageError(
-                f"pipeline shapes are fixed by the first batch ({self._batch_size} images), but a batch has {size}: "
-                "drop the last training batch (drop_last) and keep one batch size."
-            )
-        if size < self._batch_size:  # a last evaluation batch: pad it, and drop the padding's output
-            pad = self._batch_size - size
-            x = torch.cat([x, x[-1:].expand(pad, *x.shape[1:])])
-            y = torch.cat([y, y[-1:].expand(pad)])
-        inputs = (x,) if self.stage_index == 0 else ()
-        is_last = self.stage_index == self.num_stages - 1
-        target = y if is_last else None
-        with self.precision_plugin.forward_context():
-            if train:
-                with self._gradients_held_for_backward():
-                    output = self._schedule.step(*inputs, target=target)
-            else:  # forward only; inference tensors would end up in the stage's buffers
-                with torch.inference_mode(False), torch.no_grad():
-                    output = self._schedule.eval(*inputs, target=target)
-        return self._share_output(output, is_last)[:size]
-
-    def _share_output(self, output: Tensor | None, is_last: bool) -> Tensor:
-        last = self._pipe_rank(self.num_stages - 1)
-        if self._output_width is None:
-            width = torch.tensor([output.shape[1] if is_last else 0], device=self.root_device)
-            dist.broadcast(width, src=last, group=self._pipe_group)
-            self._output_width = int(width.item())
-        if is_last:
-            shared = output.detach().float().contiguous()
-        else:
-            shared = torch.empty(self._batch_size, self._output_width, device=self.root_device)
-        dist.broadcast(shared, src=last, group=self._pipe_group)
-        return shared
-
     @contextmanager
-    def _gradients_held_for_backward(self) -> Iterator[None]:
-        """Keep the gradients the schedule computes apart until ``backward``.
-
-        Lightning zeroes the gradients between ``training_step`` and ``backward``, so the
-        schedule's backward passes, which run inside ``training_step``, are added in ``backward``.
-        """
-        params = [param for param in self._stage_module.parameters() if param.requires_grad]
-        earlier = [param.grad for param in params]
-        for param in params:
-            param.grad = None
-        try:
-            yield
-        finally:
-            self._held_grads = [(param, param.grad) for param in params]
-            for param, grad in zip(params, earlier):
-                param.grad = grad
-
-    @contextmanager
-    def _network_returns(self, output: Tensor) -> Iterator[None]:
+    def _network_returns(self, output: Tensor):
         pl_module = self.lightning_module
         net = pl_module.net
-        pl_module.net = _Replay(output)
+        pl_module.net = Replay(output)
         try:
             yield
         finally:
             pl_module.net = net
 
     def _step(self, hook: str, batch: Any, *args: Any, train: bool, **kwargs: Any) -> STEP_OUTPUT:
-        output = self._run(batch, train)
+        output = self._runner.run(batch, train)
         with self._network_returns(output):
             return getattr(super(), hook)(batch, *args, **kwargs)
 
@@ -313,10 +260,7 @@ class PipelineStrategy(DDPStrategy):
     def backward(self, closure_loss: Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any) -> Tensor:
         # The schedule ran every micro-batch's backward pass in training_step; its gradients land here.
         closure_loss = self.precision_plugin.pre_backward(closure_loss, self.lightning_module)
-        for param, grad in self._held_grads:
-            if grad is not None:
-                param.grad = grad if param.grad is None else param.grad + grad
-        self._held_grads = []
+        self._runner.take_gradients()
         return self.precision_plugin.post_backward(closure_loss, self.lightning_module)
 
     @override
@@ -327,11 +271,7 @@ class PipelineStrategy(DDPStrategy):
     def optimizer_step(self, optimizer: Optimizer, closure: Any, model: Any = None, **kwargs: Any) -> Any:
         def closure_then_average() -> Any:
             result = closure()
-            if self.data_parallel_size > 1:  # as DDP does, between the processes that hold this stage
-                for param in self._stage_module.parameters():
-                    if param.grad is not None:
-                        dist.all_reduce(param.grad, group=self._stage_group)
-                        param.grad /= self.data_parallel_size
+            average_between_replicas(list(self._stage_module.parameters()), self._stage_group, self.data_parallel_size)
             return result
 
         return super().optimizer_step(optimizer, closure_then_average, model, **kwargs)
@@ -343,67 +283,30 @@ class PipelineStrategy(DDPStrategy):
 
         Lightning calls it after unscaling and before the optimizer step, with or without
         clipping, so it is also where a 16-mixed overflow on one stage skips the step on all.
-        The norm is taken over the gradients of all stages.
         """
-        self._share_overflow(optimizer)
+        share_overflow(self.precision_plugin, optimizer, self.root_device)
         if clip_val <= 0:
             return
         if gradient_clip_algorithm == GradClipAlgorithmType.VALUE:
             self.precision_plugin.clip_grad_by_value(optimizer, clip_val)
-            return
-        params = [param for param in self._stage_module.parameters() if param.grad is not None]
-        squares = torch.zeros((), device=self.root_device)
-        for param in params:
-            squares += param.grad.detach().float().pow(2).sum()
-        dist.all_reduce(squares, group=self._pipe_group)
-        torch.nn.utils.clip_grads_with_norm_(params, clip_val, squares.sqrt())
-
-    def _share_overflow(self, optimizer: Optimizer) -> None:
-        scaler = getattr(self.precision_plugin, "scaler", None)
-        if scaler is None or not scaler.is_enabled():
-            return
-        # GradScaler keeps its per-device overflow flags here; it has no public way to set them.
-        found = scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
-        flags = [flag.to(self.root_device).sum() for flag in found.values()]
-        anywhere = torch.stack(flags).sum() if flags else torch.zeros((), device=self.root_device)
-        dist.all_reduce(anywhere, op=dist.ReduceOp.MAX)
-        if anywhere.item() > 0:
-            found[self.root_device] = torch.ones(1, device=self.root_device)
+        else:
+            clip_norm_over_stages(list(self._stage_module.parameters()), clip_val, self._pipe_group, self.root_device)
 
     # --- checkpoints --------------------------------------------------------------------------
 
-    def _gather_stage_states(self, local: dict[str, Any]) -> list[dict[str, Any]]:
-        """Every stage's entry from the first replica, gathered on rank 0 (empty lists elsewhere)."""
-        mine = local if self.replica_index == 0 else {}
-        gathered: list[Any] = [None] * self.world_size if self.global_rank == 0 else []
-        dist.gather_object(mine, gathered if self.global_rank == 0 else None, dst=0)
-        return gathered[: self.num_stages]
-
     @override
     def lightning_module_state_dict(self) -> dict[str, Any]:
-        state = self.lightning_module.state_dict()
-        prefixes = tuple(f"net.{index}." for index in self._stage_blocks)
-        mine = {key: value.cpu() for key, value in state.items() if key.startswith(prefixes)}
-        for stage_state in self._gather_stage_states(mine):
-            state.update(stage_state)
-        return state
+        return gather_state_dict(self.lightning_module.state_dict(), self._stage_blocks, self.num_stages,
+                                 self.replica_index == 0, self.is_global_zero)
 
     @override
     def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
-        full = super().optimizer_state(optimizer)
-        owned = {id(p) for p in self._stage_module.parameters()}
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        mine = {
-            index: {key: value.cpu() if isinstance(value, Tensor) else value for key, value in state.items()}
-            for index, state in full["state"].items()
-            if id(params[index]) in owned
-        }
-        merged = {}
-        for stage_state in self._gather_stage_states(mine):
-            merged.update(stage_state)
-        return {**full, "state": dict(sorted(merged.items()))}
+        return gather_optimizer_state(optimizer, super().optimizer_state(optimizer), self._stage_module,
+                                      self.num_stages, self.replica_index == 0, self.is_global_zero)
 
     @override
     def teardown(self) -> None:
-        self._schedule = None
+        self._runner = None
+        if self.lightning_module is not None and self._example_input is not None:
+            self.lightning_module.example_input_array = self._example_input
         super().teardown()

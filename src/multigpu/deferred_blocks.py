@@ -1,0 +1,100 @@
+"""A network whose blocks are built later, one at a time, each where the strategy in charge wants it.
+
+``DeferredBlocks(factories)`` is an ``nn.Sequential`` whose block ``i`` is
+``factories[i]()``. It starts on the meta device: names, shapes and parameter
+counts are there, but no memory. ``materialize()`` then builds each block for real,
+alone, from its own seed, and moves it where ``placed()`` says: a strategy that
+splits the network (model or pipeline parallel) materialises each block straight
+on its stage's device, or not at all in a process that does not hold it, so the
+whole network never has to fit in one place. Without such a strategy every block
+is built on the default device (the one Lightning's ``configure_model`` runs on).
+
+A block's weights depend only on its seed (``seed + i``), never on which blocks
+were built before it, so every layout starts from the same weights as one device.
+LightningModules build their network on the meta device in ``__init__`` and call
+``materialize()`` in ``configure_model``, as Lightning recommends for large models.
+"""
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+import torch
+from torch import Tensor, nn
+from typing_extensions import override
+
+__all__ = ["BlockFactory", "DeferredBlocks", "Placement", "is_materialized", "placed"]
+
+BlockFactory = Callable[[], nn.Module]
+Placement = Callable[[int], torch.device | None]
+"""Where block ``i`` goes: a device, or None to leave it on the meta device (another process holds it)."""
+
+_placement: ContextVar[Placement | None] = ContextVar("placement", default=None)
+
+
+@contextmanager
+def placed(where: Placement) -> Iterator[None]:
+    """Within this context, ``DeferredBlocks.materialize()`` puts block ``i`` on ``where(i)``."""
+    token = _placement.set(where)
+    try:
+        yield
+    finally:
+        _placement.reset(token)
+
+
+def is_materialized(module: nn.Module) -> bool:
+    """True unless a parameter or buffer of ``module`` is on the meta device."""
+    return not any(tensor.is_meta for tensor in (*module.parameters(), *module.buffers()))
+
+
+class DeferredBlocks(nn.Sequential):
+    """An ``nn.Sequential`` of blocks built by ``factories``, on the meta device until materialised.
+
+    Args:
+        factories: one function per block, each building that block (on the current default device).
+        seed: block ``i`` is built under ``torch.manual_seed(seed + i)``; default one drawn from
+            torch's global generator, so that ``seed_everything`` fixes it.
+    """
+
+    def __init__(self, factories: Sequence[BlockFactory], seed: int | None = None) -> None:
+        with torch.device("meta"):
+            super().__init__(*(factory() for factory in factories))
+        self.factories = list(factories)
+        self.seed = int(torch.randint(0, 2**62, (), device="cpu").item()) if seed is None else seed
+        self._complete = False  # every block built: checked in forward, where a loop over tensors would cost
+
+    def build(self, index: int) -> nn.Module:
+        """A new copy of block ``index`` with its initial weights, on the CPU (whatever the default device)."""
+        with torch.random.fork_rng(devices=[]), torch.device("cpu"):
+            torch.manual_seed(self.seed + index)
+            return self.factories[index]()
+
+    @property
+    def pending(self) -> list[int]:
+        """Indices of the blocks still on the meta device."""
+        return [index for index, block in enumerate(self) if not is_materialized(block)]
+
+    def materialize(self) -> None:
+        """Build every block still on the meta device, one at a time, where ``placed()`` says."""
+        where = _placement.get() or (lambda index: torch.get_default_device())
+        devices = [where(index) for index in range(len(self))]
+        for index in self.pending:
+            if devices[index] is not None and devices[index].type != "meta":  # meta: shapes only, as asked
+                self[index] = self.build(index).to(devices[index])
+        self._complete = None not in devices
+
+    @override
+    def __getitem__(self, index: int | slice) -> nn.Module:
+        if isinstance(index, slice):  # a stage: a plain Sequential that shares the blocks
+            return nn.Sequential(OrderedDict(list(self._modules.items())[index]))
+        return super().__getitem__(index)
+
+    @override
+    def forward(self, x: Tensor) -> Tensor:
+        if not self._complete:
+            raise RuntimeError(
+                f"blocks {self.pending} of the network are not built yet: call the LightningModule's "
+                "configure_model() first (a Trainer does)."
+            )
+        return super().forward(x)

@@ -1,0 +1,117 @@
+"""One batch through one process's pipeline stage: the schedule's step, and the output every stage gets."""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch.plugins import Precision
+from torch import Tensor, nn
+from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+
+from multigpu.errors import UsageError
+
+__all__ = ["Replay", "StageRunner"]
+
+
+class Replay(nn.Module):
+    """Stands in for the network: returns the pipeline's output for the batch it was computed on."""
+
+    def __init__(self, output: Tensor) -> None:
+        super().__init__()
+        self.output = output
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.output
+
+
+class StageRunner:
+    """Runs batches through ``schedule`` on this process's ``stage_module``.
+
+    Shapes are fixed by the first batch: a smaller evaluation batch is padded and the
+    padding's output dropped. The last stage's output (the logits) is broadcast to the
+    other stages of the pipeline, so that every process runs the LightningModule's step on it.
+    The gradients the schedule computes are kept apart until ``take_gradients``: Lightning
+    zeroes the gradients between ``training_step``, where the schedule runs, and ``backward``.
+    """
+
+    def __init__(
+        self,
+        schedule: PipelineScheduleSingle,
+        stage_module: nn.Module,
+        stage_index: int,
+        num_stages: int,
+        last_rank: int,
+        group: dist.ProcessGroup,
+        device: torch.device,
+        precision_plugin: Precision,
+    ) -> None:
+        self.schedule = schedule
+        self.stage_module = stage_module
+        self.is_first, self.is_last = stage_index == 0, stage_index == num_stages - 1
+        self.last_rank = last_rank
+        self.group = group
+        self.device = device
+        self.precision_plugin = precision_plugin
+        self.batch_size: int | None = None
+        self._output_width: int | None = None
+        self._held_grads: list[tuple[nn.Parameter, Tensor | None]] = []
+
+    def run(self, batch: Any, train: bool) -> Tensor:
+        """Run the batch through the pipeline; every stage gets the last stage's output."""
+        x, y = batch[0], batch[1]
+        size = len(x)
+        if self.batch_size is None:
+            self.batch_size = size
+        if size > self.batch_size or (train and size != self.batch_size):
+            raise UsageError(
+                f"pipeline shapes are fixed by the first batch ({self.batch_size} images), but a batch has {size}: "
+                "drop the last training batch (drop_last) and keep one batch size."
+            )
+        if size < self.batch_size:  # a last evaluation batch: pad it, and drop the padding's output
+            pad = self.batch_size - size
+            x = torch.cat([x, x[-1:].expand(pad, *x.shape[1:])])
+            y = torch.cat([y, y[-1:].expand(pad)])
+        inputs = (x,) if self.is_first else ()
+        target = y if self.is_last else None
+        with self.precision_plugin.forward_context():
+            if train:
+                with self._gradients_held():
+                    output = self.schedule.step(*inputs, target=target)
+            else:  # forward only; inference tensors would end up in the stage's buffers
+                with torch.inference_mode(False), torch.no_grad():
+                    output = self.schedule.eval(*inputs, target=target)
+        return self._share_output(output)[:size]
+
+    def _share_output(self, output: Tensor | None) -> Tensor:
+        if self._output_width is None:
+            width = torch.tensor([output.shape[1] if self.is_last else 0], device=self.device)
+            dist.broadcast(width, src=self.last_rank, group=self.group)
+            self._output_width = int(width.item())
+        if self.is_last:
+            shared = output.detach().float().contiguous()
+        else:
+            shared = torch.empty(self.batch_size, self._output_width, device=self.device)
+        dist.broadcast(shared, src=self.last_rank, group=self.group)
+        return shared
+
+    @contextmanager
+    def _gradients_held(self) -> Iterator[None]:
+        params = [param for param in self.stage_module.parameters() if param.requires_grad]
+        earlier = [param.grad for param in params]
+        for param in params:
+            param.grad = None
+        try:
+            yield
+        finally:
+            self._held_grads = [(param, param.grad) for param in params]
+            for param, grad in zip(params, earlier):
+                param.grad = grad
+
+    def take_gradients(self) -> None:
+        """Add the gradients of the last training step's schedule to the parameters' own."""
+        for param, grad in self._held_grads:
+            if grad is not None:
+                param.grad = grad if param.grad is None else param.grad + grad
+        self._held_grads = []

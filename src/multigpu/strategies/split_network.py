@@ -1,0 +1,84 @@
+"""What the strategies that split the network into stages share (``manual_model_parallel``, ``pipeline``).
+
+Each block of ``pl_module.net`` goes straight to the device of its stage, or to none in
+a process that does not hold its stage: a network built as ``DeferredBlocks`` is
+materialised block by block in ``configure_model`` (see ``multigpu.deferred_blocks``),
+and any other network is moved block by block, its foreign blocks to the meta device.
+The whole network is never on one device, and optimizer state exists only for the
+parameters a process holds.
+"""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.strategies import DDPStrategy
+from torch import nn
+from torch.optim import Optimizer
+from typing_extensions import override
+
+from multigpu.deferred_blocks import is_materialized, placed
+from multigpu.strategies.network_lookup import block_sequence
+
+__all__ = ["SplitNetworkStrategy"]
+
+META = torch.device("meta")
+
+
+@contextmanager
+def _net_set_aside(pl_module: LightningModule) -> Iterator[nn.Module]:
+    """The LightningModule without its network, which the context yields."""
+    net = pl_module._modules.pop("net")
+    try:
+        yield net
+    finally:
+        pl_module._modules["net"] = net
+
+
+class SplitNetworkStrategy(DDPStrategy):
+    """A DDP-launched strategy that places each block of the network itself (see the module's docstring)."""
+
+    def block_devices(self) -> list[torch.device | None]:
+        """The device of each block in this process; None for the blocks other processes hold."""
+        raise NotImplementedError
+
+    @contextmanager
+    @override
+    def model_sharded_context(self) -> Iterator[None]:
+        devices = self.block_devices()
+        with placed(devices.__getitem__):
+            yield
+
+    @override
+    def model_to_device(self) -> None:
+        pl_module = self.lightning_module
+        blocks = block_sequence(pl_module, self.strategy_name)
+        devices = self.block_devices()
+        with _net_set_aside(pl_module):
+            pl_module.to(self.root_device)  # metrics, loss and any other state: where the step runs
+        for block, device in zip(blocks, devices, strict=True):
+            block.to(META if device is None else device)
+
+    @override
+    def load_optimizer_state_dict(self, checkpoint: dict[str, Any]) -> None:
+        # Lightning's version moves all optimizer state to the root device. Here each state stays on its
+        # parameter's device, where ``Optimizer.load_state_dict`` puts it, and none is kept for the
+        # parameters of another process's stage (``load_state_dict`` put theirs on the meta device).
+        optimizers: list[Optimizer] = self.optimizers
+        for optimizer, state in zip(optimizers, checkpoint["optimizer_states"]):
+            optimizer.load_state_dict(state)
+            for param in [param for param in optimizer.state if param.is_meta]:
+                del optimizer.state[param]
+
+    @override
+    def teardown(self) -> None:
+        pl_module = self.lightning_module
+        if pl_module is None or not isinstance(getattr(pl_module, "net", None), nn.Sequential):
+            return super().teardown()
+        with _net_set_aside(pl_module) as net:  # Lightning moves the module to the CPU, which meta blocks refuse
+            super().teardown()
+        for block in net:
+            if is_materialized(block):
+                block.cpu()
