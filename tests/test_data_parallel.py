@@ -14,6 +14,7 @@ from strategy_training import TinyBlocks
 
 def test_wrapped_network_saves_and_loads_plain_state_dicts():
     model = ResNet50Classifier(stem="imagenet")
+    model.configure_model()
     plain = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     # DataParallel takes no device list without CUDA, and needs one with it; nothing runs forward here.
     model.net = TransparentDataParallel(model.net, device_ids=[0] if torch.cuda.is_available() else [], output_device=None)

@@ -91,6 +91,16 @@ class DeferredBlocks(nn.Sequential):
         return super().__getitem__(index)
 
     @override
+    def _apply(self, fn: Callable, recurse: bool = True) -> "DeferredBlocks":
+        # Blocks not built (yet, or in this process) are placeholders: moves to a device or dtype pass them
+        # by, so that Lightning may move the module (to the CPU at teardown, say) whatever is built.
+        if recurse:
+            for block in self:
+                if is_materialized(block):
+                    block._apply(fn)
+        return self
+
+    @override
     def forward(self, x: Tensor) -> Tensor:
         if not self._complete:
             raise RuntimeError(

@@ -19,6 +19,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
 from multigpu.errors import UsageError, check_at_least
+from multigpu.activation_checkpointing import checkpoint_blocks
 from multigpu.deferred_blocks import DeferredBlocks
 from multigpu.network import Stem, resnet50_block_factories
 from multigpu.replicas import data_parallel_size
@@ -31,7 +32,8 @@ SCHEDULE_NEEDS_AN_END = "the cosine schedule needs an end: set --trainer.max_epo
 
 
 def check_recipe(
-    base_lr: float, momentum: float, nesterov: bool, weight_decay: float, warmup_epochs: float, label_smoothing: float
+    base_lr: float, momentum: float, nesterov: bool, weight_decay: float, warmup_epochs: float, label_smoothing: float,
+    activation_checkpointing: bool, compile: bool | dict[str, Any],
 ) -> None:
     """Refuse optimizer and loss settings that mean nothing, in one line each (the CLI calls it before it
     builds anything, the model when it is built)."""
@@ -41,6 +43,11 @@ def check_recipe(
     check_at_least("model.label_smoothing", label_smoothing, 0, below=1)
     if nesterov and momentum == 0:
         raise UsageError("model.nesterov=true needs model.momentum above 0: add --model.nesterov=false for plain SGD.")
+    if activation_checkpointing and compile:
+        raise UsageError(
+            "model.activation_checkpointing=true does not run under model.compile (torch.compile refuses the "
+            "checkpoint's context_fn, which keeps BatchNorm's statistics exact): drop one of them."
+        )
 
 
 class ResNet50Classifier(LightningModule):
@@ -59,6 +66,9 @@ class ResNet50Classifier(LightningModule):
         warmup_epochs: epochs of linear warm-up before the cosine decay.
         label_smoothing: label smoothing of the cross-entropy loss.
         channels_last: keep the network and its inputs in channels-last memory format.
+        activation_checkpointing: recompute each block's forward pass during the backward pass
+            instead of keeping its activations (``multigpu.activation_checkpointing``), under
+            every strategy: same gradients, less activation memory, about one more forward pass.
         compile: run the network through ``torch.compile``: ``true``, or a mapping of its
             keyword arguments such as ``{mode: max-autotune}``. Shapes are static unless it
             says ``dynamic``. Parameter names do not change, so checkpoints stay
@@ -78,10 +88,12 @@ class ResNet50Classifier(LightningModule):
         warmup_epochs: float = 2.0,
         label_smoothing: float = 0.0,
         channels_last: bool = False,
+        activation_checkpointing: bool = False,
         compile: bool | dict[str, Any] = False,
     ) -> None:
         super().__init__()
-        check_recipe(base_lr, momentum, nesterov, weight_decay, warmup_epochs, label_smoothing)
+        check_recipe(base_lr, momentum, nesterov, weight_decay, warmup_epochs, label_smoothing,
+                     activation_checkpointing, compile)
         self.save_hyperparameters()
         # On the meta device until configure_model, where the strategy places each block (deferred_blocks).
         self.net = DeferredBlocks(resnet50_block_factories(num_classes, stem))
@@ -100,6 +112,8 @@ class ResNet50Classifier(LightningModule):
         self.net.materialize()
         if self.hparams.channels_last:
             self.net.to(memory_format=torch.channels_last)
+        if self.hparams.activation_checkpointing:
+            checkpoint_blocks(self.net)
         compile_options = self.hparams.compile
         if compile_options and not self._compiled:
             options = {} if compile_options is True else dict(compile_options)

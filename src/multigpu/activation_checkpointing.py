@@ -1,0 +1,74 @@
+"""Activation checkpointing, applied to a network's blocks from outside the network.
+
+``checkpoint_blocks(net)`` makes each block of an ``nn.Sequential`` run its forward pass
+under ``torch.utils.checkpoint`` (non-reentrant) while gradients are recorded: only the
+block's input is kept, and the block's forward pass runs again during the backward pass
+to recompute what the gradients need. Activation memory then scales with the number of
+blocks' inputs rather than with every intermediate tensor, for about one more forward pass.
+
+It changes no maths: the recomputation gives the same values, so the gradients are the
+same bit for bit. The one side effect a recomputation would have, a second update of
+BatchNorm's running statistics, is undone: BatchNorm's buffers are put back as they
+were after the first pass.
+
+The block keeps its module, its parameters and their names (its class becomes a subclass
+that wraps ``forward``), so state dicts, strategies and ``DataParallel`` see the same network.
+"""
+
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from functools import cache
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.utils.checkpoint import checkpoint
+
+__all__ = ["checkpoint_blocks", "is_checkpointed"]
+
+
+@contextmanager
+def _running_statistics_kept(module: nn.Module) -> Iterator[None]:
+    """BatchNorm's buffers come out of the context as they went in.
+
+    The recomputation must run the same operations as the first pass (the checkpoint
+    checks the tensors it saves), so BatchNorm updates its buffers, and they are put back.
+    The buffers are written through ``.data``: autograd keeps them for the backward pass,
+    which in training mode does not read them, and must not see a new version.
+    """
+    buffers = [buffer for norm in module.modules() if isinstance(norm, _BatchNorm) for buffer in norm.buffers()]
+    kept = [buffer.clone() for buffer in buffers]
+    try:
+        yield
+    finally:
+        for buffer, value in zip(buffers, kept):
+            buffer.data.copy_(value)
+
+
+class _Checkpointed(nn.Module):
+    """Mixed into a block's class: its forward pass is checkpointed while gradients are recorded."""
+
+    def forward(self, *args: Any) -> Any:
+        forward = super().forward
+        if not torch.is_grad_enabled():
+            return forward(*args)
+        return checkpoint(
+            forward, *args, use_reentrant=False, context_fn=lambda: (nullcontext(), _running_statistics_kept(self))
+        )
+
+
+@cache
+def _checkpointed_class(cls: type[nn.Module]) -> type[nn.Module]:
+    return type(f"Checkpointed{cls.__name__}", (_Checkpointed, cls), {})
+
+
+def is_checkpointed(block: nn.Module) -> bool:
+    return isinstance(block, _Checkpointed)
+
+
+def checkpoint_blocks(net: nn.Sequential) -> None:
+    """Checkpoint the activations of every block of ``net`` (in place; again is a no-op)."""
+    for block in net:
+        if not is_checkpointed(block):
+            block.__class__ = _checkpointed_class(type(block))
