@@ -11,16 +11,20 @@ process uses one thread: the order of a convolution's sums then does not depend 
 the thread count, and the results can be compared bit for bit.
 """
 
+import json
 import sys
+from functools import partial
+from pathlib import Path
 
 import torch
-from lightning.pytorch import LightningModule, Trainer, seed_everything
+from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from multigpu.datasets import SyntheticCIFAR10
+from multigpu.deferred_blocks import DeferredBlocks, is_materialized
 from multigpu.model import ResNet50Classifier
-from multigpu.strategies import ManualModelParallelStrategy, PipelineStrategy
+from multigpu.strategies import DataParallelStrategy, ManualModelParallelStrategy, PipelineStrategy
 
 STEPS = 4
 
@@ -47,15 +51,73 @@ class TinyBlocks(LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
 
 
+BUILT: list[int] = []  # the blocks this process built for real, in order
+
+
+def _factory_block(index: int) -> nn.Module:
+    if torch.get_default_device().type != "meta":
+        BUILT.append(index)
+    return nn.Sequential(nn.Linear(8 if index == 0 else 32, 4 if index == 7 else 32), nn.Tanh())
+
+
+class FactoryBlocks(TinyBlocks):
+    """Eight blocks built by a factory (``DeferredBlocks``), each only where the strategy places it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = DeferredBlocks([partial(_factory_block, index) for index in range(8)])
+
+    def configure_model(self) -> None:
+        self.net.materialize()
+
+
+class HeldBlocks(Callback):
+    """At each hook, records which blocks this process holds: built parameters, gradients, optimizer state.
+
+    Writes ``OUT.rank<r>.json``: the hooks seen and, for each, the blocks held; fails the run
+    if a gradient or an optimizer state ever belongs to a block this process does not hold.
+    """
+
+    HOOKS = ("setup", "on_fit_start", "on_train_batch_start", "on_before_backward", "on_after_backward",
+             "on_before_optimizer_step", "on_train_batch_end", "on_train_epoch_end", "on_fit_end", "teardown")
+
+    def __init__(self, out: str) -> None:
+        self.out, self.seen = out, []
+        for hook in self.HOOKS:
+            setattr(self, hook, partial(self._record, hook))
+
+    def _record(self, hook: str, trainer: Trainer, pl_module: LightningModule, *args, **kwargs) -> None:
+        blocks = pl_module.net
+        held = [index for index, block in enumerate(blocks) if is_materialized(block)]
+        owner = {id(param): index for index, block in enumerate(blocks) for param in block.parameters()}
+        with_grad = {owner[id(p)] for p in pl_module.parameters() if p.grad is not None}
+        with_state = {owner[id(p)] for optimizer in trainer.optimizers for p in optimizer.state}
+        if not with_grad | with_state <= set(held):
+            raise AssertionError(f"{hook}: gradients or optimizer state of blocks {with_grad | with_state} not held")
+        devices = [str(next(block.parameters()).device) for block in blocks]
+        self.seen.append({"hook": hook, "held": held, "devices": devices, "built": list(BUILT)})
+        Path(f"{self.out}.rank{trainer.global_rank}.json").write_text(json.dumps(self.seen))
+
+
+def factory(batch_size: int) -> tuple[LightningModule, TensorDataset]:
+    return FactoryBlocks(), tiny(batch_size)[1]
+
+
 def tiny(batch_size: int) -> tuple[LightningModule, TensorDataset]:
     generator = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(64, 8, generator=generator), torch.randint(0, 4, (64,), generator=generator))
     return TinyBlocks(), data
 
 
-def resnet(batch_size: int) -> tuple[LightningModule, SyntheticCIFAR10]:
+def resnet(batch_size: int, activation_checkpointing: bool = False) -> tuple[LightningModule, SyntheticCIFAR10]:
     """ResNet-50 with BatchNorm; the ImageNet stem keeps it fast on a CPU."""
-    return ResNet50Classifier(batch_size=batch_size, stem="imagenet", warmup_epochs=0), SyntheticCIFAR10(64, seed=1)
+    model = ResNet50Classifier(batch_size=batch_size, stem="imagenet", warmup_epochs=0,
+                               activation_checkpointing=activation_checkpointing)
+    return model, SyntheticCIFAR10(64, seed=1)
+
+
+checkpointed = partial(resnet, activation_checkpointing=True)
+ACCUMULATED = {"accumulate_grad_batches": 2}
 
 
 # Under bf16 with clipping by a norm the gradients exceed, and two accumulated batches.
@@ -74,6 +136,19 @@ SETUPS = {
     "resnet_accumulated": (resnet, "auto", 1, 4, {"accumulate_grad_batches": 2}),
     "resnet_pipe_gpipe": (resnet, lambda: PipelineStrategy(micro_batches=2, schedule="gpipe", balance=[6, 12]), 2, 8, {}),
     "resnet_pipe_1f1b": (resnet, lambda: PipelineStrategy(micro_batches=2, schedule="1f1b", balance=[6, 12]), 2, 8, {}),
+    # Activation checkpointing: against the same training without it.
+    "resnet_accumulated_checkpointed": (checkpointed, "auto", 1, 4, ACCUMULATED),
+    "resnet_dp_checkpointed": (checkpointed, DataParallelStrategy, 1, 4, ACCUMULATED),
+    "resnet_mmp": (resnet, lambda: ManualModelParallelStrategy(balance=[6, 12]), 2, 4, ACCUMULATED),
+    "resnet_mmp_checkpointed": (checkpointed, lambda: ManualModelParallelStrategy(balance=[6, 12]), 2, 4, ACCUMULATED),
+    "resnet_pipe_1f1b_checkpointed": (
+        checkpointed, lambda: PipelineStrategy(micro_batches=2, schedule="1f1b", balance=[6, 12]), 2, 8, {}),
+    "resnet_ddp": (resnet, "ddp", 2, 2, ACCUMULATED),
+    "resnet_ddp_checkpointed": (checkpointed, "ddp", 2, 2, ACCUMULATED),
+    # A network built by a factory, block by block where the strategy places it.
+    "factory_single": (factory, "auto", 1, 16, {}),
+    "factory_mmp": (factory, lambda: ManualModelParallelStrategy(balance_by="params"), 2, 16, {}),
+    "factory_pipe": (factory, lambda: PipelineStrategy(micro_batches=4, balance_by="params"), 2, 16, {}),
 }
 
 
@@ -85,7 +160,8 @@ def main(name: str, out: str) -> None:
     trainer = Trainer(
         accelerator="cpu", devices=devices, strategy=strategy() if callable(strategy) else strategy,
         max_steps=STEPS, limit_val_batches=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, use_distributed_sampler=False, **trainer_arguments,
+        enable_model_summary=False, use_distributed_sampler=False, callbacks=[HeldBlocks(out)] if build is factory else [],
+        **trainer_arguments,
     )
     replicas = trainer.strategy.distributed_sampler_kwargs if trainer.world_size > 1 else {}
     shard = DistributedSampler(data, num_replicas=replicas.get("num_replicas", 1), rank=replicas.get("rank", 0), shuffle=False)

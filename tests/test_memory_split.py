@@ -1,0 +1,69 @@
+"""Model and pipeline parallel split the memory: each block is built only where it is trained.
+
+A network built by a factory (``DeferredBlocks``) trains under ``pipeline`` and
+``manual_model_parallel`` like one device, while a callback records at every hook which
+blocks each process holds, and the factory records which blocks each process built.
+"""
+
+import json
+
+import pytest
+import torch
+
+from strategy_training import HeldBlocks
+
+EVERY_HOOK = set(HeldBlocks.HOOKS)
+
+
+def _records(train_setup, tmp_path_factory, setup: str, ranks: int) -> list[list[dict]]:
+    train_setup(setup)
+    folder = next(path for path in tmp_path_factory.getbasetemp().glob("strategy_training*"))
+    return [json.loads((folder / f"{setup}.pt.rank{rank}.json").read_text()) for rank in range(ranks)]
+
+
+@pytest.mark.parametrize("setup", ["factory_pipe", "factory_mmp"])
+def test_a_factory_network_trains_like_one_device(setup, train_setup):
+    reference, split = train_setup("factory_single"), train_setup(setup)
+    assert split.keys() == reference.keys()
+    for name, tensor in split.items():
+        torch.testing.assert_close(tensor, reference[name], rtol=0, atol=1e-6, msg=name)
+
+
+def test_no_pipeline_process_ever_builds_or_holds_another_stage(train_setup, tmp_path_factory):
+    stages = [range(0, 4), range(4, 8)]  # balance by parameters: 4 equal blocks each, save the narrower ends
+    timed = list(range(8))  # rank 0 times every block for the split table, each on a copy of its own, one at a time
+    for rank, records in enumerate(_records(train_setup, tmp_path_factory, "factory_pipe", ranks=2)):
+        assert {record["hook"] for record in records} == EVERY_HOOK
+        assert records[0]["held"] == [] and records[0]["built"] == []  # setup: nothing built before configure_model
+        for record in records[1:]:
+            assert record["held"] == list(stages[rank]), record  # never a block of the other stage
+            # Each of its own blocks built once, no other (save rank 0's timing copies).
+            assert record["built"] == (timed if rank == 0 else []) + list(stages[rank]), record
+            assert all((device == "meta") != (index in stages[rank]) for index, device in enumerate(record["devices"]))
+
+
+def test_model_parallel_builds_each_block_once_where_it_goes(train_setup, tmp_path_factory):
+    (records,) = _records(train_setup, tmp_path_factory, "factory_mmp", ranks=1)
+    assert {record["hook"] for record in records} == EVERY_HOOK
+    for record in records[1:]:
+        # Built once each, straight into place: never the whole network first, then moved.
+        # (the first 8: the timing copies, one at a time).
+        assert record["built"] == list(range(8)) * 2 and record["held"] == list(range(8)), record
+
+
+@pytest.mark.parametrize(
+    ("setup", "reference"),
+    [
+        ("resnet_accumulated_checkpointed", "resnet_accumulated"),
+        ("resnet_dp_checkpointed", "resnet_accumulated"),
+        ("resnet_mmp_checkpointed", "resnet_mmp"),  # (one process of 2 threads: its own sums)
+        ("resnet_pipe_1f1b_checkpointed", "resnet_accumulated"),
+        ("resnet_ddp_checkpointed", "resnet_ddp"),
+    ],
+)
+def test_activation_checkpointing_changes_no_bit(setup, reference, train_setup):
+    """Parameters, BatchNorm statistics and counters after 4 steps, bit for bit (one thread per process)."""
+    checkpointed, plain = train_setup(setup), train_setup(reference)
+    assert checkpointed.keys() == plain.keys()
+    for name, tensor in checkpointed.items():
+        assert torch.equal(tensor, plain[name]), name
