@@ -79,19 +79,26 @@ def default_configs(cuda: bool) -> list[str]:
     return ["plain", "app", "ddp", "pipeline"]
 
 
-def run(command: list[str], out: Path, threads: int | None, log: Path) -> dict:
-    """Run one configuration's command; its figures from ``out`` and its ranks' ``out.rankN`` files."""
+def launch(command: list[str], out: Path, threads: int | None, log: Path) -> list:
+    """Run one configuration's command (callbacks from this folder importable), its output in ``log``;
+    return what its ranks wrote to ``out.rankN``, in rank order."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     if threads is not None:  # the CPU
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     with open(log, "w") as file:
         returncode = subprocess.run(command, cwd=REPO, env=env, stdout=file, stderr=subprocess.STDOUT).returncode
-    if returncode or not out.exists():
+    ranks = sorted(out.parent.glob(out.name + ".rank*"), key=lambda path: int(path.name.rsplit("rank", 1)[1]))
+    if returncode or not ranks:
         tail = log.read_text()[-3000:]
         sys.exit(f"error: {' '.join(command)} failed (exit {returncode}); the end of its output:\n{tail}")
+    return [json.loads(path.read_text()) for path in ranks]
+
+
+def run(command: list[str], out: Path, threads: int | None, log: Path) -> dict:
+    """Run one configuration's command; its figures from ``out`` and its ranks' ``out.rankN`` files."""
+    peaks = launch(command, out, threads, log)
     figures = json.loads(out.read_text())
-    ranks = sorted(out.parent.glob(out.name + ".rank*"), key=lambda path: int(path.name.rsplit("rank", 1)[1]))
-    figures["peak_memory_bytes"] += [json.loads(path.read_text()) for path in ranks]
+    figures["peak_memory_bytes"] += peaks
     return figures
 
 
@@ -103,19 +110,24 @@ def command(config: Config, args: argparse.Namespace, folder: Path) -> list[str]
                 f"--batch-size={args.batch_size}", f"--steps={args.steps}",
                 f"--warmup={args.warmup}", f"--precision={precision}", f"--stem={args.stem}", f"--out={out}",
                 f"--workers={args.workers}", *config.plain]
-    steps = args.warmup + args.steps
+    options = [*(FAST if config.fast else []), *config.app,
+               # Appended, so that the callbacks of a config file (fast.yaml's progress bar) stay.
+               "--trainer.callbacks+=step_timer.StepTimer", f"--trainer.callbacks.warmup={args.warmup}",
+               f"--trainer.callbacks.out={out}"]
+    return fit_command(config.name, folder, args, args.warmup + args.steps, args.processes, precision, options)
+
+
+def fit_command(name: str, folder: Path, args: argparse.Namespace, steps: int, processes: int, precision: str,
+                options: list[str]) -> list[str]:
+    """``main.py fit`` for ``steps`` optimizer steps on synthetic data, with ``options`` appended."""
     return [
         sys.executable, str(REPO / "main.py"), "fit", "--data.synthetic=true",
-        f"--data.synthetic_size={args.batch_size * args.processes * (steps + 1)}", f"--data.batch_size={args.batch_size}",
+        f"--data.synthetic_size={args.batch_size * processes * (steps + 1)}", f"--data.batch_size={args.batch_size}",
         f"--trainer.accelerator={'cuda' if args.cuda else 'cpu'}",
         f"--data.num_workers={args.workers if args.cuda else 0}", f"--trainer.max_steps={steps}",
         "--trainer.limit_val_batches=0", f"--trainer.precision={precision}", f"--model.stem={args.stem}",
-        "--model.warmup_epochs=0", *(FAST if config.fast else []), f"--run_name=bench-{config.name}",
-        f"--checkpoint_root={folder / 'checkpoints'}", f"--trainer.default_root_dir={folder / 'logs'}",
-        *config.app,
-        # Appended, so that the callbacks of a config file (fast.yaml's progress bar) stay.
-        "--trainer.callbacks+=step_timer.StepTimer", f"--trainer.callbacks.warmup={args.warmup}",
-        f"--trainer.callbacks.out={out}",
+        "--model.warmup_epochs=0", f"--run_name=bench-{name}",
+        f"--checkpoint_root={folder / 'checkpoints'}", f"--trainer.default_root_dir={folder / 'logs'}", *options,
     ]
 
 

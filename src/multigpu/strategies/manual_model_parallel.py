@@ -141,6 +141,12 @@ class ManualModelParallelStrategy(SplitNetworkStrategy):
             self._block_devices = [device for count, device in zip(self._balance, devices) for _ in range(count)]
         return self._block_devices
 
+    @property
+    def stage_blocks(self) -> list[range]:
+        """The block indices of each stage of this process's replica, once the split is chosen."""
+        starts = [sum(self._balance[:stage]) for stage in range(len(self._balance))]
+        return [range(start, start + count) for start, count in zip(starts, self._balance)]
+
     @override
     def model_to_device(self) -> None:
         super().model_to_device()  # each block straight to its stage's device

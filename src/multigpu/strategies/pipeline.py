@@ -150,6 +150,11 @@ class PipelineStrategy(SplitNetworkStrategy):
             if stage == self.stage_index:
                 self._stage_group = group
 
+    @property
+    def stage_blocks(self) -> list[range]:
+        """The block indices of this process's stage (a list of one, as ``manual_model_parallel`` lists its stages)."""
+        return [self._stage_blocks]
+
     def _pipe_rank(self, stage: int) -> int:
         """Global rank of ``stage`` in this process's pipeline."""
         return self.replica_index * self.num_stages + stage

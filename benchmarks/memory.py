@@ -1,0 +1,112 @@
+"""Memory of each way to split ResNet-50: what each process and each stage holds, and each process's peak.
+
+    python benchmarks/memory.py                    # every layout below, ~15 minutes on 2 cores
+    python benchmarks/memory.py --layouts one-device pipeline-2
+
+Each layout trains ``--steps`` optimizer steps of ResNet-50 on synthetic CIFAR-sized images
+at the recipe's batch (128 per process) through ``main.py fit``, without and with
+``--model.activation_checkpointing``. Model parallel and pipeline split by parameter count
+(``balance_by: params``), save the ``-time`` layouts, which split by measured time. The table
+shows, for each stage:
+
+    params / grads / optimizer   MiB of parameters, gradients and SGD momentum it holds, counted
+                                 from the tensors before the last step's optimizer step
+    held                         their sum
+    vs ddp                       held over what one ddp process holds (the whole network's)
+    peak MiB                     the process's peak memory (CUDA: allocated; CPU: resident, which
+                                 includes Python, torch and the data), once per process
+
+and writes the figures to ``<out>/memory.json``. Launching and reading the runs is
+``throughput.py``'s; the counting is ``held_bytes.HeldBytes``.
+"""
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from throughput import REPO, fit_command, launch
+
+PARAMS = "--trainer.strategy.balance_by=params"
+LAYOUTS = {
+    "one-device": (1, []),
+    "ddp-2": (2, ["--trainer.strategy=ddp", "--trainer.devices=2"]),
+    "model-parallel-2": (1, ["--trainer.strategy=manual_model_parallel", "--trainer.devices=2", PARAMS]),
+    "model-parallel-4": (1, ["--trainer.strategy=manual_model_parallel", "--trainer.devices=4", PARAMS]),
+    "pipeline-2": (2, ["--trainer.strategy=pipeline", "--trainer.devices=2", PARAMS]),
+    "pipeline-4": (4, ["--trainer.strategy=pipeline", "--trainer.devices=4", PARAMS]),
+    "pipeline-2-time": (2, ["--trainer.strategy=pipeline", "--trainer.devices=2"]),
+    "pipeline-4-time": (4, ["--trainer.strategy=pipeline", "--trainer.devices=4"]),
+}
+CHECKPOINTED = ["--model.activation_checkpointing=true"]
+MIB = 2**20
+
+
+def measure(args: argparse.Namespace) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        for layout in args.layouts:
+            processes, options = LAYOUTS[layout]
+            for checkpointed in (False, True):
+                name = layout + ("+ckpt" if checkpointed else "")
+                out = folder / f"{name}.json"
+                extra = [*options, *(CHECKPOINTED if checkpointed else []),
+                         "--trainer.callbacks+=held_bytes.HeldBytes", f"--trainer.callbacks.out={out}"]
+                command = fit_command(name, folder, args, args.steps, processes, args.precision, extra)
+                ranks = launch(command, out, None if args.cuda else args.threads, folder / f"{name}.log")
+                rows.append({"layout": layout, "checkpointed": checkpointed, "ranks": ranks})
+                peaks = "/".join(f"{rank['peak'] / MIB:.0f}" for rank in ranks)
+                print(f"  {name}: peak {peaks} MiB", flush=True)
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    whole = next((row for row in rows if row["layout"] in ("ddp-2", "one-device")), None)
+    reference = sum(whole["ranks"][0]["stages"][0][key] for key in ("params", "grads", "optimizer")) if whole else None
+    print(f"\n| layout | ckpt | rank | stage blocks | params MiB | grads MiB | optimizer MiB | held MiB | vs ddp | peak MiB |")
+    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        for rank in row["ranks"]:
+            for index, stage in enumerate(rank["stages"]):
+                held = stage["params"] + stage["grads"] + stage["optimizer"]
+                ratio = f"{held / reference:.3f}" if reference else "-"
+                peak = f"{rank['peak'] / MIB:,.0f}" if index == 0 else ""
+                print(f"| {row['layout']} | {'yes' if row['checkpointed'] else 'no'} | {rank['rank']} | "
+                      f"{stage['blocks']} | {stage['params'] / MIB:.1f} | {stage['grads'] / MIB:.1f} | "
+                      f"{stage['optimizer'] / MIB:.1f} | {held / MIB:.1f} | {ratio} | {peak} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layouts", nargs="+", choices=list(LAYOUTS), default=list(LAYOUTS))
+    parser.add_argument("--accelerator", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument("--batch-size", type=int, default=128, help="per process (the recipe's)")
+    parser.add_argument("--steps", type=int, default=2, help="optimizer steps; counted before the last one's update")
+    parser.add_argument("--precision", choices=["32-true", "bf16-mixed"], default="32-true")
+    parser.add_argument("--stem", choices=["cifar", "imagenet"], default="cifar")
+    parser.add_argument("--threads", type=int, default=1, help="threads per process on the CPU")
+    parser.add_argument("--workers", type=int, default=8, help="loader workers on GPUs")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results", help="folder for the JSON")
+    args = parser.parse_args()
+    if args.steps < 2:
+        sys.exit("error: --steps must be at least 2: the optimizer state exists from the first step on.")
+    args.cuda = args.accelerator == "cuda" or (args.accelerator == "auto" and torch.cuda.is_available())
+    device = torch.cuda.get_device_name(0) if args.cuda else f"CPU, {os.cpu_count()} cores"
+    print(f"ResNet-50 ({args.stem} stem), batch {args.batch_size} per process, {args.precision}, {device}", flush=True)
+    rows = measure(args)
+    print_table(rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
+    machine = {"device": device, "torch": torch.__version__, "python": platform.python_version()}
+    (args.out / "memory.json").write_text(json.dumps({"machine": machine, "settings": settings, "results": rows}, indent=2))
+    print(f"\nwrote {args.out / 'memory.json'}")
+
+
+if __name__ == "__main__":
+    main()
