@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from multigpu.datasets import SyntheticCIFAR10
+from multigpu.deferred_batch_norm import defer_batch_norm
 from multigpu.deferred_blocks import DeferredBlocks, is_materialized
 from multigpu.model import ResNet50Classifier
 from multigpu.strategies import DataParallelStrategy, ManualModelParallelStrategy, PipelineStrategy
@@ -117,6 +118,19 @@ def resnet(batch_size: int, activation_checkpointing: bool = False) -> tuple[Lig
 
 
 checkpointed = partial(resnet, activation_checkpointing=True)
+
+
+class DeferredStatistics(ResNet50Classifier):
+    """One device with BatchNorm's running statistics of each whole step (2 accumulated batches)."""
+
+    def configure_model(self) -> None:
+        super().configure_model()
+        defer_batch_norm(self.net, chunks=2)
+
+
+def deferred(batch_size: int) -> tuple[LightningModule, SyntheticCIFAR10]:
+    model = DeferredStatistics(batch_size=batch_size, stem="imagenet", warmup_epochs=0)
+    return model, SyntheticCIFAR10(64, seed=1)
 ACCUMULATED = {"accumulate_grad_batches": 2}
 
 
@@ -143,6 +157,12 @@ SETUPS = {
     "resnet_mmp_checkpointed": (checkpointed, lambda: ManualModelParallelStrategy(balance=[6, 12]), 2, 4, ACCUMULATED),
     "resnet_pipe_1f1b_checkpointed": (
         checkpointed, lambda: PipelineStrategy(micro_batches=2, schedule="1f1b", balance=[6, 12]), 2, 8, {}),
+    # BatchNorm statistics of the whole batch: the pipeline against one device that defers them the same way.
+    "resnet_accumulated_deferred": (deferred, "auto", 1, 4, ACCUMULATED),
+    "resnet_pipe_deferred": (resnet, lambda: PipelineStrategy(micro_batches=2, balance=[6, 12], deferred_batch_norm=True),
+                             2, 8, {}),
+    "resnet_pipe_deferred_checkpointed": (
+        checkpointed, lambda: PipelineStrategy(micro_batches=2, balance=[6, 12], deferred_batch_norm=True), 2, 8, {}),
     "resnet_ddp": (resnet, "ddp", 2, 2, ACCUMULATED),
     "resnet_ddp_checkpointed": (checkpointed, "ddp", 2, 2, ACCUMULATED),
     # A network built by a factory, block by block where the strategy places it.

@@ -59,6 +59,7 @@ def test_model_parallel_builds_each_block_once_where_it_goes(train_setup, tmp_pa
         ("resnet_mmp_checkpointed", "resnet_mmp"),  # (one process of 2 threads: its own sums)
         ("resnet_pipe_1f1b_checkpointed", "resnet_accumulated"),
         ("resnet_ddp_checkpointed", "resnet_ddp"),
+        ("resnet_pipe_deferred_checkpointed", "resnet_pipe_deferred"),
     ],
 )
 def test_activation_checkpointing_changes_no_bit(setup, reference, train_setup):

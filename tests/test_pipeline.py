@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from conftest import SMOKE, cli_error, cli_main, run_args, run_cli
+from multigpu.deferred_batch_norm import defer_batch_norm
 
 
 @pytest.mark.parametrize("setup", ["pipe_gpipe", "pipe_1f1b", "pipe_2x2"])
@@ -89,3 +90,32 @@ def test_two_gpu_stages_over_nccl(precision, tmp_path):
     validate = run_cli("validate", "--config", SMOKE, "--trainer.accelerator=cuda", "--trainer.devices=2",
                        "--trainer.strategy=pipeline", "--ckpt_path=last", *run_args(tmp_path))
     assert validate.returncode == 0, validate.stdout
+
+
+def test_deferred_batch_norm_normalises_each_micro_batch_and_keeps_the_statistics_of_the_whole_batch():
+    torch.manual_seed(0)
+    plain, whole = torch.nn.BatchNorm2d(8), torch.nn.BatchNorm2d(8)
+    deferred = defer_batch_norm(torch.nn.Sequential(torch.nn.BatchNorm2d(8)), chunks=4)[0]
+    for _ in range(2):  # two steps of 4 micro-batches
+        x = torch.randn(16, 8, 5, 5) * 3 + 1
+        for micro_batch in x.chunk(4):
+            assert torch.equal(deferred(micro_batch), plain(micro_batch))  # normalised by its own statistics
+        whole(x)
+    assert deferred.num_batches_tracked == whole.num_batches_tracked == 2
+    torch.testing.assert_close(deferred.running_mean, whole.running_mean, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(deferred.running_var, whole.running_var, rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(plain.running_var, whole.running_var, rtol=1e-3)  # per micro-batch, they differ
+    assert deferred.state_dict().keys() == whole.state_dict().keys()
+
+
+def test_pipeline_with_deferred_batch_norm_equals_one_device_with_whole_batch_statistics(train_setup):
+    """Same parameters as without it; running statistics those of one device that defers them the same way."""
+    reference, deferred = train_setup("resnet_accumulated_deferred"), train_setup("resnet_pipe_deferred")
+    for name, tensor in deferred.items():
+        assert torch.equal(tensor, reference[name]), name
+    per_micro_batch = train_setup("resnet_pipe_1f1b")
+    statistics = [name for name in deferred if "running" in name or "num_batches" in name]
+    for name, tensor in deferred.items():
+        if name not in statistics:  # the forward and backward passes are those of plain BatchNorm
+            assert torch.equal(tensor, per_micro_batch[name]), name
+    assert all(not torch.equal(deferred[name], per_micro_batch[name]) for name in statistics)

@@ -17,6 +17,7 @@ that wraps ``forward``), so state dicts, strategies and ``DataParallel`` see the
 
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from contextvars import ContextVar
 from functools import cache
 from typing import Any
 
@@ -25,12 +26,19 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["checkpoint_blocks", "is_checkpointed"]
+__all__ = ["checkpoint_blocks", "is_checkpointed", "is_recomputing"]
+
+_recomputing: ContextVar[bool] = ContextVar("recomputing", default=False)
+
+
+def is_recomputing() -> bool:
+    """True while a checkpointed block runs its forward pass again, during the backward pass."""
+    return _recomputing.get()
 
 
 @contextmanager
-def _running_statistics_kept(module: nn.Module) -> Iterator[None]:
-    """BatchNorm's buffers come out of the context as they went in.
+def _recomputation(module: nn.Module) -> Iterator[None]:
+    """The second forward pass: ``is_recomputing()`` holds, and BatchNorm's buffers come out as they went in.
 
     The recomputation must run the same operations as the first pass (the checkpoint
     checks the tensors it saves), so BatchNorm updates its buffers, and they are put back.
@@ -39,9 +47,11 @@ def _running_statistics_kept(module: nn.Module) -> Iterator[None]:
     """
     buffers = [buffer for norm in module.modules() if isinstance(norm, _BatchNorm) for buffer in norm.buffers()]
     kept = [buffer.clone() for buffer in buffers]
+    token = _recomputing.set(True)
     try:
         yield
     finally:
+        _recomputing.reset(token)
         for buffer, value in zip(buffers, kept):
             buffer.data.copy_(value)
 
@@ -54,7 +64,7 @@ class _Checkpointed(nn.Module):
         if not torch.is_grad_enabled():
             return forward(*args)
         return checkpoint(
-            forward, *args, use_reentrant=False, context_fn=lambda: (nullcontext(), _running_statistics_kept(self))
+            forward, *args, use_reentrant=False, context_fn=lambda: (nullcontext(), _recomputation(self))
         )
 
 

@@ -34,6 +34,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from multigpu.deferred_batch_norm import defer_batch_norm
 from multigpu.errors import UsageError
 from multigpu.partition import BalanceBy, check_stage_count, choose_balance, split_table
 from multigpu.strategies.network_lookup import block_sequence, time_blocks
@@ -59,6 +60,9 @@ class PipelineStrategy(SplitNetworkStrategy):
         balance: blocks per stage, e.g. ``[9, 9]``.
         balance_by: without ``balance``, split by parameter count or measured time (see
             ``manual_model_parallel``).
+        deferred_batch_norm: BatchNorm's running statistics are those of each whole batch,
+            updated once per step, instead of those of each micro-batch (``DeferredBatchNorm``);
+            each micro-batch is still normalised by its own statistics.
         process_group_backend: default NCCL on CUDA, gloo on the CPU.
     """
 
@@ -71,6 +75,7 @@ class PipelineStrategy(SplitNetworkStrategy):
         schedule: Literal["gpipe", "1f1b"] = "1f1b",
         balance: list[int] | None = None,
         balance_by: BalanceBy = "time",
+        deferred_batch_norm: bool = False,
         process_group_backend: str | None = None,
     ) -> None:
         super().__init__(process_group_backend=process_group_backend)
@@ -85,6 +90,7 @@ class PipelineStrategy(SplitNetworkStrategy):
         self.schedule_name = schedule
         self.balance = balance
         self.balance_by = balance_by
+        self.deferred_batch_norm = deferred_batch_norm
         self._pipe_group: dist.ProcessGroup | None = None
         self._stage_group: dist.ProcessGroup | None = None
         self._stage_blocks: range | None = None
@@ -203,12 +209,14 @@ class PipelineStrategy(SplitNetworkStrategy):
         self.accelerator.setup(trainer)
         self.precision_plugin.convert_module(self.model)
         self.model_to_device()  # this process's blocks on its device, the others on the meta device
-        if trainer.state.fn == TrainerFn.FITTING:
-            self.setup_optimizers(trainer)
-        self.setup_precision_plugin()
         pl_module = self.lightning_module
         blocks = block_sequence(pl_module, self.strategy_name)
         self._stage_module = blocks[self._stage_blocks.start : self._stage_blocks.stop]
+        if self.deferred_batch_norm:
+            defer_batch_norm(self._stage_module, self.micro_batches)
+        if trainer.state.fn == TrainerFn.FITTING:
+            self.setup_optimizers(trainer)
+        self.setup_precision_plugin()
         # Processes that hold the same stage start from the same weights.
         for tensor in self._stage_module.state_dict().values():
             dist.broadcast(tensor, src=self.stage_index, group=self._stage_group)

@@ -1,0 +1,100 @@
+"""BatchNorm whose running statistics are those of the whole batch, not of the last micro-batch.
+
+A pipeline cuts each batch into micro-batches, and plain BatchNorm updates its running
+mean and variance once per micro-batch, from that micro-batch alone. ``DeferredBatchNorm``
+(after torchgpipe's deferred batch norm) still normalises each micro-batch by its own
+statistics during training, as plain BatchNorm does, so the forward and backward passes
+are unchanged; but it only accumulates the micro-batches' statistics, and after the
+``chunks``-th micro-batch updates the running statistics once, with the mean and the
+unbiased variance of the whole batch, as BatchNorm given the whole batch at once would.
+
+The micro-batches are combined with Chan et al.'s parallel formula (per micro-batch mean
+and sum of squared deviations), which is as stable as BatchNorm's own. The accumulators
+are not in the state dict: state dicts keep BatchNorm's keys, and checkpoints stay
+interchangeable with every other strategy.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from typing_extensions import override
+
+from multigpu.activation_checkpointing import is_recomputing
+
+__all__ = ["DeferredBatchNorm", "defer_batch_norm"]
+
+
+class DeferredBatchNorm(_BatchNorm):
+    """A BatchNorm layer that updates its running statistics once per ``chunks`` training micro-batches."""
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
+                 chunks: int = 1) -> None:
+        super().__init__(num_features, eps, momentum, affine, track_running_stats=True)
+        self.chunks = chunks
+        # Micro-batches so far, elements per feature, their mean, and their sum of squared deviations from it:
+        # buffers, which the pipeline stage's metadata inference (a real forward pass) backs up and restores.
+        self.register_buffer("_tracked", torch.zeros((), dtype=torch.long), persistent=False)
+        for name in ("_count", "_mean", "_squares"):
+            self.register_buffer(name, torch.zeros(num_features, dtype=torch.float64), persistent=False)
+
+    @override
+    def _check_input_dim(self, input: Tensor) -> None:
+        if input.dim() < 2:
+            raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
+
+    def _track(self, input: Tensor) -> None:
+        dims = [0, *range(2, input.dim())]
+        x = input.detach().double()
+        count = x.numel() // x.shape[1]
+        mean = x.mean(dims)
+        squares = (x - mean.view(1, -1, *[1] * (x.dim() - 2))).pow(2).sum(dims)
+        total = self._count + count
+        delta = mean - self._mean
+        self._squares += squares + delta.pow(2) * self._count * count / total
+        self._mean += delta * count / total
+        self._count.copy_(total)
+        self._tracked += 1
+
+    def _commit_when_complete(self) -> None:
+        """After the ``chunks``-th micro-batch, update the running statistics and start again; without
+        asking the device whether it is (no synchronisation): the update is weighted by 0 until then."""
+        complete = self._tracked == self.chunks
+        self.num_batches_tracked += complete.long()
+        if self.momentum is None:  # a cumulative average, as BatchNorm's
+            factor = complete.double() / self.num_batches_tracked.clamp(min=1).double()
+        else:
+            factor = complete.double() * self.momentum
+        variance = self._squares / (self._count - 1).clamp(min=1)  # unbiased, as BatchNorm's running_var
+        self.running_mean.mul_(1 - factor).add_((self._mean * factor).to(self.running_mean.dtype))
+        self.running_var.mul_(1 - factor).add_((variance * factor).to(self.running_var.dtype))
+        keep = ~complete
+        for buffer in (self._tracked, self._count, self._mean, self._squares):
+            buffer.mul_(keep)
+
+    @override
+    def forward(self, input: Tensor) -> Tensor:
+        if not self.training:
+            return super().forward(input)
+        if not is_recomputing():  # activation checkpointing's second pass was tracked the first time
+            with torch.no_grad():
+                self._track(input)
+                self._commit_when_complete()
+        return F.batch_norm(input, None, None, self.weight, self.bias, True, 0.0, self.eps)
+
+
+def defer_batch_norm(module: nn.Module, chunks: int) -> nn.Module:
+    """Replace every BatchNorm layer in ``module`` that tracks running statistics by a ``DeferredBatchNorm``
+    that commits every ``chunks`` micro-batches, in place; the new layers hold the same parameters and
+    buffers (the optimizer's parameters stay the ones it has). Returns ``module``."""
+    for name, child in module.named_children():
+        if isinstance(child, _BatchNorm) and child.track_running_stats and not isinstance(child, DeferredBatchNorm):
+            deferred = DeferredBatchNorm(child.num_features, child.eps, child.momentum, child.affine, chunks)
+            deferred.to(child.running_mean.device).train(child.training)
+            deferred.weight, deferred.bias = child.weight, child.bias
+            deferred.running_mean, deferred.running_var = child.running_mean, child.running_var
+            deferred.num_batches_tracked = child.num_batches_tracked
+            setattr(module, name, deferred)
+        else:
+            defer_batch_norm(child, chunks)
+    return module
