@@ -22,7 +22,6 @@ and writes the figures to ``<out>/memory.json``. Launching and reading the runs 
 
 import argparse
 import json
-import os
 import platform
 import sys
 import tempfile
@@ -30,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from throughput import REPO, fit_command, launch
+from throughput import add_run_options, fit_command, launch, where
 
 PARAMS = "--trainer.strategy.balance_by=params"
 LAYOUTS = {
@@ -85,19 +84,13 @@ def print_table(rows: list[dict]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layouts", nargs="+", choices=list(LAYOUTS), default=list(LAYOUTS))
-    parser.add_argument("--accelerator", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--batch-size", type=int, default=128, help="per process (the recipe's)")
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps; counted before the last one's update")
-    parser.add_argument("--precision", choices=["32-true", "bf16-mixed"], default="32-true")
-    parser.add_argument("--stem", choices=["cifar", "imagenet"], default="cifar")
-    parser.add_argument("--threads", type=int, default=1, help="threads per process on the CPU")
-    parser.add_argument("--workers", type=int, default=8, help="loader workers on GPUs")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results", help="folder for the JSON")
+    add_run_options(parser)
     args = parser.parse_args()
     if args.steps < 2:
         sys.exit("error: --steps must be at least 2: the optimizer state exists from the first step on.")
-    args.cuda = args.accelerator == "cuda" or (args.accelerator == "auto" and torch.cuda.is_available())
-    device = torch.cuda.get_device_name(0) if args.cuda else f"CPU, {os.cpu_count()} cores"
+    device = where(args)
     print(f"ResNet-50 ({args.stem} stem), batch {args.batch_size} per process, {args.precision}, {device}", flush=True)
     rows = measure(args)
     print_table(rows)

@@ -190,25 +190,36 @@ def write_chart(rows: list[dict], title: str, path: Path) -> None:
     plt.close(figure)
 
 
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """The options of how each configuration runs, shared with ``memory.py``."""
+    parser.add_argument("--accelerator", choices=["auto", "cpu", "cuda"], default="auto",
+                        help="where to train (auto: CUDA when it is visible)")
+    parser.add_argument("--precision", choices=["32-true", "bf16-mixed"], default="32-true")
+    parser.add_argument("--stem", choices=["cifar", "imagenet"], default="cifar")
+    parser.add_argument("--threads", type=int, default=1, help="threads per process on the CPU")
+    parser.add_argument("--workers", type=int, default=8, help="loader workers on GPUs")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results", help="folder for JSON and PNG")
+
+
+def where(args: argparse.Namespace) -> str:
+    """Set ``args.cuda`` from ``--accelerator``; the device in words."""
+    args.cuda = args.accelerator == "cuda" or (args.accelerator == "auto" and torch.cuda.is_available())
+    return torch.cuda.get_device_name(0) if args.cuda else f"CPU, {os.cpu_count()} cores"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", nargs="+", help="configurations to run, in order (default: see --list)")
     parser.add_argument("--list", action="store_true", help="list the configurations and exit")
-    parser.add_argument("--accelerator", choices=["auto", "cpu", "cuda"], default="auto",
-                        help="where to train (auto: CUDA when it is visible)")
     parser.add_argument("--processes", type=int, help="processes (devices) of the multi-process configurations "
                         "(default: every GPU, at least 2; on the CPU 2)")
     # On the CPU: the recipe's batch; the first steps from a fresh initialisation run slower there.
     parser.add_argument("--batch-size", type=int, help="per process (default: 512 on GPUs, 128 on the CPU)")
     parser.add_argument("--steps", type=int, help="timed steps (default: 30 on GPUs, 3 on the CPU)")
     parser.add_argument("--warmup", type=int, help="untimed steps first (default: 10 on GPUs, 3 on the CPU)")
-    parser.add_argument("--precision", choices=["32-true", "bf16-mixed"], default="32-true")
-    parser.add_argument("--stem", choices=["cifar", "imagenet"], default="cifar")
-    parser.add_argument("--threads", type=int, default=1, help="threads per process on the CPU")
-    parser.add_argument("--workers", type=int, default=8, help="loader workers on GPUs")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results", help="folder for JSON and PNG")
+    add_run_options(parser)
     args = parser.parse_args()
-    args.cuda = args.accelerator == "cuda" or (args.accelerator == "auto" and torch.cuda.is_available())
+    device = where(args)
     gpu_or_cpu = {"processes": (max(2, torch.cuda.device_count()), 2), "batch_size": (512, 128), "steps": (30, 3),
                   "warmup": (10, 3)}
     for name, (gpu, cpu) in gpu_or_cpu.items():
@@ -222,7 +233,6 @@ def main() -> None:
     names = args.configs or default_configs(args.cuda)
     if unknown := [name for name in names if name not in table]:
         sys.exit(f"error: unknown configuration {unknown[0]!r}; --list shows them all.")
-    device = torch.cuda.get_device_name(0) if args.cuda else f"CPU, {os.cpu_count()} cores"
     title = (f"ResNet-50 ({args.stem} stem), batch {args.batch_size} per process, {args.precision}, {device}, "
              f"{args.warmup} warm-up + {args.steps} timed steps")
     print(title, flush=True)

@@ -16,11 +16,10 @@ and every process runs the LightningModule's own ``training_step`` (or
 Each process materialises only its own stage (``split_network``): the other stages'
 parameters, gradients and optimizer state are never allocated in it. Checkpoints
 gather each stage from the process that trained it (``pipeline_checkpoints``).
-The files beside this one hold the rest: ``pipeline_runner`` (a batch through the
+The files beside this one hold the rest: ``pipeline_runner`` (process groups, a batch through the
 schedule), ``pipeline_gradients`` (clipping, overflow, replicas), ``pipeline_checkpoints``.
 """
 
-from contextlib import contextmanager
 from typing import Any, Literal
 
 import torch
@@ -40,7 +39,7 @@ from multigpu.partition import BalanceBy, check_stage_count, choose_balance, spl
 from multigpu.strategies.network_lookup import block_sequence, time_blocks
 from multigpu.strategies.pipeline_checkpoints import gather_optimizer_state, gather_state_dict
 from multigpu.strategies.pipeline_gradients import average_between_replicas, clip_norm_over_stages, share_overflow
-from multigpu.strategies.pipeline_runner import Replay, StageRunner
+from multigpu.strategies.pipeline_runner import StageRunner, create_groups, network_returns
 from multigpu.strategies.split_network import SplitNetworkStrategy
 
 __all__ = ["PipelineStrategy"]
@@ -145,16 +144,9 @@ class PipelineStrategy(SplitNetworkStrategy):
     @override
     def setup_distributed(self) -> None:
         super().setup_distributed()
-        stages, replicas = self.num_stages, self.data_parallel_size
-        # Every process creates every group, in the same order.
-        for replica in range(replicas):
-            group = dist.new_group(list(range(replica * stages, (replica + 1) * stages)))
-            if replica == self.replica_index:
-                self._pipe_group = group
-        for stage in range(stages):
-            group = dist.new_group(list(range(stage, stages * replicas, stages)))
-            if stage == self.stage_index:
-                self._stage_group = group
+        self._pipe_group, self._stage_group = create_groups(
+            self.num_stages, self.data_parallel_size, self.stage_index, self.replica_index
+        )
 
     @property
     def stage_blocks(self) -> list[range]:
@@ -238,19 +230,9 @@ class PipelineStrategy(SplitNetworkStrategy):
 
     # --- steps --------------------------------------------------------------------------------
 
-    @contextmanager
-    def _network_returns(self, output: Tensor):
-        pl_module = self.lightning_module
-        net = pl_module.net
-        pl_module.net = Replay(output)
-        try:
-            yield
-        finally:
-            pl_module.net = net
-
     def _step(self, hook: str, batch: Any, *args: Any, train: bool, **kwargs: Any) -> STEP_OUTPUT:
         output = self._runner.run(batch, train)
-        with self._network_returns(output):
+        with network_returns(self.lightning_module, output):
             return getattr(super(), hook)(batch, *args, **kwargs)
 
     @override

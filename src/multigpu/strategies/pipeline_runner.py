@@ -1,4 +1,5 @@
-"""One batch through one process's pipeline stage: the schedule's step, and the output every stage gets."""
+"""One batch through one process's pipeline stage: the process groups, the schedule's step, and the output
+every stage gets, which the LightningModule's own step then reads as its network's output."""
 
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,7 +13,24 @@ from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
 from multigpu.errors import UsageError
 
-__all__ = ["Replay", "StageRunner"]
+__all__ = ["StageRunner", "create_groups", "network_returns"]
+
+
+def create_groups(stages: int, replicas: int, stage_index: int, replica_index: int) -> tuple[dist.ProcessGroup, ...]:
+    """This process's pipeline (the ranks of its replica) and stage group (the ranks that hold its stage).
+
+    Ranks ``r*S .. r*S+S-1`` form replica ``r``; every process creates every group, in the same order.
+    """
+    pipe_group = stage_group = None
+    for replica in range(replicas):
+        group = dist.new_group(list(range(replica * stages, (replica + 1) * stages)))
+        if replica == replica_index:
+            pipe_group = group
+    for stage in range(stages):
+        group = dist.new_group(list(range(stage, stages * replicas, stages)))
+        if stage == stage_index:
+            stage_group = group
+    return pipe_group, stage_group
 
 
 class Replay(nn.Module):
@@ -24,6 +42,17 @@ class Replay(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.output
+
+
+@contextmanager
+def network_returns(pl_module: nn.Module, output: Tensor) -> Iterator[None]:
+    """Within the context, ``pl_module.net`` returns ``output`` (the pipeline's, for the batch at hand)."""
+    net = pl_module.net
+    pl_module.net = Replay(output)
+    try:
+        yield
+    finally:
+        pl_module.net = net
 
 
 class StageRunner:
