@@ -52,7 +52,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
         folder = Path(tmp)
         for layout in args.layouts:
             processes, options = LAYOUTS[layout]
-            for checkpointed in (False, True):
+            for checkpointed in {"both": (False, True), "no": (False,), "yes": (True,)}[args.checkpointing]:
                 name = layout + ("+ckpt" if checkpointed else "")
                 out = folder / f"{name}.json"
                 extra = [*options, *(CHECKPOINTED if checkpointed else []),
@@ -86,6 +86,8 @@ def main() -> None:
     parser.add_argument("--layouts", nargs="+", choices=list(LAYOUTS), default=list(LAYOUTS))
     parser.add_argument("--batch-size", type=int, default=128, help="per process (the recipe's)")
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps; counted before the last one's update")
+    parser.add_argument("--checkpointing", choices=["both", "no", "yes"], default="both",
+                        help="each layout without and with activation checkpointing, or one of them")
     add_run_options(parser)
     args = parser.parse_args()
     if args.steps < 2:

@@ -28,3 +28,18 @@ def test_unknown_configuration_is_refused_with_the_way_out(tmp_path):
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert result.stderr.strip() == "error: unknown configuration 'nope'; --list shows them all."
+
+
+def test_memory_harness_counts_what_each_pipeline_stage_holds(tmp_path):
+    command = [sys.executable, str(REPO / "benchmarks" / "memory.py"), "--layouts", "one-device", "pipeline-2",
+               "--checkpointing=no", "--accelerator=cpu", "--batch-size=8", "--stem=imagenet", f"--out={tmp_path}"]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "| pipeline-2 | no | 1 | 15-17 |" in result.stdout
+    rows = {row["layout"]: row["ranks"] for row in json.loads((tmp_path / "memory.json").read_text())["results"]}
+    (whole,) = rows["one-device"][0]["stages"]
+    assert whole["params"] == whole["grads"] == whole["optimizer"] > 0  # SGD with momentum: one buffer each
+    stages = [rank["stages"][0] for rank in rows["pipeline-2"]]
+    for kind in ("params", "grads", "optimizer"):  # the two processes together hold one copy, none the whole
+        assert sum(stage[kind] for stage in stages) == whole[kind]
+        assert all(0 < stage[kind] < whole[kind] for stage in stages)
