@@ -88,7 +88,7 @@ def launch(command: list[str], out: Path, threads: int | None, log: Path) -> lis
     with open(log, "w") as file:
         returncode = subprocess.run(command, cwd=REPO, env=env, stdout=file, stderr=subprocess.STDOUT).returncode
     ranks = sorted(out.parent.glob(out.name + ".rank*"), key=lambda path: int(path.name.rsplit("rank", 1)[1]))
-    if returncode or not ranks:
+    if returncode or not (ranks or out.exists()):
         tail = log.read_text()[-3000:]
         sys.exit(f"error: {' '.join(command)} failed (exit {returncode}); the end of its output:\n{tail}")
     return [json.loads(path.read_text()) for path in ranks]
