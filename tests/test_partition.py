@@ -10,7 +10,6 @@ from multigpu.partition import (
     check_balance,
     choose_balance,
     param_counts,
-    split_blocks,
     split_table,
 )
 
@@ -49,15 +48,6 @@ def test_more_stages_than_blocks_is_refused():
 def test_bad_balance_is_refused(balance, message):
     with pytest.raises(UsageError, match=message):
         check_balance(balance, 18)
-
-
-def test_split_stages_chain_to_the_whole_network():
-    net = nn.Sequential(*[nn.Linear(4, 4) for _ in range(5)])
-    stages = split_blocks(net, [2, 3])
-    assert [len(stage) for stage in stages] == [2, 3]
-    x = torch.randn(3, 4)
-    torch.testing.assert_close(stages[1](stages[0](x)), net(x))
-    assert stages[0][0] is net[0]
 
 
 def test_block_times_measure_every_block_on_a_copy():

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
+from typing_extensions import override
 
 __all__ = ["checkpoint_blocks", "is_checkpointed", "is_recomputing"]
 
@@ -59,6 +60,7 @@ def _recomputation(module: nn.Module) -> Iterator[None]:
 class _Checkpointed(nn.Module):
     """Mixed into a block's class: its forward pass is checkpointed while gradients are recorded."""
 
+    @override
     def forward(self, *args: Any) -> Any:
         forward = super().forward
         if not torch.is_grad_enabled():
@@ -66,6 +68,16 @@ class _Checkpointed(nn.Module):
         return checkpoint(
             forward, *args, use_reentrant=False, context_fn=lambda: (nullcontext(), _recomputation(self))
         )
+
+    def __reduce_ex__(self, protocol: int) -> tuple:
+        # The class is made at run time, so pickle (torch.save of a module, spawned processes) rebuilds it.
+        return _rebuild, (type(self).__bases__[1], self.__dict__)
+
+
+def _rebuild(base: type[nn.Module], state: dict) -> nn.Module:
+    block = _checkpointed_class(base).__new__(_checkpointed_class(base))
+    block.__setstate__(state)
+    return block
 
 
 @cache

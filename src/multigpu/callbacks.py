@@ -11,6 +11,7 @@ from lightning.fabric.utilities.throughput import get_available_flops
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
@@ -159,7 +160,10 @@ class LastCheckpoint(ModelCheckpoint):
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if not self._should_skip_saving_checkpoint(trainer):
+        # Also when the step interval has just saved this very step (ModelCheckpoint would skip it): that
+        # checkpoint was written before the epoch counted as done, and resumes into the epoch's end; after
+        # the last epoch, the run would not be seen as finished.
+        if not (trainer.fast_dev_run or trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
 

@@ -45,10 +45,10 @@ class DeferredBatchNorm(_BatchNorm):
 
     def _track(self, input: Tensor) -> None:
         dims = [0, *range(2, input.dim())]
-        x = input.detach().double()
+        x = input.detach().float()
         count = x.numel() // x.shape[1]
-        mean = x.mean(dims)
-        squares = (x - mean.view(1, -1, *[1] * (x.dim() - 2))).pow(2).sum(dims)
+        variance, mean = torch.var_mean(x, dims, correction=0)  # per channel, then combined in float64
+        mean, squares = mean.double(), variance.double() * count
         total = self._count + count
         delta = mean - self._mean
         self._squares += squares + delta.pow(2) * self._count * count / total
@@ -68,9 +68,8 @@ class DeferredBatchNorm(_BatchNorm):
         variance = self._squares / (self._count - 1).clamp(min=1)  # unbiased, as BatchNorm's running_var
         self.running_mean.mul_(1 - factor).add_((self._mean * factor).to(self.running_mean.dtype))
         self.running_var.mul_(1 - factor).add_((variance * factor).to(self.running_var.dtype))
-        keep = ~complete
         for buffer in (self._tracked, self._count, self._mean, self._squares):
-            buffer.mul_(keep)
+            buffer.masked_fill_(complete, 0)  # (a product with 0 would keep a NaN)
 
     @override
     def forward(self, input: Tensor) -> Tensor:

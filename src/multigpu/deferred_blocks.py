@@ -19,6 +19,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -63,11 +64,12 @@ class DeferredBlocks(nn.Sequential):
         self.factories = list(factories)
         self.seed = int(torch.randint(0, 2**62, (), device="cpu").item()) if seed is None else seed
         self._complete = False  # every block built: checked in forward, where a loop over tensors would cost
+        self._materialized = False  # materialize() has run (else a state dict loaded into it builds it first)
 
     def build(self, index: int) -> nn.Module:
         """A new copy of block ``index`` with its initial weights, on the CPU (whatever the default device)."""
         with torch.random.fork_rng(devices=[]), torch.device("cpu"):
-            torch.manual_seed(self.seed + index)
+            torch.default_generator.manual_seed(self.seed + index)  # the CPU's alone: GPU generators untouched
             return self.factories[index]()
 
     @property
@@ -79,10 +81,18 @@ class DeferredBlocks(nn.Sequential):
         """Build every block still on the meta device, one at a time, where ``placed()`` says."""
         where = _placement.get() or (lambda index: torch.get_default_device())
         devices = [where(index) for index in range(len(self))]
-        for index in self.pending:
+        pending = self.pending
+        if self._materialized and not self._complete and any(devices[index] is not None for index in pending):
+            raise RuntimeError(
+                f"blocks {pending} of this network were left to other processes (one stage of a split run): "
+                "building them here from their initial weights would mix them with trained ones. Load a full "
+                "checkpoint into a new LightningModule instead."
+            )
+        for index in pending:
             if devices[index] is not None and devices[index].type != "meta":  # meta: shapes only, as asked
                 self[index] = self.build(index).to(devices[index])
-        self._complete = None not in devices
+        self._materialized = True
+        self._complete = not self.pending
 
     @override
     def __getitem__(self, index: int | slice) -> nn.Module:
@@ -99,6 +109,14 @@ class DeferredBlocks(nn.Sequential):
                 if is_materialized(block):
                     block._apply(fn)
         return self
+
+    @override
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
+        # A network never materialised (in the main process of ddp_spawn, which gets the workers' weights
+        # back) is built before the weights land; a stage of a split run keeps its other blocks unbuilt.
+        if not self._materialized:
+            self.materialize()
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     @override
     def forward(self, x: Tensor) -> Tensor:

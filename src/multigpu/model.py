@@ -120,15 +120,10 @@ class ResNet50Classifier(LightningModule):
             self.net.compile(**{"dynamic": False, **options})  # in place: the state dict keeps its names
             self._compiled = True
 
-    @override
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if self._trainer is None:  # load_from_checkpoint: build the network for the weights to land in
-            self.configure_model()
-
     def training_flops_per_image(self) -> int:
         """FLOPs of the forward and backward pass of one training image, counted with torch's flop
         counter on a copy of the network on the meta device (nothing is computed)."""
-        net = nn.Sequential(*DeferredBlocks(resnet50_block_factories(self.hparams.num_classes, self.hparams.stem)))
+        net = nn.Sequential(*DeferredBlocks(resnet50_block_factories(self.hparams.num_classes, self.hparams.stem), seed=0))
         with torch.device("meta"):
             images = torch.zeros(2, *IMAGE_SHAPE)  # BatchNorm in training mode needs two
         return measure_flops(net, lambda: net(images), lambda logits: logits.sum()) // 2

@@ -24,7 +24,6 @@ __all__ = [
     "check_stage_count",
     "choose_balance",
     "param_counts",
-    "split_blocks",
     "split_table",
 ]
 
@@ -81,16 +80,6 @@ def balance_by_cost(costs: Sequence[float], num_stages: int) -> list[int]:
 def param_counts(blocks: nn.Sequential) -> list[int]:
     """Number of parameters of each block."""
     return [sum(p.numel() for p in block.parameters()) for block in blocks]
-
-
-def split_blocks(blocks: nn.Sequential, balance: Sequence[int]) -> list[nn.Sequential]:
-    """Cut ``blocks`` into consecutive stages of ``balance[i]`` blocks; the modules are shared, not copied."""
-    balance = check_balance(balance, len(blocks))
-    stages, start = [], 0
-    for count in balance:
-        stages.append(blocks[start : start + count])
-        start += count
-    return stages
 
 
 def _synchronize(device: torch.device) -> None:

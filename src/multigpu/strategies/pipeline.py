@@ -162,6 +162,9 @@ class PipelineStrategy(SplitNetworkStrategy):
     def check_model(self, pl_module: LightningModule) -> nn.Sequential:
         """Refuse a LightningModule this pipeline cannot run, before any process is launched; return its blocks."""
         blocks = block_sequence(pl_module, self.strategy_name)
+        if self._layer_sync is not None:
+            raise UsageError("--trainer.sync_batchnorm=true does not work under pipeline, whose stages hold different "
+                             "layers: drop it (deferred_batch_norm gives statistics of the whole batch).")
         if not isinstance(getattr(pl_module, "criterion", None), nn.Module):
             raise UsageError(
                 f"strategy pipeline computes the loss on the last stage with the LightningModule's `criterion`; "

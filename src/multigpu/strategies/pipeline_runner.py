@@ -10,6 +10,7 @@ import torch.distributed as dist
 from lightning.pytorch.plugins import Precision
 from torch import Tensor, nn
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+from typing_extensions import override
 
 from multigpu.errors import UsageError
 
@@ -40,6 +41,7 @@ class Replay(nn.Module):
         super().__init__()
         self.output = output
 
+    @override
     def forward(self, x: Tensor) -> Tensor:
         return self.output
 

@@ -62,6 +62,18 @@ class SplitNetworkStrategy(DDPStrategy):
             block.to(META if device is None else device)
 
     @override
+    def load_model_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> None:
+        # Only the entries of the blocks this process holds: loading into the meta device would do nothing,
+        # with a warning per tensor.
+        pl_module = self.lightning_module
+        unbuilt = {name for name, tensor in (*pl_module.named_parameters(), *pl_module.named_buffers()) if tensor.is_meta}
+        held = {name: value for name, value in state_dict.items() if name not in unbuilt}
+        missing, unexpected = pl_module.load_state_dict(held, strict=False)
+        missing = [name for name in missing if name not in unbuilt]
+        if strict and (missing or unexpected):
+            raise RuntimeError(f"the checkpoint does not fit the model: missing {missing}, unexpected {unexpected}")
+
+    @override
     def load_optimizer_state_dict(self, checkpoint: dict[str, Any]) -> None:
         # Lightning's version moves all optimizer state to the root device. Here each state stays on its
         # parameter's device, where ``Optimizer.load_state_dict`` puts it, and none is kept for the
@@ -75,7 +87,8 @@ class SplitNetworkStrategy(DDPStrategy):
     @override
     def teardown(self) -> None:
         pl_module = self.lightning_module
-        if pl_module is None or not isinstance(getattr(pl_module, "net", None), nn.Sequential):
+        net = getattr(pl_module, "net", None)
+        if not isinstance(net, nn.Sequential) or all(is_materialized(block) for block in net):
             return super().teardown()
         with _net_set_aside(pl_module) as net:  # Lightning moves the module to the CPU, which meta blocks refuse
             super().teardown()
