@@ -160,10 +160,14 @@ class LastCheckpoint(ModelCheckpoint):
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # Also when the step interval has just saved this very step (ModelCheckpoint would skip it): that
-        # checkpoint was written before the epoch counted as done, and resumes into the epoch's end; after
-        # the last epoch, the run would not be seen as finished.
-        if not (trainer.fast_dev_run or trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING):
+        # After an epoch's last batch, also when the step interval has just saved this very step (ModelCheckpoint
+        # would skip it): that checkpoint was written before the epoch counted as done, and resumes into the
+        # epoch's end; after the last epoch, the run would not be seen as finished. An epoch cut short by
+        # max_steps keeps the step's checkpoint, which resumes inside the epoch.
+        epoch_complete = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        if not self._should_skip_saving_checkpoint(trainer) or (
+            epoch_complete and not (trainer.fast_dev_run or trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING)
+        ):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
 

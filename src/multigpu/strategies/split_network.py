@@ -62,12 +62,12 @@ class SplitNetworkStrategy(DDPStrategy):
             block.to(META if device is None else device)
 
     @override
-    def load_model_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> None:
+    def load_model_state_dict(self, checkpoint: dict[str, Any], strict: bool = True) -> None:
         # Only the entries of the blocks this process holds: loading into the meta device would do nothing,
         # with a warning per tensor.
         pl_module = self.lightning_module
         unbuilt = {name for name, tensor in (*pl_module.named_parameters(), *pl_module.named_buffers()) if tensor.is_meta}
-        held = {name: value for name, value in state_dict.items() if name not in unbuilt}
+        held = {name: value for name, value in checkpoint["state_dict"].items() if name not in unbuilt}
         missing, unexpected = pl_module.load_state_dict(held, strict=False)
         missing = [name for name in missing if name not in unbuilt]
         if strict and (missing or unexpected):
