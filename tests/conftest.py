@@ -73,6 +73,7 @@ def train_setup(tmp_path_factory):
             )
             assert result.returncode == 0, result.stdout + result.stderr
             trained[setup] = torch.load(out)
+            out.unlink()  # ResNet-50 state dicts: keep them in memory, not on the disk
         return trained[setup]
 
     return train
