@@ -148,21 +148,21 @@ SETUPS = {
     "single_clipped": (tiny, "auto", 1, 8, CLIPPED),
     "pipe_clipped": (tiny, lambda: PipelineStrategy(micro_batches=2, schedule="gpipe", balance=[2, 2]), 2, 8, CLIPPED),
     "resnet_accumulated": (resnet, "auto", 1, 4, {"accumulate_grad_batches": 2}),
-    "resnet_pipe_gpipe": (resnet, lambda: PipelineStrategy(micro_batches=2, schedule="gpipe", balance=[6, 12]), 2, 8, {}),
-    "resnet_pipe_1f1b": (resnet, lambda: PipelineStrategy(micro_batches=2, schedule="1f1b", balance=[6, 12]), 2, 8, {}),
+    "resnet_pipe_gpipe": (resnet, lambda: PipelineStrategy(micro_batches=2, schedule="gpipe", balance=[12, 22]), 2, 8, {}),
+    "resnet_pipe_1f1b": (resnet, lambda: PipelineStrategy(micro_batches=2, schedule="1f1b", balance=[12, 22]), 2, 8, {}),
     # Activation checkpointing: against the same training without it.
     "resnet_accumulated_checkpointed": (checkpointed, "auto", 1, 4, ACCUMULATED),
     "resnet_dp_checkpointed": (checkpointed, DataParallelStrategy, 1, 4, ACCUMULATED),
-    "resnet_mmp": (resnet, lambda: ManualModelParallelStrategy(balance=[6, 12]), 2, 4, ACCUMULATED),
-    "resnet_mmp_checkpointed": (checkpointed, lambda: ManualModelParallelStrategy(balance=[6, 12]), 2, 4, ACCUMULATED),
+    "resnet_mmp": (resnet, lambda: ManualModelParallelStrategy(balance=[12, 22]), 2, 4, ACCUMULATED),
+    "resnet_mmp_checkpointed": (checkpointed, lambda: ManualModelParallelStrategy(balance=[12, 22]), 2, 4, ACCUMULATED),
     "resnet_pipe_1f1b_checkpointed": (
-        checkpointed, lambda: PipelineStrategy(micro_batches=2, schedule="1f1b", balance=[6, 12]), 2, 8, {}),
+        checkpointed, lambda: PipelineStrategy(micro_batches=2, schedule="1f1b", balance=[12, 22]), 2, 8, {}),
     # BatchNorm statistics of the whole batch: the pipeline against one device that defers them the same way.
     "resnet_accumulated_deferred": (deferred, "auto", 1, 4, ACCUMULATED),
-    "resnet_pipe_deferred": (resnet, lambda: PipelineStrategy(micro_batches=2, balance=[6, 12], deferred_batch_norm=True),
+    "resnet_pipe_deferred": (resnet, lambda: PipelineStrategy(micro_batches=2, balance=[12, 22], deferred_batch_norm=True),
                              2, 8, {}),
     "resnet_pipe_deferred_checkpointed": (
-        checkpointed, lambda: PipelineStrategy(micro_batches=2, balance=[6, 12], deferred_batch_norm=True), 2, 8, {}),
+        checkpointed, lambda: PipelineStrategy(micro_batches=2, balance=[12, 22], deferred_batch_norm=True), 2, 8, {}),
     "resnet_ddp": (resnet, "ddp", 2, 2, ACCUMULATED),
     "resnet_ddp_checkpointed": (checkpointed, "ddp", 2, 2, ACCUMULATED),
     # A network built by a factory, block by block where the strategy places it.

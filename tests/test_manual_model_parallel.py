@@ -50,13 +50,13 @@ def _train_resnet(strategy, devices: int, precision: str, accumulate: int, clip:
 @pytest.mark.parametrize(("precision", "accumulate", "clip"), [("32-true", 1, None), ("bf16-mixed", 2, 0.5)])
 def test_split_over_two_devices_trains_exactly_like_one_device(precision, accumulate, clip, caplog):
     reference = _train_resnet("auto", 1, precision, accumulate, clip)
-    strategy = ManualModelParallelStrategy(balance=[5, 13])
+    strategy = ManualModelParallelStrategy(balance=[10, 24])
     # Two CPU devices that compare unequal, so the activations' moves between stages are in place.
     strategy.parallel_devices = [torch.device("cpu", 0), torch.device("cpu", 1)]
     with caplog.at_level(logging.INFO):
-        split = _train_resnet(strategy, 2, precision, accumulate, clip, [_CheckStageHooks([5])])
-    assert "balance [5, 13]" in caplog.text and SPLIT_TABLE_HEADER.search(caplog.text)
-    assert re.search(r"^1 +cpu:1 +5-17 ", caplog.text, re.MULTILINE)
+        split = _train_resnet(strategy, 2, precision, accumulate, clip, [_CheckStageHooks([10])])
+    assert "balance [10, 24]" in caplog.text and SPLIT_TABLE_HEADER.search(caplog.text)
+    assert re.search(r"^1 +cpu:1 +10-33 ", caplog.text, re.MULTILINE)
     assert _hooked_blocks(split.net) == []  # removed at the end
     expected = reference.state_dict()
     for name, tensor in split.state_dict().items():  # parameters and BatchNorm statistics
@@ -103,7 +103,7 @@ def test_checkpoints_round_trip_with_single_device(tmp_path):
     last = tmp_path / "checkpoints" / "test" / "last.ckpt"
     cli_main(*args)
     single_keys = torch.load(last)["state_dict"].keys()
-    split = ["--trainer.strategy=manual_model_parallel", "--trainer.devices=2", "--trainer.strategy.balance=[9,9]"]
+    split = ["--trainer.strategy=manual_model_parallel", "--trainer.devices=2", "--trainer.strategy.balance=[17,17]"]
     cli_main(*args, *split, "--ckpt_path=last", "--trainer.max_epochs=2")
     checkpoint = torch.load(last)
     assert checkpoint["global_step"] == 8 and checkpoint["state_dict"].keys() == single_keys
@@ -146,11 +146,11 @@ def test_errors_in_the_request(capsys, tmp_path):
         "use a multiple of 2, or change devices_per_replica (or balance)."
     )
     error = cli_error(capsys, strategy, "--trainer.strategy.balance=[5,5]", "--trainer.devices=2", *run)
-    assert error == "error: balance [5, 5] sums to 10, but the network has 18 blocks."
-    error = cli_error(capsys, strategy, "--trainer.devices=19", *run)
-    assert error == "error: 19 stages need at least 19 blocks, but the network has 18."
-    with pytest.raises(UsageError, match=r"balance \[9, 9\] has 2 stages, but devices_per_replica=3 asks for 3"):
-        ManualModelParallelStrategy(balance=[9, 9], devices_per_replica=3)
+    assert error == "error: balance [5, 5] sums to 10, but the network has 34 blocks."
+    error = cli_error(capsys, strategy, "--trainer.devices=35", *run)
+    assert error == "error: 35 stages need at least 35 blocks, but the network has 34."
+    with pytest.raises(UsageError, match=r"balance \[17, 17\] has 2 stages, but devices_per_replica=3 asks for 3"):
+        ManualModelParallelStrategy(balance=[17, 17], devices_per_replica=3)
 
 
 def test_errors_in_the_network():

@@ -31,12 +31,15 @@ def test_balance_minimises_the_heaviest_stage(costs, stages, expected):
     assert balance_by_cost(costs, stages) == expected
 
 
-def test_balance_of_resnet50_by_parameters_gives_the_head_blocks_less_company():
+def test_resnet50_split_by_parameters_shares_them_nearly_evenly():
+    """The bottlenecks' halves let a split fall inside layer4.0, whose parameters alone are a quarter of them."""
     counts = param_counts(resnet50_blocks())
-    balance = balance_by_cost(counts, 2)
-    assert sum(balance) == 18
-    # layer4's three bottlenecks hold more than half of the parameters.
-    assert balance[1] <= 4
+    for stages, heaviest in ((2, 0.52), (4, 0.28)):
+        balance = balance_by_cost(counts, stages)
+        assert sum(balance) == 34
+        starts = [sum(balance[:stage]) for stage in range(stages)]
+        shares = [sum(counts[start : start + count]) / sum(counts) for start, count in zip(starts, balance)]
+        assert max(shares) <= heaviest, shares
 
 
 def test_more_stages_than_blocks_is_refused():
@@ -44,10 +47,10 @@ def test_more_stages_than_blocks_is_refused():
         balance_by_cost([1, 1], 3)
 
 
-@pytest.mark.parametrize(("balance", "message"), [([5, 5], "sums to 10, but the network has 18"), ([18, 0], "at least one block")])
+@pytest.mark.parametrize(("balance", "message"), [([5, 5], "sums to 10, but the network has 34"), ([34, 0], "at least one block")])
 def test_bad_balance_is_refused(balance, message):
     with pytest.raises(UsageError, match=message):
-        check_balance(balance, 18)
+        check_balance(balance, 34)
 
 
 def test_block_times_measure_every_block_on_a_copy():

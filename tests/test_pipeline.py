@@ -70,13 +70,13 @@ def test_errors_before_anything_is_launched(capsys, tmp_path):
     )
     error = cli_error(capsys, "--trainer.strategy=pipeline", "--trainer.devices=3", "--trainer.strategy.num_stages=2", *run)
     assert error == (
-        "error: the pipeline has 2 stages, but devices x nodes = 3 processes is not a multiple of it: "
+        "error: the pipeline has 2 stages over 2 processes, but devices x nodes = 3 processes is not a multiple of 2: "
         "use a multiple of 2 devices, or change num_stages."
     )
-    error = cli_error(capsys, "--trainer.strategy=pipeline", "--trainer.devices=19", "--trainer.strategy.schedule=gpipe", *run)
-    assert error == "error: 19 stages need at least 19 blocks, but the network has 18."
-    error = cli_error(capsys, *pipeline, "--trainer.strategy.balance=[9,8]", *run)
-    assert error == "error: balance [9, 8] sums to 17, but the network has 18 blocks."
+    error = cli_error(capsys, "--trainer.strategy=pipeline", "--trainer.devices=35", "--trainer.strategy.schedule=gpipe", *run)
+    assert error == "error: 35 stages need at least 35 blocks, but the network has 34."
+    error = cli_error(capsys, *pipeline, "--trainer.strategy.balance=[17,16]", *run)
+    assert error == "error: balance [17, 16] sums to 33, but the network has 34 blocks."
 
 
 @pytest.mark.min_cuda_gpus(2)

@@ -4,34 +4,37 @@ The contract every strategy relies on: ``resnet50_blocks()`` returns an
 ``nn.Sequential`` whose children are, in order,
 
     index 0        the stem (conv, BatchNorm, ReLU; plus max-pool for ``stem="imagenet"``)
-    index 1 .. 16  the 16 bottleneck blocks of layer1..layer4 (3 + 4 + 6 + 3)
-    index 17       the head: adaptive average pool, flatten, fully connected layer
+    index 1 .. 32  the 16 bottlenecks of layer1..layer4 (3 + 4 + 6 + 3), each as two blocks:
+                   ``BottleneckEntry`` (conv1, conv2) and ``BottleneckExit`` (conv3, the shortcut)
+    index 33       the head: adaptive average pool, flatten, fully connected layer
 
 Each block takes the previous block's output as its only input, so a strategy
-may place or split the network at any block index. Parameter names follow
-the index (``0.0.weight``, ``5.conv1.weight``, ...), so a state dict is the
-same whichever strategy trained it.
+may place or split the network at any block index. An entry passes its input on
+beside its output, as the pair ``(out, identity)`` that its exit adds up: a bottleneck
+in two halves lets a split fall inside one, and ResNet-50's last bottlenecks hold a
+quarter of its parameters each. Parameter names follow the index (``0.0.weight``,
+``5.conv1.weight``, ...), so a state dict is the same whichever strategy trained it.
 
 The blocks are built by ``resnet50_block_factories()``, one function per block, so
 that a strategy can build each block alone where it goes (see ``deferred_blocks``):
 ``ResNet50Classifier`` holds them as ``DeferredBlocks`` on the meta device until
-``configure_model``. The blocks are torchvision's own (``Bottleneck``, its
-``conv1x1``), with torchvision's initialisation.
+``configure_model``. The layers are torchvision's own (its ``conv1x1``, ``conv3x3``),
+computed in the order of its ``Bottleneck``, with torchvision's initialisation.
 """
 
 from collections.abc import Callable
 from functools import partial
 from typing import Literal
 
-from torch import nn
-from torchvision.models.resnet import Bottleneck, conv1x1
+from torch import Tensor, nn
+from torchvision.models.resnet import Bottleneck, conv1x1, conv3x3
 
 from multigpu.deferred_blocks import BlockFactory, DeferredBlocks
 
-__all__ = ["NUM_BLOCKS", "Stem", "resnet50_block_factories", "resnet50_blocks"]
+__all__ = ["NUM_BLOCKS", "BottleneckEntry", "BottleneckExit", "Stem", "resnet50_block_factories", "resnet50_blocks"]
 
 Stem = Literal["cifar", "imagenet"]
-NUM_BLOCKS = 18
+NUM_BLOCKS = 34
 _LAYERS = ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2))  # planes, bottlenecks, stride of the first
 
 
@@ -56,12 +59,45 @@ def _stem(stem: Stem) -> nn.Module:
     )
 
 
-def _bottleneck(inplanes: int, planes: int, stride: int) -> nn.Module:
-    downsample = None
-    if stride != 1 or inplanes != planes * Bottleneck.expansion:
-        downsample = nn.Sequential(conv1x1(inplanes, planes * Bottleneck.expansion, stride),
-                                   nn.BatchNorm2d(planes * Bottleneck.expansion))
-    return Bottleneck(inplanes, planes, stride, downsample)
+class BottleneckEntry(nn.Module):
+    """The first half of torchvision's ``Bottleneck``: 1x1 and 3x3 convolutions, each with BatchNorm and ReLU.
+
+    Returns ``(out, x)``: its input goes on to the ``BottleneckExit`` for the shortcut.
+    """
+
+    def __init__(self, inplanes: int, planes: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = conv1x1(inplanes, planes)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = conv3x3(planes, planes, stride)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        out = self.relu(self.bn1(self.conv1(x)))
+        return self.relu(self.bn2(self.conv2(out))), x
+
+
+class BottleneckExit(nn.Module):
+    """The second half of torchvision's ``Bottleneck``: the 1x1 expansion, the shortcut (downsampled
+    where the shape changes), their sum and the ReLU."""
+
+    def __init__(self, inplanes: int, planes: int, stride: int) -> None:
+        super().__init__()
+        width = planes * Bottleneck.expansion
+        self.conv3 = conv1x1(planes, width)
+        self.bn3 = nn.BatchNorm2d(width)
+        self.downsample = None
+        if stride != 1 or inplanes != width:
+            self.downsample = nn.Sequential(conv1x1(inplanes, width, stride), nn.BatchNorm2d(width))
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, pair: tuple[Tensor, Tensor]) -> Tensor:
+        out, identity = pair
+        out = self.bn3(self.conv3(out))
+        if self.downsample is not None:
+            identity = self.downsample(identity)
+        return self.relu(out + identity)
 
 
 def _head(num_classes: int) -> nn.Module:
@@ -84,14 +120,15 @@ def resnet50_block_factories(num_classes: int = 10, stem: Stem = "cifar") -> lis
     inplanes = 64
     for planes, count, stride in _LAYERS:
         for index in range(count):
-            builds.append(partial(_bottleneck, inplanes, planes, stride if index == 0 else 1))
+            first_stride = stride if index == 0 else 1
+            builds += [partial(half, inplanes, planes, first_stride) for half in (BottleneckEntry, BottleneckExit)]
             inplanes = planes * Bottleneck.expansion
     builds.append(partial(_head, num_classes))
     return [partial(_init_like_torchvision, build) for build in builds]
 
 
 def resnet50_blocks(num_classes: int = 10, stem: Stem = "cifar") -> DeferredBlocks:
-    """ResNet-50 as ``nn.Sequential(stem, *bottlenecks, head)``, every block built now on the default device."""
+    """ResNet-50 as ``nn.Sequential(stem, *bottleneck_halves, head)``, every block built now on the default device."""
     net = DeferredBlocks(resnet50_block_factories(num_classes, stem))
     net.materialize()
     return net

@@ -2,7 +2,7 @@
 
 Shared by the strategies that place parts of one network on different devices
 (manual model parallel, pipeline parallel). A *balance* is the number of
-consecutive blocks in each stage: ``[6, 6, 6]`` splits 18 blocks into 3 stages.
+consecutive blocks in each stage: ``[12, 11, 11]`` splits 34 blocks into 3 stages.
 """
 
 import copy
@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 import torch
+from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor, nn
 
 from multigpu.deferred_blocks import DeferredBlocks
@@ -99,13 +100,15 @@ def block_times(blocks: nn.Sequential, example: Tensor, device: torch.device, re
     times, x = [], example.to(device)
     for index in range(len(blocks)):
         block = fresh(index).to(device).train()
-        x = x.detach().requires_grad_(index > 0 and x.is_floating_point())
+        # A block's input may be a tuple of tensors (the halves of a bottleneck pass two).
+        x = apply_to_collection(x, Tensor, lambda t: t.detach().requires_grad_(index > 0 and t.is_floating_point()))
         elapsed = []
         for _ in range(repeats + 1):
             _synchronize(device)
             start = time.perf_counter()
             out = block(x)
-            out.backward(torch.ones_like(out))
+            outputs = [out] if isinstance(out, Tensor) else list(out)
+            torch.autograd.backward(outputs, [torch.ones_like(output) for output in outputs])
             _synchronize(device)
             elapsed.append(time.perf_counter() - start)
         times.append(sum(elapsed[1:]) / repeats)

@@ -12,11 +12,14 @@ groups of ``k``: one process per group holds a copy of the network split over it
 processes ("distributed model and data parallel").
 """
 
+from typing import Any
+
 import torch
 from lightning.fabric.utilities.distributed import _init_dist_connection
 from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import rank_zero_info
+from lightning_utilities.core.apply_func import apply_to_collection
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
@@ -29,16 +32,21 @@ from multigpu.strategies.split_network import SplitNetworkStrategy
 __all__ = ["ManualModelParallelStrategy"]
 
 
+def _moved(data: Any, device: torch.device) -> Any:
+    """``data`` with every tensor in it on ``device`` (a block may pass a tuple, see ``network``)."""
+    return apply_to_collection(data, torch.Tensor, lambda tensor: tensor.to(device, non_blocking=True))
+
+
 def _move_inputs(device: torch.device):
     def hook(module: nn.Module, args: tuple) -> tuple:
-        return tuple(arg.to(device, non_blocking=True) if isinstance(arg, torch.Tensor) else arg for arg in args)
+        return _moved(args, device)
 
     return hook
 
 
 def _move_output(device: torch.device):
-    def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
-        return output.to(device, non_blocking=True)
+    def hook(module: nn.Module, args: tuple, output: Any) -> Any:
+        return _moved(output, device)
 
     return hook
 
@@ -47,7 +55,7 @@ class ManualModelParallelStrategy(SplitNetworkStrategy):
     """Consecutive blocks of ``pl_module.net`` on consecutive devices, optionally replicated with DDP.
 
     Args:
-        balance: blocks per stage, e.g. ``[9, 9]``; one stage per device of a replica.
+        balance: blocks per stage, e.g. ``[17, 17]``; one stage per device of a replica.
         balance_by: without ``balance``, split to even out the parameter count (``params``)
             or the forward and backward time of the blocks, measured on the first device (``time``).
         devices_per_replica: devices (stages) per copy of the network; ``--trainer.devices``

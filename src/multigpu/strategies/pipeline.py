@@ -2,25 +2,27 @@
 
 Processes are launched as Lightning launches DDP (so ``--trainer.devices``,
 ``--trainer.num_nodes``, torchrun and SLURM all work). Ranks ``r*S .. r*S+S-1``
-form replica ``r`` of an ``S``-stage pipeline; process ``s`` of each replica runs
-the consecutive blocks of stage ``s`` of ``pl_module.net``. With ``R`` replicas the
-processes that hold the same stage average their gradients, as DDP does.
+form replica ``r`` of a pipeline of ``S`` processes; each holds ``V`` stages
+(``stages_per_process``) of consecutive blocks of ``pl_module.net``, placed as the
+schedule expects (``pipeline_layout``). With ``R`` replicas the processes that hold
+the same stages average their gradients, as DDP does.
 
 In each step the batch is cut into micro-batches that flow through the stages
-under a GPipe or 1F1B schedule; the last stage computes the loss with the
+under one of PyTorch's schedules; the last stage computes the loss with the
 LightningModule's ``criterion`` and the backward passes run inside the schedule.
 The last stage's logits are then broadcast to the other stages of the pipeline,
 and every process runs the LightningModule's own ``training_step`` (or
 ``validation_step`` ...) on them, so loss, metrics and logging are those of DDP.
 
-Each process materialises only its own stage (``split_network``): the other stages'
+Each process materialises only its own stages (``split_network``): the other stages'
 parameters, gradients and optimizer state are never allocated in it. Checkpoints
 gather each stage from the process that trained it (``pipeline_checkpoints``).
-The files beside this one hold the rest: ``pipeline_runner`` (process groups, a batch through the
-schedule), ``pipeline_gradients`` (clipping, overflow, replicas), ``pipeline_checkpoints``.
+The files beside this one hold the rest: ``pipeline_layout`` (schedules, which process holds
+which stage), ``pipeline_runner`` (process groups, a batch through the schedule),
+``pipeline_gradients`` (clipping, overflow, replicas), ``pipeline_checkpoints``.
 """
 
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -29,7 +31,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import GradClipAlgorithmType, rank_zero_info
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import Tensor, nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining import PipelineStage
 from torch.optim import Optimizer
 from typing_extensions import override
 
@@ -38,25 +40,29 @@ from multigpu.errors import UsageError
 from multigpu.partition import BalanceBy, check_stage_count, choose_balance, split_table
 from multigpu.strategies.network_lookup import block_sequence, time_blocks
 from multigpu.strategies.pipeline_checkpoints import gather_optimizer_state, gather_state_dict
+from multigpu.strategies.pipeline_layout import PipelineLayout, schedule_class
 from multigpu.strategies.pipeline_gradients import average_between_replicas, clip_norm_over_stages, share_overflow
-from multigpu.strategies.pipeline_runner import StageRunner, create_groups, network_returns
+from multigpu.strategies.pipeline_runner import ForwardOnly, StageBlocks, StageRunner, create_groups, network_returns
 from multigpu.strategies.split_network import SplitNetworkStrategy
 
 __all__ = ["PipelineStrategy"]
-
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
 
 class PipelineStrategy(SplitNetworkStrategy):
     """Pipeline parallelism over processes, optionally replicated (data parallel between pipelines).
 
     Args:
-        num_stages: stages per pipeline; default all processes (devices x nodes). The
-            processes must be a multiple of it; the quotient is the number of replicas.
+        num_stages: stages per pipeline; default all processes (devices x nodes) times
+            ``stages_per_process``. It must be a multiple of ``stages_per_process``, and the
+            processes a multiple of the pipeline's; the quotient is the number of replicas.
         micro_batches: micro-batches each batch is cut into; the batch must be divisible by it.
-        schedule: ``gpipe`` (all forwards, then all backwards) or ``1f1b`` (one forward,
-            one backward; needs at least as many micro-batches as stages, holds fewer activations).
-        balance: blocks per stage, e.g. ``[9, 9]``.
+        schedule: ``gpipe`` (all forwards, then all backwards), ``1f1b`` (one forward, one
+            backward; holds fewer activations), or any other of PyTorch's schedules, by the
+            name ``get_schedule_class`` knows, case-insensitive: ``Interleaved1F1B``,
+            ``LoopedBFS``, ``InterleavedZeroBubble``, ``ZBVZeroBubble``, ``DualPipeV``.
+        stages_per_process: stages each process holds (``V``); more than one needs a
+            multi-stage schedule, and ``ZBVZeroBubble`` and ``DualPipeV`` need 2.
+        balance: blocks per stage, e.g. ``[17, 17]``.
         balance_by: without ``balance``, split by parameter count or measured time (see
             ``manual_model_parallel``).
         deferred_batch_norm: BatchNorm's running statistics are those of each whole batch,
@@ -71,7 +77,8 @@ class PipelineStrategy(SplitNetworkStrategy):
         self,
         num_stages: int | None = None,
         micro_batches: int = 4,
-        schedule: Literal["gpipe", "1f1b"] = "1f1b",
+        schedule: str = "1f1b",
+        stages_per_process: int = 1,
         balance: list[int] | None = None,
         balance_by: BalanceBy = "time",
         deferred_batch_norm: bool = False,
@@ -82,46 +89,60 @@ class PipelineStrategy(SplitNetworkStrategy):
             raise UsageError(f"micro_batches must be at least 1, not {micro_batches}.")
         if num_stages is not None and num_stages < 1:
             raise UsageError(f"num_stages must be at least 1, not {num_stages}.")
-        if schedule not in SCHEDULES:
-            raise UsageError(f"schedule must be one of {', '.join(SCHEDULES)}, not {schedule!r}.")
+        schedule_class(schedule)  # a known name
+        if stages_per_process < 1:
+            raise UsageError(f"stages_per_process must be at least 1, not {stages_per_process}.")
         self.num_stages_option = num_stages
         self.micro_batches = micro_batches
         self.schedule_name = schedule
+        self.stages_per_process = stages_per_process
         self.balance = balance
         self.balance_by = balance_by
         self.deferred_batch_norm = deferred_batch_norm
         self._pipe_group: dist.ProcessGroup | None = None
         self._stage_group: dist.ProcessGroup | None = None
-        self._stage_blocks: range | None = None
-        self._stage_module: nn.Sequential | None = None
+        self._stage_blocks: list[range] | None = None
+        self._stage_module: nn.ModuleList | None = None  # this process's stages, each a StageBlocks
         self._runner: StageRunner | None = None
         self._example_input: Any = None
 
     # --- layout -------------------------------------------------------------------------------
 
     @property
-    def num_stages(self) -> int:
-        world = self.num_nodes * self.num_processes
-        stages = self.num_stages_option or (len(self.balance) if self.balance else world)
-        if world % stages:
+    def layout(self) -> PipelineLayout:
+        """The schedule, the processes of one pipeline and the stages of each."""
+        world, per_process = self.num_nodes * self.num_processes, self.stages_per_process
+        stages = self.num_stages_option or (len(self.balance) if self.balance else world * per_process)
+        if stages % per_process:
             raise UsageError(
-                f"the pipeline has {stages} stages, but devices x nodes = {world} processes is not a multiple of it: "
-                f"use a multiple of {stages} devices, or change num_stages."
+                f"the pipeline has {stages} stages, which stages_per_process={per_process} does not divide: "
+                f"use a multiple of {per_process} stages."
             )
-        return stages
+        processes = stages // per_process
+        if world % processes:
+            raise UsageError(
+                f"the pipeline has {stages} stages over {processes} processes, but devices x nodes = {world} processes "
+                f"is not a multiple of {processes}: use a multiple of {processes} devices, or change num_stages."
+            )
+        return PipelineLayout(self.schedule_name, processes, per_process)
+
+    @property
+    def num_stages(self) -> int:
+        return self.layout.num_stages
 
     @property
     def data_parallel_size(self) -> int:
         """Replicas of the whole pipeline: the processes that see different samples."""
-        return self.num_nodes * self.num_processes // self.num_stages
+        return self.num_nodes * self.num_processes // self.layout.processes
 
     @property
-    def stage_index(self) -> int:
-        return self.global_rank % self.num_stages
+    def pipe_index(self) -> int:
+        """This process's place in its pipeline."""
+        return self.global_rank % self.layout.processes
 
     @property
     def replica_index(self) -> int:
-        return self.global_rank // self.num_stages
+        return self.global_rank // self.layout.processes
 
     @property
     @override
@@ -132,30 +153,28 @@ class PipelineStrategy(SplitNetworkStrategy):
     @override
     def set_world_ranks(self) -> None:
         super().set_world_ranks()
-        stages = self.num_stages  # checks the process count
-        if self.balance is not None and len(self.balance) != stages:
-            raise UsageError(f"balance {self.balance} has {len(self.balance)} stages, but the pipeline has {stages}.")
-        if self.schedule_name == "1f1b" and self.micro_batches < stages:
+        layout = self.layout  # checks the process count
+        if self.balance is not None and len(self.balance) != layout.num_stages:
             raise UsageError(
-                f"schedule 1f1b needs at least as many micro-batches as stages: micro_batches={self.micro_batches} "
-                f"< {stages} stages. Raise micro_batches or use schedule gpipe."
+                f"balance {self.balance} has {len(self.balance)} stages, but the pipeline has {layout.num_stages}."
             )
+        layout.check(self.micro_batches)
 
     @override
     def setup_distributed(self) -> None:
         super().setup_distributed()
         self._pipe_group, self._stage_group = create_groups(
-            self.num_stages, self.data_parallel_size, self.stage_index, self.replica_index
+            self.layout.processes, self.data_parallel_size, self.pipe_index, self.replica_index
         )
 
     @property
     def stage_blocks(self) -> list[range]:
-        """The block indices of this process's stage (a list of one, as ``manual_model_parallel`` lists its stages)."""
-        return [self._stage_blocks]
+        """The block indices of each of this process's stages."""
+        return self._stage_blocks
 
-    def _pipe_rank(self, stage: int) -> int:
-        """Global rank of ``stage`` in this process's pipeline."""
-        return self.replica_index * self.num_stages + stage
+    def _rank_of(self, stage: int) -> int:
+        """Global rank of the process that holds ``stage`` in this process's pipeline."""
+        return self.replica_index * self.layout.processes + self.layout.process_of(stage)
 
     # --- the model ------------------------------------------------------------------------------
 
@@ -187,16 +206,20 @@ class PipelineStrategy(SplitNetworkStrategy):
         if self._stage_blocks is None:
             # Rank 0 times the blocks, one at a time and for one micro-batch, for all.
             times = self.broadcast(time_blocks(self, blocks, self.micro_batches) if self.global_rank == 0 else None)
-            balance = choose_balance(blocks, self.num_stages, self.balance, self.balance_by, times)
-            start = sum(balance[: self.stage_index])
-            self._stage_blocks = range(start, start + balance[self.stage_index])
-            devices = [f"rank {self._pipe_rank(stage)}" for stage in range(self.num_stages)]
+            layout = self.layout
+            balance = choose_balance(blocks, layout.num_stages, self.balance, self.balance_by, times)
+            starts = [sum(balance[:stage]) for stage in range(layout.num_stages)]
+            self._stage_blocks = [range(starts[stage], starts[stage] + balance[stage])
+                                  for stage in layout.stages_of(self.pipe_index)]
+            devices = [f"rank {self._rank_of(stage)}" for stage in range(layout.num_stages)]
+            per_process = f" ({layout.stages_per_process} per process)" if layout.stages_per_process > 1 else ""
             rank_zero_info(
-                f"pipeline: {self.num_stages} stages x {self.data_parallel_size} replica(s), {self.micro_batches} "
-                f"micro-batches, schedule {self.schedule_name}, balance {balance}"
+                f"pipeline: {layout.num_stages} stages{per_process} x {self.data_parallel_size} replica(s), "
+                f"{self.micro_batches} micro-batches, schedule {self.schedule_name}, balance {balance}"
                 + ("" if self.balance else f" (by {self.balance_by})") + "\n" + split_table(blocks, balance, devices, times)
             )
-        return [self.root_device if index in self._stage_blocks else None for index in range(len(blocks))]
+        held = {index for blocks_of_stage in self._stage_blocks for index in blocks_of_stage}
+        return [self.root_device if index in held else None for index in range(len(blocks))]
 
     @override
     def setup(self, trainer) -> None:
@@ -206,19 +229,28 @@ class PipelineStrategy(SplitNetworkStrategy):
         self.model_to_device()  # this process's blocks on its device, the others on the meta device
         pl_module = self.lightning_module
         blocks = block_sequence(pl_module, self.strategy_name)
-        self._stage_module = blocks[self._stage_blocks.start : self._stage_blocks.stop]
+        self._stage_module = nn.ModuleList(StageBlocks(*blocks[held.start : held.stop]) for held in self._stage_blocks)
         if self.deferred_batch_norm:
-            defer_batch_norm(self._stage_module, self.micro_batches)
+            for module in self._stage_module:
+                defer_batch_norm(module, self.micro_batches)
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)
         self.setup_precision_plugin()
-        # Processes that hold the same stage start from the same weights.
+        # Processes that hold the same stages start from the same weights.
         for tensor in self._stage_module.state_dict().values():
-            dist.broadcast(tensor, src=self.stage_index, group=self._stage_group)
-        stage = PipelineStage(self._stage_module, self.stage_index, self.num_stages, self.root_device, group=self._pipe_group)
-        schedule = SCHEDULES[self.schedule_name](stage, self.micro_batches, loss_fn=self._micro_batch_loss, scale_grads=False)
-        self._runner = StageRunner(schedule, self._stage_module, self.stage_index, self.num_stages,
-                                   self._pipe_rank(self.num_stages - 1), self._pipe_group, self.root_device,
+            dist.broadcast(tensor, src=self.pipe_index, group=self._stage_group)
+        layout = self.layout
+        local_stages = layout.stages_of(self.pipe_index)
+        stages = [PipelineStage(module, stage, layout.num_stages, self.root_device, group=self._pipe_group)
+                  for module, stage in zip(self._stage_module, local_stages)]
+        schedule = schedule_class(self.schedule_name)(
+            stages[0] if layout.is_single else stages, self.micro_batches, loss_fn=self._micro_batch_loss,
+            scale_grads=False,
+        )
+        forward_only = ForwardOnly(self._stage_module, local_stages, self._rank_of, layout.num_stages,
+                                   self.micro_batches, self.root_device)
+        self._runner = StageRunner(schedule, forward_only, self._stage_module, 0 in local_stages, layout.num_stages - 1 in local_stages,
+                                   self._rank_of(layout.num_stages - 1), self._pipe_group, self.root_device,
                                    self.precision_plugin)
         self.precision_plugin.clip_gradients = self._clip_gradients  # the norm is global over the stages
         # The model summary's forward pass would need every block in this process.
@@ -294,13 +326,14 @@ class PipelineStrategy(SplitNetworkStrategy):
 
     @override
     def lightning_module_state_dict(self) -> dict[str, Any]:
-        return gather_state_dict(self.lightning_module.state_dict(), self._stage_blocks, self.num_stages,
+        held = [index for blocks in self._stage_blocks for index in blocks]
+        return gather_state_dict(self.lightning_module.state_dict(), held, self.layout.processes,
                                  self.replica_index == 0, self.is_global_zero)
 
     @override
     def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
         return gather_optimizer_state(optimizer, super().optimizer_state(optimizer), self._stage_module,
-                                      self.num_stages, self.replica_index == 0, self.is_global_zero)
+                                      self.layout.processes, self.replica_index == 0, self.is_global_zero)
 
     @override
     def teardown(self) -> None:

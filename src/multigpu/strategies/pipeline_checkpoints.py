@@ -14,24 +14,24 @@ from torch.optim import Optimizer
 __all__ = ["gather_optimizer_state", "gather_state_dict"]
 
 
-def _gather_stages(local: dict[str, Any], num_stages: int, first_replica: bool, is_global_zero: bool) -> list[dict]:
-    """Every stage's entry from the first replica (ranks 0 .. num_stages - 1) on rank 0; empty elsewhere."""
+def _gather_stages(local: dict[str, Any], processes: int, first_replica: bool, is_global_zero: bool) -> list[dict]:
+    """The entries of every process of the first replica (ranks 0 .. processes - 1) on rank 0; empty elsewhere."""
     gathered: list[Any] = [None] * dist.get_world_size() if is_global_zero else []
     dist.gather_object(local if first_replica else {}, gathered if is_global_zero else None, dst=0)
-    return gathered[:num_stages]
+    return gathered[:processes]
 
 
-def gather_state_dict(state: dict[str, Any], stage_blocks: Collection[int], num_stages: int, first_replica: bool,
+def gather_state_dict(state: dict[str, Any], stage_blocks: Collection[int], processes: int, first_replica: bool,
                       is_global_zero: bool) -> dict[str, Any]:
     """``state`` (a LightningModule's state dict) with every block's entries from the process that trains it."""
     prefixes = tuple(f"net.{index}." for index in stage_blocks)
     mine = {key: value.cpu() for key, value in state.items() if key.startswith(prefixes)}
-    for stage_state in _gather_stages(mine, num_stages, first_replica, is_global_zero):
+    for stage_state in _gather_stages(mine, processes, first_replica, is_global_zero):
         state.update(stage_state)
     return state
 
 
-def gather_optimizer_state(optimizer: Optimizer, full: dict[str, Any], stage: nn.Module, num_stages: int,
+def gather_optimizer_state(optimizer: Optimizer, full: dict[str, Any], stage: nn.Module, processes: int,
                            first_replica: bool, is_global_zero: bool) -> dict[str, Any]:
     """``full`` (``optimizer.state_dict()``) with the state of every stage's parameters."""
     owned = {id(param) for param in stage.parameters()}
@@ -42,6 +42,6 @@ def gather_optimizer_state(optimizer: Optimizer, full: dict[str, Any], stage: nn
         if id(params[index]) in owned
     }
     merged = {}
-    for stage_state in _gather_stages(mine, num_stages, first_replica, is_global_zero):
+    for stage_state in _gather_stages(mine, processes, first_replica, is_global_zero):
         merged.update(stage_state)
     return {**full, "state": dict(sorted(merged.items()))}

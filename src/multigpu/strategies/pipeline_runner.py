@@ -1,7 +1,7 @@
 """One batch through one process's pipeline stage: the process groups, the schedule's step, and the output
 every stage gets, which the LightningModule's own step then reads as its network's output."""
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -9,29 +9,107 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.plugins import Precision
 from torch import Tensor, nn
-from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+from torch.distributed.pipelining.schedules import _PipelineSchedule
 from typing_extensions import override
 
 from multigpu.errors import UsageError
 
-__all__ = ["StageRunner", "create_groups", "network_returns"]
+__all__ = ["ForwardOnly", "StageBlocks", "StageRunner", "create_groups", "network_returns"]
 
 
-def create_groups(stages: int, replicas: int, stage_index: int, replica_index: int) -> tuple[dist.ProcessGroup, ...]:
-    """This process's pipeline (the ranks of its replica) and stage group (the ranks that hold its stage).
+def create_groups(processes: int, replicas: int, pipe_index: int, replica_index: int) -> tuple[dist.ProcessGroup, ...]:
+    """This process's pipeline (the ranks of its replica) and stage group (the ranks that hold its stages).
 
     Ranks ``r*S .. r*S+S-1`` form replica ``r``; every process creates every group, in the same order.
     """
     pipe_group = stage_group = None
     for replica in range(replicas):
-        group = dist.new_group(list(range(replica * stages, (replica + 1) * stages)))
+        group = dist.new_group(list(range(replica * processes, (replica + 1) * processes)))
         if replica == replica_index:
             pipe_group = group
-    for stage in range(stages):
-        group = dist.new_group(list(range(stage, stages * replicas, stages)))
-        if stage == stage_index:
+    for index in range(processes):
+        group = dist.new_group(list(range(index, processes * replicas, processes)))
+        if index == pipe_index:
             stage_group = group
     return pipe_group, stage_group
+
+
+class StageBlocks(nn.Sequential):
+    """One stage's consecutive blocks. The schedule passes what the previous stage sent as arguments: one
+    tensor, or the tensors of a tuple (a split inside a bottleneck sends its output and its shortcut)."""
+
+    @override
+    def forward(self, *inputs: Tensor) -> Any:
+        out = super().forward(inputs[0] if len(inputs) == 1 else inputs)
+        # Zero-bubble schedules detach a stage's outputs in place once their input gradients are
+        # computed, while its weight gradients still need what the blocks saved, and the shortcut a
+        # bottleneck's entry passes on is its first convolution's saved input: send copies.
+        return tuple(tensor.clone() for tensor in out) if isinstance(out, tuple) else out
+
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+_HEADER = 32  # int64s: tensor count, then for each tensor its dtype, its rank and its sizes
+
+
+class ForwardOnly:
+    """Evaluation: every micro-batch forward through the pipeline, stage after stage, without a schedule.
+
+    PyTorch's multi-stage schedules run their backward actions in ``eval()`` too, which fails
+    where one process holds two consecutive stages (``ZBVZeroBubble``, ``DualPipeV``). Here each
+    process runs its stages in order, every micro-batch, and sends each output on with a
+    header of shapes and dtypes (evaluation may come before any training step has shown them).
+    """
+
+    def __init__(self, modules: Sequence[nn.Module], stages: Sequence[int], rank_of: Callable[[int], int],
+                 num_stages: int, micro_batches: int, device: torch.device) -> None:
+        self.modules, self.stages, self.rank_of = list(modules), list(stages), rank_of
+        self.num_stages, self.micro_batches, self.device = num_stages, micro_batches, device
+        self.rank = dist.get_rank()
+
+    def run(self, x: Tensor | None) -> Tensor | None:
+        """The last stage's output for the batch ``x`` (given where stage 0 is held), where it is held."""
+        held: dict[tuple[int, int], Any] = {}
+        sends: list[tuple[dist.Work, Tensor]] = []
+        last: list[Tensor] = []
+        chunks = x.tensor_split(self.micro_batches) if x is not None else None
+        for module, stage in zip(self.modules, self.stages):
+            for micro_batch in range(self.micro_batches):
+                if stage == 0:
+                    inputs = chunks[micro_batch]
+                elif self.rank_of(stage - 1) == self.rank:
+                    inputs = held.pop((stage - 1, micro_batch))
+                else:
+                    inputs = self._receive(self.rank_of(stage - 1), tag=stage)
+                out = module(*inputs) if isinstance(inputs, tuple) else module(inputs)
+                if stage == self.num_stages - 1:
+                    last.append(out)
+                elif self.rank_of(stage + 1) == self.rank:
+                    held[(stage, micro_batch)] = out
+                else:
+                    sends += self._send(out, self.rank_of(stage + 1), tag=stage + 1)
+        for work, _ in sends:
+            work.wait()
+        return torch.cat(last) if last else None
+
+    def _send(self, out: Tensor | tuple[Tensor, ...], dst: int, tag: int) -> list[tuple[dist.Work, Tensor]]:
+        tensors = [out] if isinstance(out, Tensor) else list(out)
+        header = [len(tensors)]
+        for tensor in tensors:
+            header += [_DTYPES.index(tensor.dtype), tensor.dim(), *tensor.shape]
+        header = torch.tensor(header + [0] * (_HEADER - len(header)), device=self.device)
+        return [(dist.isend(tensor.contiguous(), dst, tag=tag), tensor) for tensor in (header, *tensors)]
+
+    def _receive(self, src: int, tag: int) -> Tensor | tuple[Tensor, ...]:
+        header = torch.empty(_HEADER, dtype=torch.int64, device=self.device)
+        dist.recv(header, src, tag=tag)
+        values, position, tensors = header.tolist(), 1, []
+        for _ in range(values[0]):
+            dtype, rank = _DTYPES[values[position]], values[position + 1]
+            tensor = torch.empty(values[position + 2 : position + 2 + rank], dtype=dtype, device=self.device)
+            dist.recv(tensor, src, tag=tag)
+            tensors.append(tensor)
+            position += 2 + rank
+        return tensors[0] if len(tensors) == 1 else tuple(tensors)
 
 
 class Replay(nn.Module):
@@ -58,7 +136,7 @@ def network_returns(pl_module: nn.Module, output: Tensor) -> Iterator[None]:
 
 
 class StageRunner:
-    """Runs batches through ``schedule`` on this process's ``stage_module``.
+    """Runs batches through ``schedule`` on this process's stages (``stage_module``).
 
     Shapes are fixed by the first batch: a smaller evaluation batch is padded and the
     padding's output dropped. The last stage's output (the logits) is broadcast to the
@@ -69,18 +147,20 @@ class StageRunner:
 
     def __init__(
         self,
-        schedule: PipelineScheduleSingle,
+        schedule: _PipelineSchedule,
+        forward_only: ForwardOnly,
         stage_module: nn.Module,
-        stage_index: int,
-        num_stages: int,
+        is_first: bool,
+        is_last: bool,
         last_rank: int,
         group: dist.ProcessGroup,
         device: torch.device,
         precision_plugin: Precision,
     ) -> None:
         self.schedule = schedule
+        self.forward_only = forward_only
         self.stage_module = stage_module
-        self.is_first, self.is_last = stage_index == 0, stage_index == num_stages - 1
+        self.is_first, self.is_last = is_first, is_last
         self.last_rank = last_rank
         self.group = group
         self.device = device
@@ -112,7 +192,7 @@ class StageRunner:
                     output = self.schedule.step(*inputs, target=target)
             else:  # forward only; inference tensors would end up in the stage's buffers
                 with torch.inference_mode(False), torch.no_grad():
-                    output = self.schedule.eval(*inputs, target=target)
+                    output = self.forward_only.run(x if self.is_first else None)
         return self._share_output(output)[:size]
 
     def _share_output(self, output: Tensor | None) -> Tensor:

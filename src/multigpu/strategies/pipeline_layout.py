@@ -1,0 +1,90 @@
+"""A pipeline's schedule and which of its stages each process holds.
+
+``S`` processes form one pipeline, each holding ``V`` stages (``stages_per_process``), so the
+network is split into ``S x V`` stages. GPipe and 1F1B hold one stage per process.
+PyTorch's multi-stage schedules place them *looped* (stage ``s`` on process ``s mod S``:
+``Interleaved1F1B``, ``LoopedBFS``, ``InterleavedZeroBubble``) or *V-shaped* (process ``p``
+holds stages ``p`` and ``2S - 1 - p``: ``ZBVZeroBubble``, ``DualPipeV``, which need ``V = 2``).
+``check_layout`` says, in one line, what a schedule cannot take, before anything is launched.
+"""
+
+from dataclasses import dataclass
+
+from torch.distributed.pipelining.schedules import PipelineScheduleSingle, _PipelineSchedule, get_schedule_class
+
+from multigpu.errors import UsageError
+
+__all__ = ["SCHEDULES", "PipelineLayout", "schedule_class"]
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "loopedbfs", "interleavedzerobubble", "zbvzerobubble", "dualpipev")
+"""The schedule names ``pipeline`` accepts, case-insensitive: every schedule of ``get_schedule_class``."""
+
+_V_SHAPED = ("zbvzerobubble", "dualpipev")
+_ROUNDS = ("interleaved1f1b", "interleavedzerobubble")  # micro-batches in whole rounds of the processes
+_ENOUGH_MICRO_BATCHES = ("1f1b", "dualpipev")  # at least as many micro-batches as stages
+
+
+def schedule_class(name: str) -> type[_PipelineSchedule]:
+    """PyTorch's schedule class for ``name``; a ``UsageError`` lists the names otherwise."""
+    if name.lower() not in SCHEDULES:
+        raise UsageError(f"schedule must be one of {', '.join(SCHEDULES)} (any case), not {name!r}.")
+    return get_schedule_class(name)
+
+
+@dataclass(frozen=True)
+class PipelineLayout:
+    """``processes`` processes per pipeline, ``stages_per_process`` stages each, under ``schedule``."""
+
+    schedule: str
+    processes: int
+    stages_per_process: int
+
+    @property
+    def num_stages(self) -> int:
+        return self.processes * self.stages_per_process
+
+    @property
+    def is_single(self) -> bool:
+        """One stage per process, for a ``PipelineScheduleSingle`` (GPipe, 1F1B)."""
+        return issubclass(schedule_class(self.schedule), PipelineScheduleSingle)
+
+    @property
+    def is_v_shaped(self) -> bool:
+        return self.schedule.lower() in _V_SHAPED
+
+    def process_of(self, stage: int) -> int:
+        """Index, within its pipeline, of the process that holds ``stage``."""
+        if self.is_v_shaped and (stage // self.processes) % 2:
+            return self.processes - 1 - stage % self.processes
+        return stage % self.processes
+
+    def stages_of(self, process: int) -> list[int]:
+        """The stages that process ``process`` of a pipeline holds, in order."""
+        return [stage for stage in range(self.num_stages) if self.process_of(stage) == process]
+
+    def check(self, micro_batches: int) -> None:
+        """Raise a ``UsageError`` that names what to change if the schedule cannot run this layout."""
+        name, stages, processes = self.schedule.lower(), self.num_stages, self.processes
+        if self.stages_per_process < 1:
+            raise UsageError(f"stages_per_process must be at least 1, not {self.stages_per_process}.")
+        if self.is_single and self.stages_per_process != 1:
+            raise UsageError(
+                f"schedule {self.schedule} runs one stage per process, not stages_per_process={self.stages_per_process}: "
+                "use Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble or DualPipeV, or drop stages_per_process."
+            )
+        if self.is_v_shaped and self.stages_per_process != 2:
+            raise UsageError(
+                f"schedule {self.schedule} places 2 stages on each process in a V: set stages_per_process=2, "
+                f"not {self.stages_per_process}."
+            )
+        if name in _ENOUGH_MICRO_BATCHES and micro_batches < stages:
+            raise UsageError(
+                f"schedule {self.schedule} needs at least as many micro-batches as stages: micro_batches={micro_batches} "
+                f"< {stages} stages. Raise micro_batches or use schedule gpipe."
+            )
+        rounds = max(1, micro_batches // processes)
+        if name in _ROUNDS and micro_batches % rounds:
+            raise UsageError(
+                f"schedule {self.schedule} runs micro-batches in rounds of the {processes} processes: micro_batches="
+                f"{micro_batches} is not a multiple of its {rounds} rounds. Use a multiple of {processes} micro-batches."
+            )
