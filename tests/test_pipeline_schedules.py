@@ -1,0 +1,76 @@
+"""Every pipeline schedule against one device that accumulates the same micro-batches."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO
+from multigpu.errors import UsageError
+from multigpu.strategies.pipeline_layout import SCHEDULES, PipelineLayout
+
+# LoopedBFS runs each stage's backward passes last micro-batch first, so the gradients of the
+# micro-batches are summed in another order than one device's: float32 rounding, 3e-8 seen.
+REORDERED = {"loopedbfs": 1e-6}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """``trained(layout)``: what ``tests/schedule_training.py LAYOUT`` saved, run once per module."""
+    folder, results = tmp_path_factory.mktemp("schedules"), {}
+
+    def train(layout: str) -> dict:
+        if layout not in results:
+            out = folder / f"{layout}.pt"
+            result = subprocess.run([sys.executable, str(REPO / "tests" / "schedule_training.py"), layout, str(out)],
+                                    capture_output=True, text=True, timeout=600)
+            assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+            results[layout] = torch.load(out)
+        return results[layout]
+
+    return train
+
+
+def _compare(piped: dict, reference: dict, atol: float, buffers: bool = True) -> None:
+    names = [name for name in reference["state"] if buffers or not ("running" in name or "num_batches" in name)]
+    assert len(names) == (56 if buffers else 32)  # 8 x (weight, bias, BatchNorm weight, bias) + 8 x 3 buffers
+    for name in names:
+        torch.testing.assert_close(piped["state"][name], reference["state"][name], rtol=0, atol=atol, msg=name)
+    assert piped["momentum"].keys() == reference["momentum"].keys() and len(piped["momentum"]) == 32
+    for index, momentum in reference["momentum"].items():
+        torch.testing.assert_close(piped["momentum"][index], momentum, rtol=0, atol=atol, msg=f"momentum {index}")
+
+
+@pytest.mark.parametrize("layout", ["2", "4"])
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_one_pipeline_equals_one_device_accumulating_its_micro_batches(schedule, layout, trained):
+    """Parameters, BatchNorm statistics and momentum: bit for bit, but for a schedule that reorders the sums."""
+    _compare(trained(layout)[schedule], trained("reference-2")["reference"], REORDERED.get(schedule, 0.0))
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_two_replicas_of_a_pipeline_equal_one_device_accumulating_both(schedule, trained):
+    """In float64: the replicas' average rounds differently from one device's sum (1e-15 seen).
+
+    BatchNorm's running statistics are each replica's own, as under DDP, and are not compared.
+    """
+    _compare(trained("2x2")[schedule], trained("reference-4")["reference"], 1e-12, buffers=False)
+
+
+def test_placement_is_looped_or_v_shaped():
+    assert PipelineLayout("Interleaved1F1B", 2, 2).stages_of(0) == [0, 2]
+    assert PipelineLayout("ZBVZeroBubble", 2, 2).stages_of(0) == [0, 3]
+    assert PipelineLayout("DualPipeV", 4, 2).stages_of(1) == [1, 6]
+    assert PipelineLayout("gpipe", 4, 1).stages_of(3) == [3]
+
+
+@pytest.mark.parametrize(("schedule", "per_process", "micro_batches", "message"), [
+    ("1f1b", 2, 8, "schedule 1f1b runs one stage per process, not stages_per_process=2"),
+    ("ZBVZeroBubble", 1, 8, "schedule ZBVZeroBubble places 2 stages on each process in a V: set stages_per_process=2"),
+    ("DualPipeV", 2, 3, "schedule DualPipeV needs at least as many micro-batches as stages: micro_batches=3 < 4"),
+    ("Interleaved1F1B", 2, 5, "micro_batches=5 is not a multiple of its 2 rounds. Use a multiple of 2 micro-batches"),
+])
+def test_a_layout_the_schedule_cannot_run_is_refused(schedule, per_process, micro_batches, message):
+    with pytest.raises(UsageError, match=message.replace("(", r"\(")):
+        PipelineLayout(schedule, 2, per_process).check(micro_batches)
