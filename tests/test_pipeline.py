@@ -39,7 +39,7 @@ def test_cli_trains_evaluates_and_shares_checkpoints_with_ddp_and_one_device(tmp
     last = tmp_path / "checkpoints" / "test" / "last.ckpt"
     first = run_cli("fit", *args, *pipeline)
     assert first.returncode == 0, first.stdout
-    assert "pipeline: 2 stages x 1 replica(s), 4 micro-batches, schedule 1f1b" in first.stdout
+    assert "pipeline: 2 stages over 2 processes, schedule 1f1b, 1 replica(s), 4 micro-batches" in first.stdout
     assert re.search(r"^stage +device +blocks +params +time$", first.stdout, re.MULTILINE)
     checkpoint = torch.load(last)
     # The gathered optimizer state holds every parameter's momentum, from both stages.
@@ -75,6 +75,16 @@ def test_errors_before_anything_is_launched(capsys, tmp_path):
     )
     error = cli_error(capsys, "--trainer.strategy=pipeline", "--trainer.devices=35", "--trainer.strategy.schedule=gpipe", *run)
     assert error == "error: 35 stages need at least 35 blocks, but the network has 34."
+    error = cli_error(capsys, *pipeline, "--trainer.strategy.schedule=PipelineScheduleMulti", *run)
+    assert error.startswith("error: schedule must be one of gpipe, 1f1b, interleaved1f1b, loopedbfs, ")
+    error = cli_error(capsys, *pipeline, "--trainer.strategy.schedule=GPipe", "--trainer.strategy.stages_per_process=2", *run)
+    assert error.startswith("error: schedule GPipe runs one stage per process, not stages_per_process=2: use Interleaved1F1B")
+    error = cli_error(capsys, *pipeline, "--trainer.strategy.schedule=DualPipeV", "--trainer.strategy.stages_per_process=2",
+                      "--trainer.strategy.micro_batches=2", *run)
+    assert error == (
+        "error: schedule DualPipeV needs at least as many micro-batches as stages: micro_batches=2 < 4 stages. "
+        "Raise micro_batches or use schedule gpipe."
+    )
     error = cli_error(capsys, *pipeline, "--trainer.strategy.balance=[17,16]", *run)
     assert error == "error: balance [17, 16] sums to 33, but the network has 34 blocks."
 

@@ -31,7 +31,6 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import GradClipAlgorithmType, rank_zero_info
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import Tensor, nn
-from torch.distributed.pipelining import PipelineStage
 from torch.optim import Optimizer
 from typing_extensions import override
 
@@ -40,9 +39,9 @@ from multigpu.errors import UsageError
 from multigpu.partition import BalanceBy, check_stage_count, choose_balance, split_table
 from multigpu.strategies.network_lookup import block_sequence, time_blocks
 from multigpu.strategies.pipeline_checkpoints import gather_optimizer_state, gather_state_dict
+from multigpu.strategies.pipeline_gradients import average_between_replicas, clip_over_stages
 from multigpu.strategies.pipeline_layout import PipelineLayout, schedule_class
-from multigpu.strategies.pipeline_gradients import average_between_replicas, clip_norm_over_stages, share_overflow
-from multigpu.strategies.pipeline_runner import ForwardOnly, StageBlocks, StageRunner, create_groups, network_returns
+from multigpu.strategies.pipeline_runner import StageBlocks, StageRunner, create_groups, network_returns
 from multigpu.strategies.split_network import SplitNetworkStrategy
 
 __all__ = ["PipelineStrategy"]
@@ -111,20 +110,8 @@ class PipelineStrategy(SplitNetworkStrategy):
     @property
     def layout(self) -> PipelineLayout:
         """The schedule, the processes of one pipeline and the stages of each."""
-        world, per_process = self.num_nodes * self.num_processes, self.stages_per_process
-        stages = self.num_stages_option or (len(self.balance) if self.balance else world * per_process)
-        if stages % per_process:
-            raise UsageError(
-                f"the pipeline has {stages} stages, which stages_per_process={per_process} does not divide: "
-                f"use a multiple of {per_process} stages."
-            )
-        processes = stages // per_process
-        if world % processes:
-            raise UsageError(
-                f"the pipeline has {stages} stages over {processes} processes, but devices x nodes = {world} processes "
-                f"is not a multiple of {processes}: use a multiple of {processes} devices, or change num_stages."
-            )
-        return PipelineLayout(self.schedule_name, processes, per_process)
+        stages = self.num_stages_option or (len(self.balance) if self.balance else None)
+        return PipelineLayout.of(self.schedule_name, self.num_nodes * self.num_processes, stages, self.stages_per_process)
 
     @property
     def num_stages(self) -> int:
@@ -208,15 +195,12 @@ class PipelineStrategy(SplitNetworkStrategy):
             times = self.broadcast(time_blocks(self, blocks, self.micro_batches) if self.global_rank == 0 else None)
             layout = self.layout
             balance = choose_balance(blocks, layout.num_stages, self.balance, self.balance_by, times)
-            starts = [sum(balance[:stage]) for stage in range(layout.num_stages)]
-            self._stage_blocks = [range(starts[stage], starts[stage] + balance[stage])
-                                  for stage in layout.stages_of(self.pipe_index)]
+            self._stage_blocks = layout.stage_blocks(balance, self.pipe_index)
             devices = [f"rank {self._rank_of(stage)}" for stage in range(layout.num_stages)]
-            per_process = f" ({layout.stages_per_process} per process)" if layout.stages_per_process > 1 else ""
             rank_zero_info(
-                f"pipeline: {layout.num_stages} stages{per_process} x {self.data_parallel_size} replica(s), "
-                f"{self.micro_batches} micro-batches, schedule {self.schedule_name}, balance {balance}"
-                + ("" if self.balance else f" (by {self.balance_by})") + "\n" + split_table(blocks, balance, devices, times)
+                f"pipeline: {layout}, {self.data_parallel_size} replica(s), {self.micro_batches} micro-batches, "
+                f"balance {balance}" + ("" if self.balance else f" (by {self.balance_by})") + "\n"
+                + split_table(blocks, balance, devices, times)
             )
         held = {index for blocks_of_stage in self._stage_blocks for index in blocks_of_stage}
         return [self.root_device if index in held else None for index in range(len(blocks))]
@@ -239,19 +223,8 @@ class PipelineStrategy(SplitNetworkStrategy):
         # Processes that hold the same stages start from the same weights.
         for tensor in self._stage_module.state_dict().values():
             dist.broadcast(tensor, src=self.pipe_index, group=self._stage_group)
-        layout = self.layout
-        local_stages = layout.stages_of(self.pipe_index)
-        stages = [PipelineStage(module, stage, layout.num_stages, self.root_device, group=self._pipe_group)
-                  for module, stage in zip(self._stage_module, local_stages)]
-        schedule = schedule_class(self.schedule_name)(
-            stages[0] if layout.is_single else stages, self.micro_batches, loss_fn=self._micro_batch_loss,
-            scale_grads=False,
-        )
-        forward_only = ForwardOnly(self._stage_module, local_stages, self._rank_of, layout.num_stages,
-                                   self.micro_batches, self.root_device)
-        self._runner = StageRunner(schedule, forward_only, self._stage_module, 0 in local_stages, layout.num_stages - 1 in local_stages,
-                                   self._rank_of(layout.num_stages - 1), self._pipe_group, self.root_device,
-                                   self.precision_plugin)
+        self._runner = StageRunner.build(self._stage_module, self.layout, self.pipe_index, self._rank_of, self.micro_batches,
+                                         self._micro_batch_loss, self._pipe_group, self.root_device, self.precision_plugin)
         self.precision_plugin.clip_gradients = self._clip_gradients  # the norm is global over the stages
         # The model summary's forward pass would need every block in this process.
         self._example_input, pl_module.example_input_array = pl_module.example_input_array, None
@@ -306,21 +279,10 @@ class PipelineStrategy(SplitNetworkStrategy):
 
         return super().optimizer_step(optimizer, closure_then_average, model, **kwargs)
 
-    def _clip_gradients(
-        self, optimizer: Optimizer, clip_val: float = 0.0, gradient_clip_algorithm: GradClipAlgorithmType = GradClipAlgorithmType.NORM
-    ) -> None:
-        """Lightning's clipping step, made pipeline-wide.
-
-        Lightning calls it after unscaling and before the optimizer step, with or without
-        clipping, so it is also where a 16-mixed overflow on one stage skips the step on all.
-        """
-        share_overflow(self.precision_plugin, optimizer, self.root_device)
-        if clip_val <= 0:
-            return
-        if gradient_clip_algorithm == GradClipAlgorithmType.VALUE:
-            self.precision_plugin.clip_grad_by_value(optimizer, clip_val)
-        else:
-            clip_norm_over_stages(list(self._stage_module.parameters()), clip_val, self._pipe_group, self.root_device)
+    def _clip_gradients(self, optimizer: Optimizer, clip_val: float = 0.0,
+                        gradient_clip_algorithm: GradClipAlgorithmType = GradClipAlgorithmType.NORM) -> None:
+        clip_over_stages(self.precision_plugin, optimizer, clip_val, gradient_clip_algorithm,
+                         list(self._stage_module.parameters()), self._pipe_group, self.root_device)
 
     # --- checkpoints --------------------------------------------------------------------------
 

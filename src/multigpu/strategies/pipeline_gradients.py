@@ -10,10 +10,11 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 from lightning.pytorch.plugins import Precision
+from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch import nn
 from torch.optim import Optimizer
 
-__all__ = ["average_between_replicas", "clip_norm_over_stages", "share_overflow"]
+__all__ = ["average_between_replicas", "clip_over_stages"]
 
 
 def average_between_replicas(params: Sequence[nn.Parameter], group: dist.ProcessGroup, replicas: int) -> None:
@@ -26,7 +27,7 @@ def average_between_replicas(params: Sequence[nn.Parameter], group: dist.Process
             param.grad /= replicas
 
 
-def clip_norm_over_stages(params: Sequence[nn.Parameter], clip_val: float, group: dist.ProcessGroup,
+def _clip_norm_over_stages(params: Sequence[nn.Parameter], clip_val: float, group: dist.ProcessGroup,
                           device: torch.device) -> None:
     """Clip this stage's gradients by the norm of the gradients of every stage of the pipeline."""
     params = [param for param in params if param.grad is not None]
@@ -37,7 +38,7 @@ def clip_norm_over_stages(params: Sequence[nn.Parameter], clip_val: float, group
     torch.nn.utils.clip_grads_with_norm_(params, clip_val, squares.sqrt())
 
 
-def share_overflow(precision_plugin: Precision, optimizer: Optimizer, device: torch.device) -> None:
+def _share_overflow(precision_plugin: Precision, optimizer: Optimizer, device: torch.device) -> None:
     """Under 16-mixed, an overflow on any process skips the step on all (each sees only its stage's)."""
     scaler = getattr(precision_plugin, "scaler", None)
     if scaler is None or not scaler.is_enabled():
@@ -49,3 +50,20 @@ def share_overflow(precision_plugin: Precision, optimizer: Optimizer, device: to
     dist.all_reduce(anywhere, op=dist.ReduceOp.MAX)
     if anywhere.item() > 0:
         found[device] = torch.ones(1, device=device)
+
+
+def clip_over_stages(precision_plugin: Precision, optimizer: Optimizer, clip_val: float,
+                     algorithm: GradClipAlgorithmType, params: Sequence[nn.Parameter], group: dist.ProcessGroup,
+                     device: torch.device) -> None:
+    """Lightning's clipping step (``Precision.clip_gradients``), made pipeline-wide.
+
+    Lightning calls it after unscaling and before the optimizer step, with or without
+    clipping, so it is also where a 16-mixed overflow on one stage skips the step on all.
+    """
+    _share_overflow(precision_plugin, optimizer, device)
+    if clip_val <= 0:
+        return
+    if algorithm == GradClipAlgorithmType.VALUE:
+        precision_plugin.clip_grad_by_value(optimizer, clip_val)
+    else:
+        _clip_norm_over_stages(params, clip_val, group, device)

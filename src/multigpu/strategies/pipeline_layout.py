@@ -39,6 +39,29 @@ class PipelineLayout:
     processes: int
     stages_per_process: int
 
+    @classmethod
+    def of(cls, schedule: str, processes: int, stages: int | None, stages_per_process: int) -> "PipelineLayout":
+        """The layout of ``stages`` stages (default ``processes x stages_per_process``) over ``processes`` processes,
+        as replicas of one pipeline; a ``UsageError`` says what does not divide."""
+        stages = stages or processes * stages_per_process
+        if stages % stages_per_process:
+            raise UsageError(
+                f"the pipeline has {stages} stages, which stages_per_process={stages_per_process} does not divide: "
+                f"use a multiple of {stages_per_process} stages."
+            )
+        per_pipeline = stages // stages_per_process
+        if processes % per_pipeline:
+            raise UsageError(
+                f"the pipeline has {stages} stages over {per_pipeline} processes, but devices x nodes = {processes} "
+                f"processes is not a multiple of {per_pipeline}: use a multiple of {per_pipeline} devices, or change "
+                "num_stages."
+            )
+        return cls(schedule, per_pipeline, stages_per_process)
+
+    def __str__(self) -> str:
+        per_process = f" ({self.stages_per_process} per process)" if self.stages_per_process > 1 else ""
+        return f"{self.num_stages} stages{per_process} over {self.processes} processes, schedule {self.schedule}"
+
     @property
     def num_stages(self) -> int:
         return self.processes * self.stages_per_process
@@ -62,11 +85,14 @@ class PipelineLayout:
         """The stages that process ``process`` of a pipeline holds, in order."""
         return [stage for stage in range(self.num_stages) if self.process_of(stage) == process]
 
+    def stage_blocks(self, balance: list[int], process: int) -> list[range]:
+        """The blocks of each stage that ``process`` holds, for ``balance`` (blocks per stage)."""
+        starts = [sum(balance[:stage]) for stage in range(self.num_stages)]
+        return [range(starts[stage], starts[stage] + balance[stage]) for stage in self.stages_of(process)]
+
     def check(self, micro_batches: int) -> None:
         """Raise a ``UsageError`` that names what to change if the schedule cannot run this layout."""
         name, stages, processes = self.schedule.lower(), self.num_stages, self.processes
-        if self.stages_per_process < 1:
-            raise UsageError(f"stages_per_process must be at least 1, not {self.stages_per_process}.")
         if self.is_single and self.stages_per_process != 1:
             raise UsageError(
                 f"schedule {self.schedule} runs one stage per process, not stages_per_process={self.stages_per_process}: "

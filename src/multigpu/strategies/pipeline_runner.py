@@ -1,7 +1,7 @@
 """One batch through one process's pipeline stage: the process groups, the schedule's step, and the output
 every stage gets, which the LightningModule's own step then reads as its network's output."""
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -9,12 +9,15 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.plugins import Precision
 from torch import Tensor, nn
+from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 from typing_extensions import override
 
 from multigpu.errors import UsageError
+from multigpu.strategies.pipeline_forward import ForwardOnly
+from multigpu.strategies.pipeline_layout import PipelineLayout, schedule_class
 
-__all__ = ["ForwardOnly", "StageBlocks", "StageRunner", "create_groups", "network_returns"]
+__all__ = ["StageBlocks", "StageRunner", "create_groups", "network_returns"]
 
 
 def create_groups(processes: int, replicas: int, pipe_index: int, replica_index: int) -> tuple[dist.ProcessGroup, ...]:
@@ -45,71 +48,6 @@ class StageBlocks(nn.Sequential):
         # computed, while its weight gradients still need what the blocks saved, and the shortcut a
         # bottleneck's entry passes on is its first convolution's saved input: send copies.
         return tuple(tensor.clone() for tensor in out) if isinstance(out, tuple) else out
-
-
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-_HEADER = 32  # int64s: tensor count, then for each tensor its dtype, its rank and its sizes
-
-
-class ForwardOnly:
-    """Evaluation: every micro-batch forward through the pipeline, stage after stage, without a schedule.
-
-    PyTorch's multi-stage schedules run their backward actions in ``eval()`` too, which fails
-    where one process holds two consecutive stages (``ZBVZeroBubble``, ``DualPipeV``). Here each
-    process runs its stages in order, every micro-batch, and sends each output on with a
-    header of shapes and dtypes (evaluation may come before any training step has shown them).
-    """
-
-    def __init__(self, modules: Sequence[nn.Module], stages: Sequence[int], rank_of: Callable[[int], int],
-                 num_stages: int, micro_batches: int, device: torch.device) -> None:
-        self.modules, self.stages, self.rank_of = list(modules), list(stages), rank_of
-        self.num_stages, self.micro_batches, self.device = num_stages, micro_batches, device
-        self.rank = dist.get_rank()
-
-    def run(self, x: Tensor | None) -> Tensor | None:
-        """The last stage's output for the batch ``x`` (given where stage 0 is held), where it is held."""
-        held: dict[tuple[int, int], Any] = {}
-        sends: list[tuple[dist.Work, Tensor]] = []
-        last: list[Tensor] = []
-        chunks = x.tensor_split(self.micro_batches) if x is not None else None
-        for module, stage in zip(self.modules, self.stages):
-            for micro_batch in range(self.micro_batches):
-                if stage == 0:
-                    inputs = chunks[micro_batch]
-                elif self.rank_of(stage - 1) == self.rank:
-                    inputs = held.pop((stage - 1, micro_batch))
-                else:
-                    inputs = self._receive(self.rank_of(stage - 1), tag=stage)
-                out = module(*inputs) if isinstance(inputs, tuple) else module(inputs)
-                if stage == self.num_stages - 1:
-                    last.append(out)
-                elif self.rank_of(stage + 1) == self.rank:
-                    held[(stage, micro_batch)] = out
-                else:
-                    sends += self._send(out, self.rank_of(stage + 1), tag=stage + 1)
-        for work, _ in sends:
-            work.wait()
-        return torch.cat(last) if last else None
-
-    def _send(self, out: Tensor | tuple[Tensor, ...], dst: int, tag: int) -> list[tuple[dist.Work, Tensor]]:
-        tensors = [out] if isinstance(out, Tensor) else list(out)
-        header = [len(tensors)]
-        for tensor in tensors:
-            header += [_DTYPES.index(tensor.dtype), tensor.dim(), *tensor.shape]
-        header = torch.tensor(header + [0] * (_HEADER - len(header)), device=self.device)
-        return [(dist.isend(tensor.contiguous(), dst, tag=tag), tensor) for tensor in (header, *tensors)]
-
-    def _receive(self, src: int, tag: int) -> Tensor | tuple[Tensor, ...]:
-        header = torch.empty(_HEADER, dtype=torch.int64, device=self.device)
-        dist.recv(header, src, tag=tag)
-        values, position, tensors = header.tolist(), 1, []
-        for _ in range(values[0]):
-            dtype, rank = _DTYPES[values[position]], values[position + 1]
-            tensor = torch.empty(values[position + 2 : position + 2 + rank], dtype=dtype, device=self.device)
-            dist.recv(tensor, src, tag=tag)
-            tensors.append(tensor)
-            position += 2 + rank
-        return tensors[0] if len(tensors) == 1 else tuple(tensors)
 
 
 class Replay(nn.Module):
@@ -168,6 +106,20 @@ class StageRunner:
         self.batch_size: int | None = None
         self._output_width: int | None = None
         self._held_grads: list[tuple[nn.Parameter, Tensor | None]] = []
+
+    @classmethod
+    def build(cls, modules: nn.ModuleList, layout: PipelineLayout, pipe_index: int, rank_of: Callable[[int], int],
+              micro_batches: int, loss_fn: Callable[[Tensor, Tensor], Tensor], group: dist.ProcessGroup,
+              device: torch.device, precision_plugin: Precision) -> "StageRunner":
+        """The runner of this process's stages (``modules``, placed by ``layout``) under the layout's schedule."""
+        held = layout.stages_of(pipe_index)
+        stages = [PipelineStage(module, stage, layout.num_stages, device, group=group) for module, stage in zip(modules, held)]
+        schedule = schedule_class(layout.schedule)(
+            stages[0] if layout.is_single else stages, micro_batches, loss_fn=loss_fn, scale_grads=False
+        )
+        forward_only = ForwardOnly(modules, held, rank_of, layout.num_stages, micro_batches, device)
+        last = layout.num_stages - 1
+        return cls(schedule, forward_only, modules, 0 in held, last in held, rank_of(last), group, device, precision_plugin)
 
     def run(self, batch: Any, train: bool) -> Tensor:
         """Run the batch through the pipeline; every stage gets the last stage's output."""

@@ -1,0 +1,74 @@
+"""Evaluation through a pipeline: every micro-batch forward, stage after stage, without a schedule."""
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+__all__ = ["ForwardOnly"]
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+_HEADER = 32  # int64s: tensor count, then for each tensor its dtype, its rank and its sizes
+
+
+class ForwardOnly:
+    """Evaluation: every micro-batch forward through the pipeline, stage after stage, without a schedule.
+
+    PyTorch's multi-stage schedules run their backward actions in ``eval()`` too, which fails
+    where one process holds two consecutive stages (``ZBVZeroBubble``, ``DualPipeV``). Here each
+    process runs its stages in order, every micro-batch, and sends each output on with a
+    header of shapes and dtypes (evaluation may come before any training step has shown them).
+    """
+
+    def __init__(self, modules: Sequence[nn.Module], stages: Sequence[int], rank_of: Callable[[int], int],
+                 num_stages: int, micro_batches: int, device: torch.device) -> None:
+        self.modules, self.stages, self.rank_of = list(modules), list(stages), rank_of
+        self.num_stages, self.micro_batches, self.device = num_stages, micro_batches, device
+        self.rank = dist.get_rank()
+
+    def run(self, x: Tensor | None) -> Tensor | None:
+        """The last stage's output for the batch ``x`` (given where stage 0 is held), where it is held."""
+        held: dict[tuple[int, int], Any] = {}
+        sends: list[tuple[dist.Work, Tensor]] = []
+        last: list[Tensor] = []
+        chunks = x.tensor_split(self.micro_batches) if x is not None else None
+        for module, stage in zip(self.modules, self.stages):
+            for micro_batch in range(self.micro_batches):
+                if stage == 0:
+                    inputs = chunks[micro_batch]
+                elif self.rank_of(stage - 1) == self.rank:
+                    inputs = held.pop((stage - 1, micro_batch))
+                else:
+                    inputs = self._receive(self.rank_of(stage - 1), tag=stage)
+                out = module(*inputs) if isinstance(inputs, tuple) else module(inputs)
+                if stage == self.num_stages - 1:
+                    last.append(out)
+                elif self.rank_of(stage + 1) == self.rank:
+                    held[(stage, micro_batch)] = out
+                else:
+                    sends += self._send(out, self.rank_of(stage + 1), tag=stage + 1)
+        for work, _ in sends:
+            work.wait()
+        return torch.cat(last) if last else None
+
+    def _send(self, out: Tensor | tuple[Tensor, ...], dst: int, tag: int) -> list[tuple[dist.Work, Tensor]]:
+        tensors = [out] if isinstance(out, Tensor) else list(out)
+        header = [len(tensors)]
+        for tensor in tensors:
+            header += [_DTYPES.index(tensor.dtype), tensor.dim(), *tensor.shape]
+        header = torch.tensor(header + [0] * (_HEADER - len(header)), device=self.device)
+        return [(dist.isend(tensor.contiguous(), dst, tag=tag), tensor) for tensor in (header, *tensors)]
+
+    def _receive(self, src: int, tag: int) -> Tensor | tuple[Tensor, ...]:
+        header = torch.empty(_HEADER, dtype=torch.int64, device=self.device)
+        dist.recv(header, src, tag=tag)
+        values, position, tensors = header.tolist(), 1, []
+        for _ in range(values[0]):
+            dtype, rank = _DTYPES[values[position]], values[position + 1]
+            tensor = torch.empty(values[position + 2 : position + 2 + rank], dtype=dtype, device=self.device)
+            dist.recv(tensor, src, tag=tag)
+            tensors.append(tensor)
+            position += 2 + rank
+        return tensors[0] if len(tensors) == 1 else tuple(tensors)
