@@ -1,18 +1,23 @@
-"""Pipeline efficiency: a 2-stage pipeline against one process, on the CPU, one thread per process.
+"""Pipeline efficiency: a 2-process pipeline under each schedule against one process, and where the time goes.
 
-    python benchmarks/pipeline_efficiency.py                       # ResNet-50, micro-batches 1 2 4 8
-    python benchmarks/pipeline_efficiency.py --batch-size 64 --steps 2
+    python benchmarks/pipeline_efficiency.py                      # every schedule, 4 and 8 micro-batches
+    python benchmarks/pipeline_efficiency.py --schedules gpipe Interleaved1F1B --micro-batches 8 --steps 2
 
-For each number of micro-batches m it trains ResNet-50 (CIFAR stem) on synthetic
-32x32 images with the ``pipeline`` strategy over 2 processes, and prints
+For each number of micro-batches m it trains ResNet-50 (CIFAR stem) on synthetic 32x32
+images, one thread per process, and measures side by side:
 
-    efficiency = pipeline throughput / (stages x single-process throughput)
+    accumulated   one process that accumulates the same m micro-batches (the same arithmetic)
+    ceiling       two such processes at once, each on its own: what two processes reach on
+                  this machine without a pipeline, over twice one (the shared memory bandwidth)
+    <schedule>    the ``pipeline`` strategy over 2 processes (multi-stage schedules hold 2
+                  stages per process), with efficiency = img/s / (2 x accumulated img/s)
 
-next to the ideal m / (m + stages - 1) of a balanced pipeline without communication.
-The single process trains on the whole batch; a second column compares with one
-process that accumulates the same micro-batches (the same arithmetic, and on a CPU
-often a faster one per image, as small batches stay in cache). Each configuration
-runs in fresh processes with one thread each; the first ``--warmup`` steps are not timed.
+next to the ideal m / (m + p - 1) of a balanced 2-process pipeline without communication.
+For each schedule it also prints, per process and step, the seconds spent computing forward
+and backward passes, posting sends and receives, waiting for them (the bubble and the other
+process), and the rest (loss, optimizer, Lightning). Each run is a fresh process or set of
+processes; the first ``--warmup`` steps are not timed. Writes ``<out>/pipeline_efficiency.json``
+and a chart of efficiency against micro-batches, one line per schedule, to ``<out>/pipeline_efficiency.png``.
 """
 
 import argparse
@@ -30,79 +35,126 @@ from torch.utils.data import DataLoader
 from multigpu.datasets import SyntheticCIFAR10
 from multigpu.model import ResNet50Classifier
 from multigpu.strategies import PipelineStrategy
+from multigpu.strategies.pipeline_layout import SCHEDULES, PipelineLayout
+from stage_clock import PARTS, StageClock
 from step_timer import StepTimer
 
-STAGES = 2
+PROCESSES = 2
 
 
 def worker(args: argparse.Namespace) -> None:
-    """One configuration: trains and writes its images per second (rank 0) to ``args.out``."""
+    """One configuration: trains and writes its images per second (rank 0) and, for a pipeline, its clocks."""
     torch.set_num_threads(1)
     batch_size = args.batch_size // args.accumulate
-    batches = (args.warmup + args.steps) * args.accumulate
-    if args.micro_batches:
-        strategy, devices = PipelineStrategy(micro_batches=args.micro_batches, schedule=args.schedule), STAGES
+    callbacks = [StepTimer(args.warmup, args.out)]
+    if args.schedule:
+        per_process = 1 if PipelineLayout(args.schedule, PROCESSES, 1).is_single else 2
+        strategy, devices = PipelineStrategy(micro_batches=args.micro_batches, schedule=args.schedule,
+                                             stages_per_process=per_process), PROCESSES
+        callbacks.append(StageClock(args.warmup, args.out))
     else:
         strategy, devices = "auto", 1
-    timer = StepTimer(args.warmup, args.out)
     trainer = Trainer(
         accelerator="cpu", devices=devices, strategy=strategy, max_steps=args.warmup + args.steps,
         accumulate_grad_batches=args.accumulate, limit_val_batches=0, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=[timer],
+        enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
     )
     model = ResNet50Classifier(batch_size=batch_size, stem=args.stem, warmup_epochs=0)
+    batches = (args.warmup + args.steps) * args.accumulate
     trainer.fit(model, DataLoader(SyntheticCIFAR10(batch_size * batches), batch_size=batch_size))
 
 
-def run(args: argparse.Namespace, micro_batches: int = 0, accumulate: int = 1) -> float:
-    """Images per second of one configuration, measured in fresh processes."""
+def _start(args: argparse.Namespace, out: Path, micro_batches: int, schedule: str = "", accumulate: int = 1):
+    command = [
+        sys.executable, __file__, "--worker", f"--micro-batches={micro_batches}", f"--accumulate={accumulate}",
+        f"--schedule={schedule}", f"--batch-size={args.batch_size}", f"--steps={args.steps}",
+        f"--warmup={args.warmup}", f"--stem={args.stem}", f"--out={out}",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    return command, subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def run(args: argparse.Namespace, micro_batches: int, schedule: str = "", accumulate: int = 1, copies: int = 1) -> dict:
+    """Images per second (summed over ``copies`` independent runs at once) and, for a pipeline, each rank's clock."""
     with tempfile.TemporaryDirectory() as folder:
-        out = Path(folder) / "result.json"
-        command = [
-            sys.executable, __file__, "--worker", f"--micro-batches={micro_batches}", f"--accumulate={accumulate}",
-            f"--schedule={args.schedule}", f"--batch-size={args.batch_size}", f"--steps={args.steps}",
-            f"--warmup={args.warmup}", f"--stem={args.stem}", f"--out={out}",
-        ]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        result = subprocess.run(command, env=env, capture_output=True, text=True)
-        if result.returncode:
-            sys.exit(f"error: {' '.join(command)} failed:\n{result.stdout[-2000:]}{result.stderr[-4000:]}")
-        return json.loads(out.read_text())["images_per_s"]
+        outs = [Path(folder) / f"result{copy}.json" for copy in range(copies)]
+        started = [_start(args, out, micro_batches, schedule, accumulate) for out in outs]
+        for command, process in started:
+            output = process.communicate()[0]
+            if process.returncode:
+                sys.exit(f"error: {' '.join(command)} failed:\n{output[-6000:]}")
+        clocks = sorted(Path(folder).glob("result0.json.clock*"))
+        return {
+            "images_per_s": sum(json.loads(out.read_text())["images_per_s"] for out in outs),
+            "clocks": [json.loads(clock.read_text()) for clock in clocks],
+        }
+
+
+def write_chart(results: list[dict], ceilings: dict[int, float], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    counts = sorted(ceilings)
+    for schedule in dict.fromkeys(row["schedule"] for row in results):
+        rows = sorted((row for row in results if row["schedule"] == schedule), key=lambda row: row["micro_batches"])
+        axes.plot([row["micro_batches"] for row in rows], [row["efficiency"] for row in rows], marker="o", label=schedule)
+    axes.plot(counts, [m / (m + PROCESSES - 1) for m in counts], "k--", label="ideal m/(m+p-1)")
+    axes.plot(counts, [ceilings[m] for m in counts], "k:", label="two independent processes")
+    axes.set(xlabel="micro-batches", ylabel="efficiency vs 2 x one process accumulating", xticks=counts,
+             title=f"{PROCESSES}-process pipeline, ResNet-50, CPU, 1 thread per process")
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--micro-batches", type=int, nargs="*", default=[1, 2, 4, 8])
-    parser.add_argument("--schedule", choices=["gpipe", "1f1b"], default="gpipe")
+    parser.add_argument("--schedules", nargs="+", default=list(SCHEDULES), type=str.lower, choices=SCHEDULES)
+    parser.add_argument("--micro-batches", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per configuration")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     parser.add_argument("--stem", choices=["cifar", "imagenet"], default="cifar")
+    parser.add_argument("--out", default=".", help="folder for pipeline_efficiency.json and .png")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--schedule", default="", help=argparse.SUPPRESS)
     parser.add_argument("--accumulate", type=int, default=1, help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        args.micro_batches = args.micro_batches[0] if args.micro_batches else 0
+        args.micro_batches = args.micro_batches[0]
         worker(args)
         return
     for micro_batches in args.micro_batches:
         if args.batch_size % micro_batches:
             sys.exit(f"error: --batch-size {args.batch_size} is not divisible by {micro_batches} micro-batches.")
     print(f"ResNet-50 ({args.stem} stem), 32x32 synthetic images, batch {args.batch_size}, CPU, 1 thread per process, "
-          f"{args.warmup} warm-up + {args.steps} timed steps, schedule {args.schedule}")
-    single = run(args)
-    print(f"one process, whole batch: {single:.1f} img/s\n")
-    print(f"{'micro-batches':>13}  {'img/s':>6}  {'efficiency':>10}  {'vs same micro-batches':>21}  {'ideal':>5}")
-    for micro_batches in args.micro_batches:
-        throughput = run(args, micro_batches=micro_batches)
-        accumulated = run(args, accumulate=micro_batches) if micro_batches > 1 else single
-        ideal = micro_batches / (micro_batches + STAGES - 1)
-        print(
-            f"{micro_batches:>13}  {throughput:>6.1f}  {throughput / (STAGES * single):>10.2f}  "
-            f"{throughput / (STAGES * accumulated):>21.2f}  {ideal:>5.2f}",
-            flush=True,
-        )
+          f"{args.warmup} warm-up + {args.steps} timed steps, {PROCESSES} processes", flush=True)
+    results, ceilings, references = [], {}, {}
+    for m in args.micro_batches:
+        accumulated = run(args, m, accumulate=m)["images_per_s"]
+        ceilings[m] = run(args, m, accumulate=m, copies=PROCESSES)["images_per_s"] / (PROCESSES * accumulated)
+        references[m] = accumulated
+        print(f"\n{m} micro-batches of {args.batch_size // m}: one process accumulating them {accumulated:.1f} img/s; "
+              f"two at once {ceilings[m]:.2f} of twice that (the ceiling); ideal pipeline {m / (m + PROCESSES - 1):.2f}")
+        print(f"{'schedule':>22}  {'img/s':>6}  {'efficiency':>10}  {'rank':>4}  "
+              + "  ".join(f"{part:>9}" for part in (*PARTS, "other")) + "   (s per step)")
+        for schedule in args.schedules:
+            figures = run(args, m, schedule=schedule)
+            row = {"schedule": schedule, "micro_batches": m, **figures,
+                   "efficiency": figures["images_per_s"] / (PROCESSES * accumulated)}
+            results.append(row)
+            for rank, clock in enumerate(row["clocks"]):
+                lead = f"{schedule:>22}  {row['images_per_s']:>6.1f}  {row['efficiency']:>10.2f}" if rank == 0 else " " * 42
+                print(f"{lead}  {rank:>4}  " + "  ".join(f"{clock[part]:>9.2f}" for part in (*PARTS, "other")), flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "pipeline_efficiency.json").write_text(json.dumps(
+        {"args": vars(args), "accumulated_images_per_s": references, "ceilings": ceilings, "results": results}, indent=1))
+    write_chart(results, ceilings, out / "pipeline_efficiency.png")
+    print(f"\nwrote {out / 'pipeline_efficiency.json'} and {out / 'pipeline_efficiency.png'}")
 
 
 if __name__ == "__main__":

@@ -43,3 +43,18 @@ def test_memory_harness_counts_what_each_pipeline_stage_holds(tmp_path):
     for kind in ("params", "grads", "optimizer"):  # the two processes together hold one copy, none the whole
         assert sum(stage[kind] for stage in stages) == whole[kind]
         assert all(0 < stage[kind] < whole[kind] for stage in stages)
+
+
+def test_pipeline_benchmark_prints_where_each_process_spends_its_time(tmp_path):
+    command = [sys.executable, str(REPO / "benchmarks" / "pipeline_efficiency.py"), "--schedules", "gpipe",
+               "ZBVZeroBubble", "--micro-batches=2", "--batch-size=4", "--steps=1", "--stem=imagenet", f"--out={tmp_path}"]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    figures = json.loads((tmp_path / "pipeline_efficiency.json").read_text())
+    assert [row["schedule"] for row in figures["results"]] == ["gpipe", "zbvzerobubble"]
+    for row in figures["results"]:
+        assert row["efficiency"] == row["images_per_s"] / (2 * figures["accumulated_images_per_s"]["2"])
+        assert len(row["clocks"]) == 2  # each process: forward, backward, send/recv, wait, other
+        assert all(clock["forward"] > 0 and clock["backward"] > 0 for clock in row["clocks"])
+    assert 0 < figures["ceilings"]["2"] <= 1.2
+    assert (tmp_path / "pipeline_efficiency.png").read_bytes().startswith(b"\x89PNG")

@@ -76,12 +76,12 @@ def _resumable_run(cifar: Path) -> list[str]:
 CPU2 = ["--trainer.accelerator=cpu", "--trainer.devices=2"]
 DDP = ["--trainer.strategy=ddp", *CPU2, "--data.num_workers=1"]
 PIPELINE = ["--trainer.strategy=pipeline", *CPU2, "--data.batch_size=8"]
-MODEL_PARALLEL = ["--trainer.strategy=manual_model_parallel", *CPU2, "--data.num_workers=1"]
-ON_DEVICE = ["--data.on_device=true"]
-STEPS = {"one device": 20, "ddp": 10, "pipeline": 10, "manual_model_parallel": 20, "on_device": 20}
-# Each configuration is killed at random moments; together they cover 1 and 2 workers.
-KILLED = {"one device": [], "ddp": DDP, "pipeline": PIPELINE, "manual_model_parallel": MODEL_PARALLEL,
-          "on_device": ON_DEVICE}
+MODEL_PARALLEL = ["--trainer.strategy=manual_model_parallel", *CPU2, "--data.num_workers=1", "--data.batch_size=8"]
+ON_DEVICE = ["--data.on_device=true", "--data.batch_size=8"]
+STEPS = {"ddp": 10, "pipeline": 10, "manual_model_parallel": 10, "on_device": 10}
+# Each configuration is killed at random moments; together they cover one process and several, 1 and
+# 2 workers (one device with 2 workers is killed at chosen moments below).
+KILLED = {"ddp": DDP, "pipeline": PIPELINE, "manual_model_parallel": MODEL_PARALLEL, "on_device": ON_DEVICE}
 
 
 def _final_state(tmp_path, run_name: str) -> dict:
