@@ -14,18 +14,19 @@ One thread per process, so the sums of a micro-batch do not depend on the thread
 import sys
 
 import torch
-from lightning.pytorch import LightningModule, Trainer, seed_everything
+from lightning.pytorch import Trainer, seed_everything
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
 
 from multigpu.strategies import PipelineStrategy
 from multigpu.strategies.pipeline_layout import SCHEDULES, PipelineLayout
+from strategy_training import TinyBlocks
 
 STEPS, MICRO_BATCHES, MICRO_BATCH = 3, 8, 2
 BATCH = MICRO_BATCHES * MICRO_BATCH
 
 
-class NormBlocks(LightningModule):
+class NormBlocks(TinyBlocks):
     """Eight blocks of a linear layer, BatchNorm and tanh: one block per stage of 4 processes x 2 stages."""
 
     def __init__(self) -> None:
@@ -35,14 +36,6 @@ class NormBlocks(LightningModule):
             nn.Sequential(nn.Linear(widths[index], widths[index + 1]), nn.BatchNorm1d(widths[index + 1]), nn.Tanh())
             for index in range(8)
         ))
-        self.criterion = nn.CrossEntropyLoss()
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return self.criterion(self.net(x), y)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
 
 
 def _data() -> TensorDataset:

@@ -88,21 +88,28 @@ def _synchronize(device: torch.device) -> None:
         torch.accelerator.synchronize(device)
 
 
-def block_times(blocks: nn.Sequential, example: Tensor, device: torch.device, repeats: int = 2) -> list[float]:
-    """Seconds of one forward and backward pass of each block on ``device``, for the input ``example``.
+def block_times(
+    blocks: nn.Sequential, example: Tensor, device: torch.device, micro_batches: int = 1, repeats: int = 3
+) -> list[float]:
+    """Seconds each block costs on ``device`` in one step of ``micro_batches`` inputs like ``example``, per input:
+    one forward and backward pass, plus a ``micro_batches``-th of one update of its parameters
+    (SGD with momentum, the recipe's), which comes once per step.
 
     Each block is timed on a copy of its own, so the network's parameters and BatchNorm
     statistics stay as they are and only one block's copy is on the device at a time; the
     copy of a block of ``DeferredBlocks`` is built anew, so the network itself may still be on
-    the meta device. One warm-up pass comes before the ``repeats`` that are timed.
+    the meta device. One warm-up pass comes before the ``repeats`` that are timed, and the
+    fastest counts (the others were slowed by something else).
     """
     fresh = blocks.build if isinstance(blocks, DeferredBlocks) else lambda index: copy.deepcopy(blocks[index])
     times, x = [], example.to(device)
     for index in range(len(blocks)):
         block = fresh(index).to(device).train()
+        params = [param for param in block.parameters() if param.requires_grad]
+        update = torch.optim.SGD(params, lr=0.0, momentum=0.9) if params else None
         # A block's input may be a tuple of tensors (the halves of a bottleneck pass two).
         x = apply_to_collection(x, Tensor, lambda t: t.detach().requires_grad_(index > 0 and t.is_floating_point()))
-        elapsed = []
+        passes, updates = [], []
         for _ in range(repeats + 1):
             _synchronize(device)
             start = time.perf_counter()
@@ -110,8 +117,13 @@ def block_times(blocks: nn.Sequential, example: Tensor, device: torch.device, re
             outputs = [out] if isinstance(out, Tensor) else list(out)
             torch.autograd.backward(outputs, [torch.ones_like(output) for output in outputs])
             _synchronize(device)
-            elapsed.append(time.perf_counter() - start)
-        times.append(sum(elapsed[1:]) / repeats)
+            middle = time.perf_counter()
+            if update is not None:
+                update.step()
+            _synchronize(device)
+            passes.append(middle - start)
+            updates.append(time.perf_counter() - middle)
+        times.append(min(passes[1:]) + min(updates[1:]) / micro_batches)
         x = out
     return times
 

@@ -42,7 +42,7 @@ def block_sequence(pl_module: LightningModule, strategy: str) -> nn.Sequential:
 
 
 def time_blocks(strategy: Strategy, blocks: nn.Sequential, micro_batches: int = 1) -> list[float] | None:
-    """Forward and backward seconds of each block on the strategy's root device, in its precision.
+    """Seconds of each block per input on the strategy's root device, in its precision (``block_times``).
 
     The input is the LightningModule's ``example_input_array`` grown to one training batch
     (``hparams.batch_size``) divided by ``micro_batches``; None when the module gives no example.
@@ -54,4 +54,4 @@ def time_blocks(strategy: Strategy, blocks: nn.Sequential, micro_batches: int = 
     batch_size = max(1, pl_module.hparams.get("batch_size", len(example)) // micro_batches)
     example = strategy.precision_plugin.convert_input(example[:1].expand(batch_size, *example.shape[1:]))
     with strategy.precision_plugin.train_step_context():
-        return block_times(blocks, example, strategy.root_device)
+        return block_times(blocks, example, strategy.root_device, micro_batches)
