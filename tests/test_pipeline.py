@@ -55,6 +55,19 @@ def test_cli_trains_evaluates_and_shares_checkpoints_with_ddp_and_one_device(tmp
     assert torch.load(last)["global_step"] == 14
 
 
+def test_two_stages_per_process_train_and_evaluate_from_the_command_line(tmp_path):
+    """The looped and the V-shaped placement, each through training and evaluation (its own forward pass)."""
+    args = ["--config", SMOKE, "--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=pipeline",
+            "--trainer.strategy.stages_per_process=2", *run_args(tmp_path)]
+    fit = run_cli("fit", *args, "--trainer.strategy.schedule=Interleaved1F1B")
+    assert fit.returncode == 0, fit.stdout
+    assert "pipeline: 4 stages (2 per process) over 2 processes, schedule Interleaved1F1B" in fit.stdout
+    assert [line.split()[1:3] for line in fit.stdout.splitlines() if re.match(r"^[0-3] +rank", line)] == [
+        ["rank", "0"], ["rank", "1"], ["rank", "0"], ["rank", "1"]]
+    validate = run_cli("validate", *args, "--trainer.strategy.schedule=DualPipeV", "--ckpt_path=last")
+    assert validate.returncode == 0 and "val/acc" in validate.stdout, validate.stdout
+
+
 def test_errors_before_anything_is_launched(capsys, tmp_path):
     run = run_args(tmp_path)
     pipeline = ["--trainer.strategy=pipeline", "--trainer.devices=2"]
@@ -83,7 +96,7 @@ def test_errors_before_anything_is_launched(capsys, tmp_path):
                       "--trainer.strategy.micro_batches=2", *run)
     assert error == (
         "error: schedule DualPipeV needs at least as many micro-batches as stages: micro_batches=2 < 4 stages. "
-        "Raise micro_batches or use schedule gpipe."
+        "Raise micro_batches."
     )
     error = cli_error(capsys, *pipeline, "--trainer.strategy.balance=[17,16]", *run)
     assert error == "error: balance [17, 16] sums to 33, but the network has 34 blocks."

@@ -18,7 +18,7 @@ class ForwardOnly:
 
     PyTorch's multi-stage schedules run their backward actions in ``eval()`` too, which fails
     where one process holds two consecutive stages (``ZBVZeroBubble``, ``DualPipeV``). Here each
-    process runs its stages in order, every micro-batch, and sends each output on with a
+    micro-batch goes through the process's stages in order, and each output goes on with a
     header of shapes and dtypes (evaluation may come before any training step has shown them).
     """
 
@@ -34,8 +34,11 @@ class ForwardOnly:
         sends: list[tuple[dist.Work, Tensor]] = []
         last: list[Tensor] = []
         chunks = x.tensor_split(self.micro_batches) if x is not None else None
-        for module, stage in zip(self.modules, self.stages):
-            for micro_batch in range(self.micro_batches):
+        # Micro-batch after micro-batch, each through this process's stages in order: every process then
+        # sends and receives in the one global order, which cannot deadlock even where a backend (NCCL
+        # bound to a device) serialises point-to-point operations like collectives.
+        for micro_batch in range(self.micro_batches):
+            for module, stage in zip(self.modules, self.stages):
                 if stage == 0:
                     inputs = chunks[micro_batch]
                 elif self.rank_of(stage - 1) == self.rank:

@@ -106,7 +106,7 @@ class PipelineLayout:
         if name in _ENOUGH_MICRO_BATCHES and micro_batches < stages:
             raise UsageError(
                 f"schedule {self.schedule} needs at least as many micro-batches as stages: micro_batches={micro_batches} "
-                f"< {stages} stages. Raise micro_batches or use schedule gpipe."
+                f"< {stages} stages. Raise micro_batches" + (" or use schedule gpipe." if self.is_single else ".")
             )
         rounds = max(1, micro_batches // processes)
         if name in _ROUNDS and micro_batches % rounds:
