@@ -56,9 +56,11 @@ def test_cli_trains_evaluates_and_shares_checkpoints_with_ddp_and_one_device(tmp
 
 
 def test_two_stages_per_process_train_and_evaluate_from_the_command_line(tmp_path):
-    """The looped and the V-shaped placement, each through training and evaluation (its own forward pass)."""
+    """The looped and the V-shaped placement, each through training and evaluation (its own forward pass),
+    with the fast path's options: channels_last activations are not contiguous, sends need them so."""
     args = ["--config", SMOKE, "--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=pipeline",
-            "--trainer.strategy.stages_per_process=2", *run_args(tmp_path)]
+            "--trainer.strategy.stages_per_process=2", "--model.channels_last=true", "--trainer.precision=bf16-mixed",
+            *run_args(tmp_path)]
     fit = run_cli("fit", *args, "--trainer.strategy.schedule=Interleaved1F1B")
     assert fit.returncode == 0, fit.stdout
     assert "pipeline: 4 stages (2 per process) over 2 processes, schedule Interleaved1F1B" in fit.stdout

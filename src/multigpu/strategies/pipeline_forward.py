@@ -24,8 +24,9 @@ class ForwardOnly:
 
     def __init__(self, modules: Sequence[nn.Module], stages: Sequence[int], rank_of: Callable[[int], int],
                  num_stages: int, micro_batches: int, device: torch.device) -> None:
-        self.modules, self.stages, self.rank_of = list(modules), list(stages), rank_of
+        self.modules, self.stages = list(modules), list(stages)
         self.num_stages, self.micro_batches, self.device = num_stages, micro_batches, device
+        self.ranks = [rank_of(stage) for stage in range(num_stages)]  # global rank of each stage's process
         self.rank = dist.get_rank()
 
     def run(self, x: Tensor | None) -> Tensor | None:
@@ -41,17 +42,17 @@ class ForwardOnly:
             for module, stage in zip(self.modules, self.stages):
                 if stage == 0:
                     inputs = chunks[micro_batch]
-                elif self.rank_of(stage - 1) == self.rank:
+                elif self.ranks[stage - 1] == self.rank:
                     inputs = held.pop((stage - 1, micro_batch))
                 else:
-                    inputs = self._receive(self.rank_of(stage - 1), tag=stage)
+                    inputs = self._receive(self.ranks[stage - 1], tag=stage)
                 out = module(*inputs) if isinstance(inputs, tuple) else module(inputs)
                 if stage == self.num_stages - 1:
                     last.append(out)
-                elif self.rank_of(stage + 1) == self.rank:
+                elif self.ranks[stage + 1] == self.rank:
                     held[(stage, micro_batch)] = out
                 else:
-                    sends += self._send(out, self.rank_of(stage + 1), tag=stage + 1)
+                    sends += self._send(out, self.ranks[stage + 1], tag=stage + 1)
         for work, _ in sends:
             work.wait()
         return torch.cat(last) if last else None
@@ -62,7 +63,8 @@ class ForwardOnly:
         for tensor in tensors:
             header += [_DTYPES.index(tensor.dtype), tensor.dim(), *tensor.shape]
         header = torch.tensor(header + [0] * (_HEADER - len(header)), device=self.device)
-        return [(dist.isend(tensor.contiguous(), dst, tag=tag), tensor) for tensor in (header, *tensors)]
+        sent = [tensor.contiguous() for tensor in (header, *tensors)]  # kept until the sends complete
+        return [(dist.isend(tensor, dst, tag=tag), tensor) for tensor in sent]
 
     def _receive(self, src: int, tag: int) -> Tensor | tuple[Tensor, ...]:
         header = torch.empty(_HEADER, dtype=torch.int64, device=self.device)

@@ -43,11 +43,17 @@ class StageBlocks(nn.Sequential):
 
     @override
     def forward(self, *inputs: Tensor) -> Any:
+        for tensor in inputs:  # their gradients go back to the previous stage
+            if tensor.requires_grad:
+                tensor.register_hook(torch.Tensor.contiguous)
         out = super().forward(inputs[0] if len(inputs) == 1 else inputs)
-        # Zero-bubble schedules detach a stage's outputs in place once their input gradients are
-        # computed, while its weight gradients still need what the blocks saved, and the shortcut a
-        # bottleneck's entry passes on is its first convolution's saved input: send copies.
-        return tuple(tensor.clone() for tensor in out) if isinstance(out, tuple) else out
+        # Sends need contiguous tensors (channels_last ones are not). And zero-bubble schedules detach a
+        # stage's outputs in place once their input gradients are computed, while its weight gradients
+        # still need what the blocks saved; the shortcut a bottleneck's entry passes on is its first
+        # convolution's saved input: a tuple goes as copies.
+        if isinstance(out, tuple):
+            return tuple(tensor.clone(memory_format=torch.contiguous_format) for tensor in out)
+        return out.contiguous()
 
 
 class Replay(nn.Module):
