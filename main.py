@@ -5,6 +5,7 @@
     python main.py fit --config configs/ddp.yaml --trainer.devices=4
     python main.py fit --config configs/smoke.yaml --ckpt_path last   # start, or resume where it stopped
     python main.py test --ckpt_path last
+    python main.py plan --trainer.devices=4                       # measure every layout of 4 GPUs, pick the fastest
 """
 
 from pathlib import Path

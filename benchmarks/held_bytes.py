@@ -6,7 +6,7 @@ from pathlib import Path
 from lightning.pytorch import Callback
 from typing_extensions import override
 
-from step_timer import peak_memory_bytes
+from multigpu.timed_runs import peak_memory_bytes
 
 
 def _bytes(tensors) -> int:

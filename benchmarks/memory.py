@@ -29,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-from throughput import add_run_options, fit_command, launch, where
+from multigpu.timed_runs import RunFailed, launch
+from throughput import HERE, REPO, add_run_options, fit_command, where
 
 PARAMS = "--trainer.strategy.balance_by=params"
 LAYOUTS = {
@@ -58,7 +59,10 @@ def measure(args: argparse.Namespace) -> list[dict]:
                 extra = [*options, *(CHECKPOINTED if checkpointed else []),
                          "--trainer.callbacks+=held_bytes.HeldBytes", f"--trainer.callbacks.out={out}"]
                 command = fit_command(name, folder, args, args.steps, processes, args.precision, extra)
-                ranks = launch(command, out, None if args.cuda else args.threads, folder / f"{name}.log")
+                try:
+                    ranks = launch(command, out, folder / f"{name}.log", None if args.cuda else args.threads, [HERE], REPO)
+                except RunFailed as failure:
+                    sys.exit(f"error: {failure}")
                 rows.append({"layout": layout, "checkpointed": checkpointed, "ranks": ranks})
                 peaks = "/".join(f"{rank['peak'] / MIB:.0f}" for rank in ranks)
                 print(f"  {name}: peak {peaks} MiB", flush=True)

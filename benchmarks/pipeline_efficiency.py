@@ -36,8 +36,8 @@ from multigpu.datasets import SyntheticCIFAR10
 from multigpu.model import ResNet50Classifier
 from multigpu.strategies import PipelineStrategy
 from multigpu.strategies.pipeline_layout import SCHEDULES, PipelineLayout
+from multigpu.timed_runs import StepTimer
 from stage_clock import PARTS, StageClock
-from step_timer import StepTimer
 
 PROCESSES = 2
 

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 
 from multigpu.datasets import ImageTensorDataset, train_transform
 from multigpu.network import resnet50_blocks
-from step_timer import peak_memory_bytes, result, synchronize
+from multigpu.timed_runs import peak_memory_bytes, result, synchronize
 
 
 def batches(data: str, batch_size: int, count: int, device: torch.device, workers: int):

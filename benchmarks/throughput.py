@@ -23,13 +23,15 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from multigpu.bar_chart import write_bar_chart
+from multigpu.timed_runs import RunFailed, run
 
 REPO = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
@@ -79,27 +81,12 @@ def default_configs(cuda: bool) -> list[str]:
     return ["plain", "app", "ddp", "pipeline"]
 
 
-def launch(command: list[str], out: Path, threads: int | None, log: Path) -> list:
-    """Run one configuration's command (callbacks from this folder importable), its output in ``log``;
-    return what its ranks wrote to ``out.rankN``, in rank order."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    if threads is not None:  # the CPU
-        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    with open(log, "w") as file:
-        returncode = subprocess.run(command, cwd=REPO, env=env, stdout=file, stderr=subprocess.STDOUT).returncode
-    ranks = sorted(out.parent.glob(out.name + ".rank*"), key=lambda path: int(path.name.rsplit("rank", 1)[1]))
-    if returncode or not (ranks or out.exists()):
-        tail = log.read_text()[-3000:]
-        sys.exit(f"error: {' '.join(command)} failed (exit {returncode}); the end of its output:\n{tail}")
-    return [json.loads(path.read_text()) for path in ranks]
-
-
-def run(command: list[str], out: Path, threads: int | None, log: Path) -> dict:
-    """Run one configuration's command; its figures from ``out`` and its ranks' ``out.rankN`` files."""
-    peaks = launch(command, out, threads, log)
-    figures = json.loads(out.read_text())
-    figures["peak_memory_bytes"] += peaks
-    return figures
+def run_config(command: list[str], out: Path, threads: int | None, log: Path) -> dict:
+    """Run one configuration's command (callbacks from this folder importable); a failed run ends the benchmark."""
+    try:
+        return run(command, out, log, threads, pythonpath=[HERE], cwd=REPO)
+    except RunFailed as failure:
+        sys.exit(f"error: {failure}")
 
 
 def command(config: Config, args: argparse.Namespace, folder: Path) -> list[str]:
@@ -112,7 +99,7 @@ def command(config: Config, args: argparse.Namespace, folder: Path) -> list[str]
                 f"--workers={args.workers}", *config.plain]
     options = [*(FAST if config.fast else []), *config.app,
                # Appended, so that the callbacks of a config file (fast.yaml's progress bar) stay.
-               "--trainer.callbacks+=step_timer.StepTimer", f"--trainer.callbacks.warmup={args.warmup}",
+               "--trainer.callbacks+=multigpu.timed_runs.StepTimer", f"--trainer.callbacks.warmup={args.warmup}",
                f"--trainer.callbacks.out={out}"]
     return fit_command(config.name, folder, args, args.warmup + args.steps, args.processes, precision, options)
 
@@ -139,7 +126,7 @@ def measure(names: list[str], args: argparse.Namespace) -> list[dict]:
         for name in names:
             config = table[name]
             threads = None if args.cuda else args.threads
-            figures = run(command(config, args, folder), folder / f"{name}.json", threads, folder / f"{name}.log")
+            figures = run_config(command(config, args, folder), folder / f"{name}.json", threads, folder / f"{name}.log")
             rows[name] = {"name": name, "description": config.description, **figures}
             print(f"  {name}: {figures['images_per_s']:.1f} img/s", flush=True)
     for name, row in rows.items():
@@ -165,29 +152,13 @@ def print_table(rows: list[dict]) -> None:
 
 
 def write_chart(rows: list[dict], title: str, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(8, 0.5 * len(rows) + 1.5))
-    names = [row["name"] for row in rows][::-1]
-    values = [row["images_per_s"] for row in rows][::-1]
-    colors = ["#999999" if name.startswith("plain") else "#3b75af" for name in names]
-    bars = axes.barh(names, values, color=colors)
-    for bar, row in zip(bars, rows[::-1]):
-        notes = [f"{row['images_per_s']:.1f}"]
-        if row["vs_plain"] is not None:
-            notes.append(f"{row['vs_plain']:.2f}x plain")
-        if row["efficiency"] is not None:
-            notes.append(f"eff. {row['efficiency']:.2f}")
-        axes.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, "  " + ", ".join(notes), va="center", fontsize=8)
-    axes.set_xlabel("training images per second")
-    axes.set_xlim(0, max(values) * 1.45)
-    axes.set_title(title, fontsize=9)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    notes = []
+    for row in rows:
+        parts = [f"{row['vs_plain']:.2f}x plain"] if row["vs_plain"] is not None else []
+        parts += [f"eff. {row['efficiency']:.2f}"] if row["efficiency"] is not None else []
+        notes.append(", ".join(parts))
+    write_bar_chart([row["name"] for row in rows], [row["images_per_s"] for row in rows], notes, title, path,
+                    grey=[row["name"].startswith("plain") for row in rows])
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:

@@ -198,6 +198,7 @@ class MultiGPUCLI(LightningCLI):
                 save_dir=config["trainer"].get("default_root_dir") or "logs",
                 name=config["run_name"],
                 version=self._log_version,
+                default_hp_metric=False,  # no empty hp_metric card: the metrics are logged by name
             )
         if config["trainer"].get("plugins") is None:  # checkpoints are written atomically
             kwargs["plugins"] = [AtomicCheckpointIO()]
@@ -217,13 +218,20 @@ class MultiGPUCLI(LightningCLI):
 
 
 def main(args: list[str] | None = None, default_config_files: Sequence[str | Path] = ()) -> None:
-    """Run the CLI; a bad request ends with one ``error: ...`` line and exit status 2."""
+    """Run the CLI (``plan`` too: ``multigpu.planning``); a bad request ends with one ``error: ...`` line and
+    exit status 2."""
     separate_restart_attempts()
     # Lightning warns that a loader without state of its own resumes mid-epoch unreliably; the data
     # module's state makes the resumed epoch skip exactly the batches the checkpoint trained on.
     warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
+    argv = sys.argv[1:] if args is None else list(args)
     try:
-        MultiGPUCLI(default_config_files=default_config_files, args=args)
+        if argv[:1] == ["plan"]:
+            from multigpu.planning.command import plan  # it builds on this module's CLI
+
+            plan(argv[1:], default_config_files)
+        else:
+            MultiGPUCLI(default_config_files=default_config_files, args=args)
     except RunFinished as finished:
         rank_zero_info(str(finished))
     except (UsageError, MisconfigurationException) as error:

@@ -15,7 +15,7 @@ from lightning.pytorch.strategies import StrategyRegistry
 from multigpu.errors import UsageError, check_at_least
 from multigpu.model import SCHEDULE_NEEDS_AN_END
 
-__all__ = ["check_trainer_options"]
+__all__ = ["accelerator_name", "check_trainer_options", "device_request"]
 
 # Lightning's names of the precisions the recipe trains in ("16" and "bf16" are its short forms).
 _PRECISIONS = {"32", "32-true", "16", "16-mixed", "bf16", "bf16-mixed"}
@@ -41,7 +41,7 @@ def check_trainer_options(trainer: Mapping[str, Any]) -> None:
             check_at_least(f"--trainer.{option}", trainer[option], minimum)
     if trainer.get("max_epochs") == -1 and trainer.get("max_steps") in (None, -1):
         raise UsageError(SCHEDULE_NEEDS_AN_END)
-    accelerator = _accelerator_name(trainer.get("accelerator", "auto"))
+    accelerator = accelerator_name(trainer.get("accelerator", "auto"))
     if accelerator is not None:
         _check_devices(accelerator, trainer.get("devices", "auto"))
 
@@ -54,7 +54,7 @@ def _check_strategy(strategy: Any) -> None:
     raise UsageError(f"--trainer.strategy={strategy} is not a strategy: use one of {names}.")
 
 
-def _accelerator_name(accelerator: Any) -> str | None:
+def accelerator_name(accelerator: Any) -> str | None:
     """The registered accelerator that ``accelerator`` selects, checked to be usable here."""
     if not isinstance(accelerator, str):
         return None  # an Accelerator object: Lightning checks it
@@ -79,7 +79,7 @@ def _accelerator_name(accelerator: Any) -> str | None:
     return name
 
 
-def _device_request(devices: Any) -> int | list[int] | str:
+def device_request(devices: Any) -> int | list[int] | str:
     """``devices`` as Lightning reads it: ``"auto"``, a count, or a list of device indices."""
     if isinstance(devices, (int, list, tuple)) and not isinstance(devices, bool):
         request = devices if isinstance(devices, int) else list(devices)
@@ -106,7 +106,7 @@ def _device_request(devices: Any) -> int | list[int] | str:
 
 
 def _check_devices(accelerator: str, devices: Any) -> None:
-    request = _device_request(devices)
+    request = device_request(devices)
     if request == "auto":
         return
     # The CPU runs as many processes as asked for; the others have a fixed number of devices.

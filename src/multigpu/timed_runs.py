@@ -1,0 +1,127 @@
+"""Timed training runs in fresh processes: how ``plan`` and the benchmarks launch a configuration and read its figures.
+
+A run is a command (usually ``main.py fit`` with ``StepTimer`` among its callbacks) in
+processes of its own. ``StepTimer`` times the optimizer steps after a warm-up; each
+rank writes the peak memory of its devices to ``<out>.rank<N>``, and rank 0 writes the
+images per second and the mean step time to ``<out>``. ``run`` starts the command and
+reads these files back.
+"""
+
+import json
+import os
+import resource
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from lightning.pytorch import Callback
+from typing_extensions import override
+
+from multigpu.replicas import data_parallel_size
+
+__all__ = ["RunFailed", "StepTimer", "launch", "peak_memory_bytes", "result", "run", "synchronize"]
+
+
+class RunFailed(RuntimeError):
+    """A run that ended with an error or wrote no figures; the message ends with the end of its output."""
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so that a clock read covers it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """The most memory this process held: allocated on a CUDA device, resident on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def _peaks_of_this_process(device: torch.device) -> list[int]:
+    """The peak of each device this process used: every CUDA device it allocated on (``dp`` and
+    ``manual_model_parallel`` use several), else the process's resident memory."""
+    if device.type != "cuda":
+        return [peak_memory_bytes(device)]
+    peaks = [torch.cuda.max_memory_allocated(index) for index in range(torch.cuda.device_count())]
+    return [peak for peak in peaks if peak] or [0]
+
+
+def result(images: int, steps: int, seconds: float, peak_memory: list[int]) -> dict:
+    """One configuration's figures, as the harness's JSON holds them."""
+    return {
+        "images_per_s": images / seconds,
+        "step_time_s": seconds / steps,
+        "peak_memory_bytes": peak_memory,
+    }
+
+
+class StepTimer(Callback):
+    """Times the optimizer steps after the first ``warmup`` up to ``trainer.max_steps``, and writes the
+    figures to ``out``.
+
+    Every rank writes the peak memory of its devices (a list) to ``out`` with its rank appended;
+    rank 0 also writes images per second (all replicas' images) and the mean step time.
+    """
+
+    def __init__(self, warmup: int, out: str) -> None:
+        self.warmup, self.out = warmup, Path(out)
+        self._start = self._end = 0.0
+        self._images = 0
+
+    @override
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.warmup and not self._start:
+            synchronize(pl_module.device)
+            self._start = time.perf_counter()
+
+    @override
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self._start:
+            self._images += len(batch[0])
+        if trainer.global_step == trainer.max_steps:  # the last step: wait for it to finish
+            synchronize(pl_module.device)
+            self._end = time.perf_counter()
+
+    @override
+    def on_train_end(self, trainer, pl_module) -> None:
+        steps = trainer.global_step - self.warmup
+        if steps < 1:
+            raise RuntimeError(f"no step was timed: the run ended at step {trainer.global_step}")
+        images = self._images * data_parallel_size(trainer)
+        rank_file = self.out.with_name(f"{self.out.name}.rank{trainer.global_rank}")
+        rank_file.write_text(json.dumps(_peaks_of_this_process(pl_module.device)))
+        if trainer.is_global_zero:
+            self.out.write_text(json.dumps(result(images, steps, self._end - self._start, [])))
+
+
+def launch(
+    command: Sequence[str], out: Path, log: Path, threads: int | None = None, pythonpath: Sequence[Path] = (),
+    cwd: Path | None = None,
+) -> list:
+    """Run ``command`` (``pythonpath`` importable; ``threads`` threads per process when given), its output
+    in ``log``; return what its ranks wrote to ``out.rankN``, in rank order. A ``RunFailed`` says why not."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, pythonpath), os.environ.get("PYTHONPATH", "")])}
+    if threads is not None:  # the CPU
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    with open(log, "w") as file:
+        returncode = subprocess.run(list(command), cwd=cwd, env=env, stdout=file, stderr=subprocess.STDOUT).returncode
+    ranks = sorted(out.parent.glob(out.name + ".rank*"), key=lambda path: int(path.name.rsplit("rank", 1)[1]))
+    if returncode or not (ranks or out.exists()):
+        raise RunFailed(f"{' '.join(command)} failed (exit {returncode}); the end of its output:\n{log.read_text()[-3000:]}")
+    return [json.loads(path.read_text()) for path in ranks]
+
+
+def run(
+    command: Sequence[str], out: Path, log: Path, threads: int | None = None, pythonpath: Sequence[Path] = (),
+    cwd: Path | None = None,
+) -> dict:
+    """Run a command timed by ``StepTimer(out=out)``: its figures, with the peak of each device of each rank
+    (rank order) in ``peak_memory_bytes``."""
+    peaks = launch(command, out, log, threads, pythonpath, cwd)
+    figures = json.loads(out.read_text())
+    figures["peak_memory_bytes"] += [peak for rank in peaks for peak in (rank if isinstance(rank, list) else [rank])]
+    return figures
