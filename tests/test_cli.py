@@ -34,6 +34,7 @@ def test_fit_writes_checkpoints_tensorboard_and_config_then_resumes_the_same_run
     scalars = _scalars(log_dir)
     for tag in ("train/loss", "train/acc", "train/lr", "val/loss", "val/acc", "perf/images_per_s", "perf/epoch_time_s"):
         assert tag in scalars, tag
+    assert "hp_metric" not in scalars  # no empty card in TensorBoard
     assert sorted(scalars["train/loss"]) == [0, 1, 2, 3]
     assert torch.load(last)["global_step"] == 4
 

@@ -139,7 +139,8 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
     where = f"{setting.devices} {'CUDA' if setting.cuda else 'CPU'} device(s)"
     print(f"plan: {where}, batch {setting.batch_size} per replica, {setting.precision}, "
           f"{warmup} warm-up + {steps} timed steps per layout", flush=True)
-    layouts = _balanced(layouts, setting, config)
+    layouts, unbalanced = _balanced(layouts, setting, config)
+    refusals += unbalanced
     budget = _budget(setting, options.memory_per_device)
     chosen, left_out = _choose(layouts, setting, budget, options.checkpointing, bool(config["model"]["compile"]))
     refusals += left_out
@@ -176,29 +177,34 @@ def _resident_bytes() -> int:
         return int(file.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _balanced(layouts: list[Layout], setting: Setting, config) -> list[Layout]:
+def _balanced(layouts: list[Layout], setting: Setting, config) -> tuple[list[Layout], list[Refusal]]:
     """The split layouts with the balance that evens out their blocks' measured time, as ``balance_by: time``
-    would choose it in each run; timed once per micro-batch size, on the first device."""
+    would choose it in each run; timed once per micro-batch size, on the first device. Those whose
+    micro-batches cannot train (BatchNorm given one value per channel) are refused."""
     device = torch.device("cuda", (setting.device_ids or [0])[0]) if setting.cuda else torch.device("cpu")
-    model = config["model"]
-    blocks = DeferredBlocks(resnet50_block_factories(CIFAR10DataModule.num_classes, model["stem"]))
+    blocks = DeferredBlocks(resnet50_block_factories(CIFAR10DataModule.num_classes, config["model"]["stem"]))
     mixed = torch.bfloat16 if "bf16" in setting.precision or not setting.cuda else torch.float16
-    times: dict[int, list[float]] = {}
-    balanced = []
+    times: dict[int, list[float] | str] = {}
+    balanced, refusals = [], []
     for layout in layouts:
         if layout.num_stages > 1:
-            micro_batches = layout.micro_batches
+            micro_batches, images = layout.micro_batches, setting.batch_size // layout.micro_batches
             if micro_batches not in times:
-                print(f"timing the blocks for {micro_batches} micro-batch(es) of "
-                      f"{setting.batch_size // micro_batches} images", flush=True)
-                example = torch.zeros(setting.batch_size // micro_batches, *IMAGE_SHAPE)
-                with torch.autocast(device.type, dtype=mixed, enabled=setting.precision not in ("32", "32-true")):
-                    times[micro_batches] = block_times(blocks, example, device, micro_batches)
+                print(f"timing the blocks for {micro_batches} micro-batch(es) of {images} images", flush=True)
+                example = torch.zeros(images, *IMAGE_SHAPE)
+                try:
+                    with torch.autocast(device.type, dtype=mixed, enabled=setting.precision not in ("32", "32-true")):
+                        times[micro_batches] = block_times(blocks, example, device, micro_batches)
+                except (RuntimeError, ValueError) as error:
+                    times[micro_batches] = str(error).splitlines()[0]
+            if isinstance(times[micro_batches], str):
+                refusals.append(Refusal(layout.label, f"micro-batches of {images} image(s) do not train: {times[micro_batches]}"))
+                continue
             layout = replace(layout, balance=tuple(balance_by_cost(times[micro_batches], layout.num_stages)))
         balanced.append(layout)
     if setting.cuda:
         torch.cuda.empty_cache()
-    return balanced
+    return balanced, refusals
 
 
 def _budget(setting: Setting, memory_per_device: float | None) -> tuple[int, bool]:

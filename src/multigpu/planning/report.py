@@ -99,7 +99,7 @@ def write_outputs(
               f"{best.images_per_s:.1f} img/s ({title}).\n# Train with it: python main.py fit <the same options> "
               f"--config {folder / 'plan.yaml'}\n")
     (folder / "plan.yaml").write_text(header + yaml.safe_dump(config, sort_keys=False))
-    rows = [{"layout": outcome.layout.label, **asdict(outcome), "efficiency": _efficiency(outcome, outcomes),
+    rows = [{**asdict(outcome), "layout": outcome.layout.label, "efficiency": _efficiency(outcome, outcomes),
              "fit_options": outcome.layout.fit_options(device_ids)} for outcome in outcomes]
     (folder / "plan.json").write_text(json.dumps({"title": title, "results": rows}, indent=2, default=list))
     notes = [f"eff. {e:.2f}" if (e := _efficiency(outcome, outcomes)) is not None else "" for outcome in ranked]

@@ -1,0 +1,151 @@
+"""``python main.py plan``: the layouts it lists and leaves out, its memory estimates, its ranked table and config."""
+
+import json
+from dataclasses import replace
+
+import pytest
+import yaml
+
+from conftest import SMOKE, cli_main, run_args, run_cli
+from multigpu.planning.command import Setting, _choose
+from multigpu.planning.layouts import candidate_layouts
+from multigpu.planning.memory_estimate import block_memory, estimate
+
+TWO_CPU_PROCESSES = {
+    "1 device", "ddp", "model parallel 2",
+    *(f"pipeline 2 {schedule} m{count}" for schedule in ("gpipe", "1f1b") for count in (2, 4, 8)),
+    *(f"pipeline 4/2p {schedule} m{count}" for schedule in ("interleaved1f1b", "loopedbfs", "interleavedzerobubble",
+                                                             "zbvzerobubble") for count in (2, 4, 8)),
+    "pipeline 4/2p dualpipev m4", "pipeline 4/2p dualpipev m8",
+}
+
+
+def test_two_cpu_processes_allow_every_layout_but_those_that_need_cuda_or_more_devices():
+    layouts, refusals = candidate_layouts(devices=2, cuda=False, batch_size=8, compiled=False)
+    assert {layout.name for layout in layouts} == TWO_CPU_PROCESSES
+    assert layouts[0].name == "1 device"  # the reference comes first
+    reasons = {refusal.what: refusal.why for refusal in refusals}
+    assert reasons == {
+        "dp": "needs CUDA devices (without them dp trains on one device)",
+        "fsdp": "needs CUDA devices",
+        "manual_model_parallel over 4 devices per replica": "needs a multiple of 4 devices, not --trainer.devices=2",
+        "pipeline over 4 processes": "needs a multiple of 4 devices, not --trainer.devices=2",
+        "pipeline 4 stages dualpipev m2": "schedule dualpipev needs at least as many micro-batches as stages: "
+                                          "micro_batches=2 < 4 stages. Raise micro_batches",
+    }
+
+
+def test_four_gpus_add_dp_fsdp_replicated_model_parallel_and_four_stage_pipelines():
+    layouts, refusals = candidate_layouts(devices=4, cuda=True, batch_size=12, compiled=False)
+    names = {layout.name for layout in layouts}
+    assert {"dp", "fsdp", "model parallel 2 x2", "model parallel 4", "pipeline 2 x2 1f1b m4", "pipeline 4 1f1b m4",
+            "pipeline 8/4p interleaved1f1b m4"} <= names
+    # 12 images per batch cannot be cut into 8 or 16 micro-batches
+    assert {refusal.what for refusal in refusals} >= {"pipeline 4 stages gpipe m8", "pipeline 8 stages dualpipev m16"}
+    assert all("--data.batch_size=12 is not divisible" in refusal.why for refusal in refusals if "m8" in refusal.what)
+    by_name = {layout.name: layout for layout in layouts}
+    assert by_name["model parallel 2 x2"].processes == 2 and by_name["pipeline 2 x2 1f1b m4"].replicas == 2
+
+
+def test_compiled_networks_leave_out_the_strategies_that_place_blocks_themselves():
+    layouts, refusals = candidate_layouts(devices=2, cuda=False, batch_size=8, compiled=True)
+    assert [layout.name for layout in layouts] == ["1 device", "ddp"]
+    assert all("cannot run --model.compile" in refusal.why for refusal in refusals if "CUDA" not in refusal.why)
+
+
+@pytest.fixture(scope="module")
+def memory():
+    return block_memory(num_classes=10, stem="cifar", half_activations=False)
+
+
+def _setting(memory, batch_size: int = 128) -> Setting:
+    return Setting(cuda=True, devices=2, device_ids=None, batch_size=batch_size, precision="32-true", memory=memory,
+                   optimizer_states=1, overhead=0)
+
+
+def test_memory_estimate_splits_the_state_and_recomputation_shrinks_the_activations(memory):
+    params = sum(memory.params)
+    assert 89 * 2**20 < params < 90 * 2**20  # ResNet-50 with 10 classes: 23.5 million float32 parameters
+    layouts, _ = candidate_layouts(devices=2, cuda=True, batch_size=128, compiled=False)
+    by_name = {layout.name: layout for layout in layouts}
+    one = estimate(by_name["1 device"], memory, 128, optimizer_states=1)
+    (whole,) = one[0]
+    assert whole > 3 * params  # parameters, gradients, momentum, and activations
+    pipeline = replace(by_name["pipeline 2 gpipe m4"], balance=(28, 6))
+    stages = estimate(pipeline, memory, 128, optimizer_states=1)
+    assert len(stages) == 2 and all(stage[0] < whole for stage in stages)
+    checkpointed = estimate(replace(by_name["1 device"], checkpointing=True), memory, 128, optimizer_states=1)
+    assert checkpointed[0][0] < 0.6 * whole  # measured on this CPU: 4,482 -> 2,552 MiB (-43%)
+
+
+def test_layouts_that_would_not_fit_are_left_out_and_tried_with_activation_checkpointing(memory):
+    setting = _setting(memory)
+    layouts, _ = candidate_layouts(devices=2, cuda=True, batch_size=128, compiled=False, strategies=["ddp"])
+    (one_device, ddp) = layouts
+    limit = (setting.estimated_peaks(one_device)[0] + setting.estimated_peaks(ddp)[0]) // 2
+    chosen, refusals = _choose(layouts, setting, (limit, True), "auto", compiled=False)
+    assert [layout.label for layout in chosen] == ["1 device", "ddp +ckpt"]
+    reasons = {refusal.what: refusal.why for refusal in refusals}
+    assert reasons["ddp"].startswith("would need about ") and reasons["ddp"].endswith(" MiB per device free")
+    assert "+ckpt (activation checkpointing) of 1 layouts" in reasons  # the one that fits without it
+    chosen, refusals = _choose(layouts, setting, (1, True), "auto", compiled=False)
+    assert chosen == [] and len(refusals) == 4  # each layout, with and without checkpointing
+
+
+@pytest.mark.parametrize(("option", "message"), [
+    ("--plan.strategies=[nope]", "error: --plan.strategies: 'nope' is not one of ddp, dp, fsdp, manual_model_parallel, pipeline."),
+    ("--trainer.num_nodes=2", "error: plan measures the layouts on this machine alone: drop --trainer.num_nodes, "
+                              "and add it to the fit command of the layout it chooses."),
+    ("--plan.micro_batches=[0]", "error: --plan.micro_batches must be at least 1, not 0."),
+])
+def test_bad_plan_options_end_with_one_line(capsys, option, message):
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main("plan", "--config", SMOKE, "--trainer.devices=2", option)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == message
+
+
+def test_dry_run_lists_the_layouts_with_their_estimates_and_runs_none(tmp_path):
+    result = run_cli("plan", "--config", SMOKE, "--trainer.accelerator=cpu", "--trainer.devices=2",
+                     *run_args(tmp_path), "--plan.dry_run=true", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout
+    listing = result.stdout[result.stdout.index("layouts would run"):].splitlines()[1:]
+    # With the ImageNet stem, layer4 sees 1x1 images: BatchNorm cannot train on micro-batches of one image.
+    single_images = {name for name in TWO_CPU_PROCESSES if name.endswith(" m8")}
+    assert {line.split(" estimate MiB")[0].strip() for line in listing} == TWO_CPU_PROCESSES - single_images
+    for name in single_images:
+        assert f"  {name}: micro-batches of 1 image(s) do not train: Expected more than 1 value per channel" in result.stdout
+    assert "  fsdp: needs CUDA devices" in result.stdout
+    assert not (tmp_path / "logs" / "test" / "plan.yaml").exists()
+
+
+def test_plan_measures_ranks_and_writes_a_config_that_fit_trains_with(tmp_path):
+    result = run_cli(
+        "plan", "--config", SMOKE, "--trainer.accelerator=cpu", "--trainer.devices=2", *run_args(tmp_path),
+        "--plan.strategies=[ddp,pipeline]", "--plan.schedules=[1f1b]", "--plan.micro_batches=[2]",
+        "--plan.warmup=1", "--plan.steps=2", cwd=tmp_path, timeout=600,
+    )
+    assert result.returncode == 0, result.stdout
+    table = result.stdout[result.stdout.index("  #  layout"):result.stdout.index("fit options:")].splitlines()[1:-1]
+    rows = [line.split() for line in table]
+    assert sorted(" ".join(row[1:-5]) for row in rows) == ["1 device", "ddp", "pipeline 2 1f1b m2"]
+    speeds = [float(row[-5]) for row in rows]
+    assert speeds == sorted(speeds, reverse=True) and min(speeds) > 0
+    assert "pipeline over 4 processes: needs a multiple of 4 devices, not --trainer.devices=2" in result.stdout
+    folder = tmp_path / "logs" / "test"
+    figures = json.loads((folder / "plan.json").read_text())["results"]
+    for row in figures:  # one measured peak and one estimate per process on the CPU
+        processes = 1 if row["layout"] == "1 device" else 2
+        assert len(row["figures"]["peak_memory_bytes"]) == len(row["estimate"]) == processes
+    one_device = next(row for row in figures if row["layout"] == "1 device")
+    assert one_device["efficiency"] == 1.0
+    assert (folder / "plan.png").read_bytes().startswith(b"\x89PNG")
+    config = yaml.safe_load((folder / "plan.yaml").read_text())
+    best = " ".join(rows[0][1:-6])
+    assert config["model"] == {"activation_checkpointing": False}
+    assert config["trainer"]["accelerator"] == "cpu"
+    trained = run_cli("fit", "--config", SMOKE, "--config", str(folder / "plan.yaml"), *run_args(tmp_path, "winner"),
+                      cwd=tmp_path)
+    assert trained.returncode == 0, trained.stdout
+    assert (tmp_path / "checkpoints" / "winner" / "last.ckpt").is_file()
+    assert best in result.stdout.split("the fastest: ")[1]
