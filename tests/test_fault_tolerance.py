@@ -252,7 +252,7 @@ def test_torchrun_restarts_resume_from_the_last_checkpoint_on_their_own(tmp_path
     """torchrun --max-restarts=1 restarts both DDP processes after a SIGKILL at step 7; the restart,
     the same command with `--ckpt_path last`, resumes and ends bit for bit like an uninterrupted run.
 
-    Static rendezvous on a free port, as the README's command (see its fault tolerance section).
+    Static rendezvous on a free port, as the command in docs/fault-tolerance.md.
     """
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--max-restarts=1",
                 "--master-addr=127.0.0.1", f"--master-port={free_port()}", str(REPO / "main.py")]
