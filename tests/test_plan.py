@@ -36,15 +36,17 @@ def test_two_cpu_processes_allow_every_layout_but_those_that_need_cuda_or_more_d
 
 
 def test_four_gpus_add_dp_fsdp_replicated_model_parallel_and_four_stage_pipelines():
-    layouts, refusals = candidate_layouts(devices=4, cuda=True, batch_size=12, compiled=False)
-    names = {layout.name for layout in layouts}
-    assert {"dp", "fsdp", "model parallel 2 x2", "model parallel 4", "pipeline 2 x2 1f1b m4", "pipeline 4 1f1b m4",
-            "pipeline 8/4p interleaved1f1b m4"} <= names
-    # 12 images per batch cannot be cut into 8 or 16 micro-batches
-    assert {refusal.what for refusal in refusals} >= {"pipeline 4 stages gpipe m8", "pipeline 8 stages dualpipev m16"}
-    assert all("--data.batch_size=12 is not divisible" in refusal.why for refusal in refusals if "m8" in refusal.what)
+    layouts, refusals = candidate_layouts(devices=4, cuda=True, batch_size=10, compiled=False)
     by_name = {layout.name: layout for layout in layouts}
+    assert {"dp", "fsdp", "model parallel 2 x2", "model parallel 4", "pipeline 2 x2 1f1b m4", "pipeline 4 1f1b m4",
+            "pipeline 8/4p interleaved1f1b m4"} <= set(by_name)
+    # The same global batch of 40 everywhere: 10 per device, 20 per 2-device replica, 40 in dp's one process.
+    assert by_name["ddp"].batch_size == 10 and by_name["dp"].batch_size == 40
+    assert by_name["model parallel 2 x2"].batch_size == by_name["pipeline 2 x2 1f1b m4"].batch_size == 20
     assert by_name["model parallel 2 x2"].processes == 2 and by_name["pipeline 2 x2 1f1b m4"].replicas == 2
+    reasons = {refusal.what: refusal.why for refusal in refusals}
+    assert reasons["pipeline 2 stages gpipe m8"] == "its batch of 20 images (2 x --data.batch_size) is not divisible by 8 micro-batches"
+    assert "pipeline 8 stages dualpipev m16" in reasons
 
 
 def test_compiled_networks_leave_out_the_strategies_that_place_blocks_themselves():
@@ -68,13 +70,13 @@ def test_memory_estimate_splits_the_state_and_recomputation_shrinks_the_activati
     assert 89 * 2**20 < params < 90 * 2**20  # ResNet-50 with 10 classes: 23.5 million float32 parameters
     layouts, _ = candidate_layouts(devices=2, cuda=True, batch_size=128, compiled=False)
     by_name = {layout.name: layout for layout in layouts}
-    one = estimate(by_name["1 device"], memory, 128, optimizer_states=1)
+    one = estimate(by_name["1 device"], memory, optimizer_states=1)
     (whole,) = one[0]
     assert whole > 3 * params  # parameters, gradients, momentum, and activations
-    pipeline = replace(by_name["pipeline 2 gpipe m4"], balance=(28, 6))
-    stages = estimate(pipeline, memory, 128, optimizer_states=1)
+    pipeline = replace(by_name["pipeline 2 gpipe m4"], balance=(28, 6), batch_size=128)
+    stages = estimate(pipeline, memory, optimizer_states=1)
     assert len(stages) == 2 and all(stage[0] < whole for stage in stages)
-    checkpointed = estimate(replace(by_name["1 device"], checkpointing=True), memory, 128, optimizer_states=1)
+    checkpointed = estimate(replace(by_name["1 device"], checkpointing=True), memory, optimizer_states=1)
     assert checkpointed[0][0] < 0.6 * whole  # measured on this CPU: 4,482 -> 2,552 MiB (-43%)
 
 
@@ -107,12 +109,14 @@ def test_bad_plan_options_end_with_one_line(capsys, option, message):
 
 def test_dry_run_lists_the_layouts_with_their_estimates_and_runs_none(tmp_path):
     result = run_cli("plan", "--config", SMOKE, "--trainer.accelerator=cpu", "--trainer.devices=2",
-                     *run_args(tmp_path), "--plan.dry_run=true", cwd=tmp_path)
+                     *run_args(tmp_path), "--plan.dry_run=true", "--plan.micro_batches=[2,16]", cwd=tmp_path)
     assert result.returncode == 0, result.stdout
     listing = result.stdout[result.stdout.index("layouts would run"):].splitlines()[1:]
-    # With the ImageNet stem, layer4 sees 1x1 images: BatchNorm cannot train on micro-batches of one image.
-    single_images = {name for name in TWO_CPU_PROCESSES if name.endswith(" m8")}
-    assert {line.split(" estimate MiB")[0].strip() for line in listing} == TWO_CPU_PROCESSES - single_images
+    assert {line.split(" estimate MiB")[0].strip() for line in listing} == {
+        name for name in TWO_CPU_PROCESSES if not name.startswith("pipeline") or name.endswith(" m2")}
+    # 16 micro-batches of a pipeline's 16 images: with the ImageNet stem, layer4 sees 1x1 images, and
+    # BatchNorm cannot train on one value per channel.
+    single_images = {name.replace(" m8", " m16") for name in TWO_CPU_PROCESSES if name.endswith(" m8")}
     for name in single_images:
         assert f"  {name}: micro-batches of 1 image(s) do not train: Expected more than 1 value per channel" in result.stdout
     assert "  fsdp: needs CUDA devices" in result.stdout

@@ -104,7 +104,7 @@ class Setting:
     cuda: bool
     devices: int
     device_ids: list[int] | None  # GPU indices, when the user listed them
-    batch_size: int
+    batch_size: int  # per device, as ddp reads --data.batch_size
     precision: str
     memory: BlockMemory
     optimizer_states: int
@@ -112,7 +112,7 @@ class Setting:
 
     def estimated_peaks(self, layout: Layout) -> list[int]:
         """Estimated peak of each device (CUDA), or of each process (CPU), in the order the runs report them."""
-        processes = estimate(layout, self.memory, self.batch_size, self.optimizer_states)
+        processes = estimate(layout, self.memory, self.optimizer_states)
         if self.cuda:
             return [device for process in processes for device in process]
         return [sum(process) + self.overhead for process in processes]
@@ -137,7 +137,7 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
         options.schedules, options.micro_batches,
     )
     where = f"{setting.devices} {'CUDA' if setting.cuda else 'CPU'} device(s)"
-    print(f"plan: {where}, batch {setting.batch_size} per replica, {setting.precision}, "
+    print(f"plan: {where}, batch {setting.batch_size} per device, {setting.precision}, "
           f"{warmup} warm-up + {steps} timed steps per layout", flush=True)
     layouts, unbalanced = _balanced(layouts, setting, config)
     refusals += unbalanced
@@ -151,7 +151,7 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
     folder = Path(trainer.get("default_root_dir") or "logs") / config["run_name"]
     print_report(outcomes, refusals, setting.device_ids, budget, measured=not options.dry_run)
     if not options.dry_run:
-        write_outputs(outcomes, folder, setting.device_ids, trainer, f"{where}, batch {setting.batch_size}, {setting.precision}")
+        write_outputs(outcomes, folder, setting.device_ids, trainer, f"{where}, batch {setting.batch_size} per device, {setting.precision}")
 
 
 def _setting(config) -> Setting:
@@ -184,23 +184,24 @@ def _balanced(layouts: list[Layout], setting: Setting, config) -> tuple[list[Lay
     device = torch.device("cuda", (setting.device_ids or [0])[0]) if setting.cuda else torch.device("cpu")
     blocks = DeferredBlocks(resnet50_block_factories(CIFAR10DataModule.num_classes, config["model"]["stem"]))
     mixed = torch.bfloat16 if "bf16" in setting.precision or not setting.cuda else torch.float16
-    times: dict[int, list[float] | str] = {}
+    times: dict[tuple[int, int], list[float] | str] = {}  # by micro-batch size and count
     balanced, refusals = [], []
     for layout in layouts:
         if layout.num_stages > 1:
-            micro_batches, images = layout.micro_batches, setting.batch_size // layout.micro_batches
-            if micro_batches not in times:
-                print(f"timing the blocks for {micro_batches} micro-batch(es) of {images} images", flush=True)
+            images = layout.batch_size // layout.micro_batches
+            key = (images, layout.micro_batches)
+            if key not in times:
+                print(f"timing the blocks for {layout.micro_batches} micro-batch(es) of {images} images", flush=True)
                 example = torch.zeros(images, *IMAGE_SHAPE)
                 try:
                     with torch.autocast(device.type, dtype=mixed, enabled=setting.precision not in ("32", "32-true")):
-                        times[micro_batches] = block_times(blocks, example, device, micro_batches)
+                        times[key] = block_times(blocks, example, device, layout.micro_batches)
                 except (RuntimeError, ValueError) as error:
-                    times[micro_batches] = str(error).splitlines()[0]
-            if isinstance(times[micro_batches], str):
-                refusals.append(Refusal(layout.label, f"micro-batches of {images} image(s) do not train: {times[micro_batches]}"))
+                    times[key] = str(error).splitlines()[0]
+            if isinstance(times[key], str):
+                refusals.append(Refusal(layout.label, f"micro-batches of {images} image(s) do not train: {times[key]}"))
                 continue
-            layout = replace(layout, balance=tuple(balance_by_cost(times[micro_batches], layout.num_stages)))
+            layout = replace(layout, balance=tuple(balance_by_cost(times[key], layout.num_stages)))
         balanced.append(layout)
     if setting.cuda:
         torch.cuda.empty_cache()

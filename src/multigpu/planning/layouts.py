@@ -26,16 +26,16 @@ _MULTI_STAGE = 2  # stages per process of the schedules that hold several (ZBVZe
 
 @dataclass(frozen=True)
 class Layout:
-    """One way to train: ``strategy`` with its ``options`` on ``devices`` devices in ``processes`` processes.
-
-    ``stages`` lists, for a split network, the stages of each process; ``balance`` (blocks per stage) is
-    set once the blocks are timed.
+    """One way to train: ``strategy`` with its ``options`` on ``devices`` devices in ``processes`` processes,
+    ``batch_size`` images per replica (``--data.batch_size``); ``balance`` (blocks per stage of a split
+    network) is set once the blocks are timed.
     """
 
     name: str
     strategy: str  # "auto" (one device), or a registered strategy name
     devices: int
     processes: int
+    batch_size: int
     checkpointing: bool = False
     options: dict = field(default_factory=dict)  # the strategy's own, besides balance
     balance: tuple[int, ...] | None = None
@@ -85,13 +85,13 @@ class Layout:
     def config(self, device_ids: Sequence[int] | None = None) -> dict:
         """The part of a config file that selects this layout."""
         return {"trainer": {"strategy": self.strategy_config(), "devices": self.device_request(device_ids)},
-                "model": {"activation_checkpointing": self.checkpointing}}
+                "model": {"activation_checkpointing": self.checkpointing}, "data": {"batch_size": self.batch_size}}
 
     def fit_options(self, device_ids: Sequence[int] | None = None) -> list[str]:
         """The ``python main.py fit`` options that select this layout."""
         options = [f"--trainer.strategy={self.strategy}", f"--trainer.devices={_text(self.device_request(device_ids))}"]
         options += [f"--trainer.strategy.{key}={_text(value)}" for key, value in self.init_args.items()]
-        return options + [f"--model.activation_checkpointing={_text(self.checkpointing)}"]
+        return options + [f"--model.activation_checkpointing={_text(self.checkpointing)}", f"--data.batch_size={self.batch_size}"]
 
 
 def _text(value) -> str:
@@ -120,10 +120,14 @@ def candidate_layouts(
     """The layouts without activation checkpointing that can train on ``devices`` devices (one device first),
     and a ``Refusal`` for each one that cannot.
 
+    Every layout but the one device trains the same global batch, ``batch_size`` per device as ``ddp`` does:
+    ``dp`` takes ``batch_size x devices`` in its one process, a model-parallel replica or a pipeline of ``k``
+    devices ``batch_size x k``. Only speed and memory differ between them, not the optimisation.
+
     Args:
         micro_batches: the counts a pipeline of ``P`` processes tries; default ``P``, ``2P`` and ``4P``.
     """
-    layouts = [Layout("1 device", "auto", 1, 1)]
+    layouts = [Layout("1 device", "auto", 1, 1, batch_size)]
     refusals: list[Refusal] = []
 
     def refuse(what: str, why: str) -> None:
@@ -136,11 +140,10 @@ def candidate_layouts(
                 refuse(strategy, "needs CUDA devices" + (" (without them dp trains on one device)" if strategy == "dp" else ""))
             elif devices < 2:
                 refuse(strategy, several)
-            elif strategy == "dp" and batch_size < devices:
-                refuse(strategy, f"a batch of {batch_size} images cannot be scattered over {devices} devices")
+            elif strategy == "dp":
+                layouts.append(Layout(strategy, strategy, devices, 1, batch_size * devices))
             else:
-                processes = 1 if strategy == "dp" else devices
-                layouts.append(Layout(strategy, strategy, devices, processes))
+                layouts.append(Layout(strategy, strategy, devices, devices, batch_size))
         elif strategy == "manual_model_parallel":
             for per_replica in DEVICES_PER_REPLICA:
                 what = f"manual_model_parallel over {per_replica} devices per replica"
@@ -151,7 +154,8 @@ def candidate_layouts(
                 else:
                     replicas = devices // per_replica
                     name = f"model parallel {per_replica}" + (f" x{replicas}" if replicas > 1 else "")
-                    layouts.append(Layout(name, strategy, devices, replicas, options={"devices_per_replica": per_replica}))
+                    layouts.append(Layout(name, strategy, devices, replicas, batch_size * per_replica,
+                                          options={"devices_per_replica": per_replica}))
         elif strategy == "pipeline":
             layouts += _pipelines(devices, batch_size, compiled, schedules, micro_batches, refuse)
         else:
@@ -170,14 +174,16 @@ def _pipelines(devices, batch_size, compiled, schedules, micro_batches, refuse) 
             refuse(what, f"needs a multiple of {processes} devices, not --trainer.devices={devices}")
             continue
         counts = micro_batches or (processes, 2 * processes, 4 * processes)
+        batch = batch_size * processes
         for schedule in schedules:
             per_process = 1 if PipelineLayout(schedule, processes, 1).is_single else _MULTI_STAGE
             stages = processes * per_process
             for count in counts:
                 layout = PipelineLayout(schedule, processes, per_process)
                 what = f"pipeline {stages} stages {schedule.lower()} m{count}"
-                if batch_size % count:
-                    refuse(what, f"--data.batch_size={batch_size} is not divisible by {count} micro-batches")
+                if batch % count:
+                    refuse(what, f"its batch of {batch} images ({processes} x --data.batch_size) is not divisible by "
+                                 f"{count} micro-batches")
                     continue
                 try:
                     layout.check(count)
@@ -189,8 +195,8 @@ def _pipelines(devices, batch_size, compiled, schedules, micro_batches, refuse) 
                 replicas = devices // processes
                 name = f"pipeline {stages}" + (f"/{processes}p" if per_process > 1 else "") + \
                     (f" x{replicas}" if replicas > 1 else "") + f" {schedule.lower()} m{count}"
-                layouts.append(Layout(name, "pipeline", devices, devices, options=options, schedule=schedule.lower(),
-                                      micro_batches=count))
+                layouts.append(Layout(name, "pipeline", devices, devices, batch, options=options,
+                                      schedule=schedule.lower(), micro_batches=count))
     return layouts
 
 

@@ -79,9 +79,10 @@ def _activations(memory: BlockMemory, blocks: Sequence[int], images: float, chec
     return images * sum(memory.activations[i] for i in blocks)
 
 
-def estimate(layout: Layout, memory: BlockMemory, batch_size: int, optimizer_states: int) -> list[list[int]]:
-    """Bytes each device of each process of ``layout`` holds at its peak, process by process, for a batch of
-    ``batch_size`` per replica and ``optimizer_states`` tensors of optimizer state per parameter."""
+def estimate(layout: Layout, memory: BlockMemory, optimizer_states: int) -> list[list[int]]:
+    """Bytes each device of each process of ``layout`` holds at its peak, process by process, with
+    ``optimizer_states`` tensors of optimizer state per parameter."""
+    batch_size = layout.batch_size
     every = range(len(memory.params))
     held = lambda blocks: sum(memory.params[i] for i in blocks)  # noqa: E731
     state = lambda blocks: held(blocks) * (2 + optimizer_states)  # noqa: E731
