@@ -56,9 +56,9 @@ def measure(args: argparse.Namespace) -> list[dict]:
             for checkpointed in {"both": (False, True), "no": (False,), "yes": (True,)}[args.checkpointing]:
                 name = layout + ("+ckpt" if checkpointed else "")
                 out = folder / f"{name}.json"
-                extra = [*options, *(CHECKPOINTED if checkpointed else []),
-                         "--trainer.callbacks+=held_bytes.HeldBytes", f"--trainer.callbacks.out={out}"]
-                command = fit_command(name, folder, args, args.steps, processes, args.precision, extra)
+                extra = [*options, *(CHECKPOINTED if checkpointed else [])]
+                callbacks = ["--trainer.callbacks+=held_bytes.HeldBytes", f"--trainer.callbacks.out={out}"]
+                command = fit_command(name, folder, args, args.steps, processes, args.precision, extra, callbacks)
                 try:
                     ranks = launch(command, out, folder / f"{name}.log", None if args.cuda else args.threads, [HERE], REPO)
                 except RunFailed as failure:

@@ -31,7 +31,8 @@ from pathlib import Path
 import torch
 
 from multigpu.bar_chart import write_bar_chart
-from multigpu.timed_runs import RunFailed, run
+from multigpu.timed_runs import RunFailed, run, step_timer
+from multigpu.timed_runs import fit_command as timed_fit_command
 
 REPO = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
@@ -97,25 +98,21 @@ def command(config: Config, args: argparse.Namespace, folder: Path) -> list[str]
                 f"--batch-size={args.batch_size}", f"--steps={args.steps}",
                 f"--warmup={args.warmup}", f"--precision={precision}", f"--stem={args.stem}", f"--out={out}",
                 f"--workers={args.workers}", *config.plain]
-    options = [*(FAST if config.fast else []), *config.app,
-               # Appended, so that the callbacks of a config file (fast.yaml's progress bar) stay.
-               "--trainer.callbacks+=multigpu.timed_runs.StepTimer", f"--trainer.callbacks.warmup={args.warmup}",
-               f"--trainer.callbacks.out={out}"]
-    return fit_command(config.name, folder, args, args.warmup + args.steps, args.processes, precision, options)
+    options = [*(FAST if config.fast else []), *config.app]
+    return fit_command(config.name, folder, args, args.warmup + args.steps, args.processes, precision, options,
+                       step_timer(args.warmup, out))
 
 
 def fit_command(name: str, folder: Path, args: argparse.Namespace, steps: int, processes: int, precision: str,
-                options: list[str]) -> list[str]:
-    """``main.py fit`` for ``steps`` optimizer steps on synthetic data, with ``options`` appended."""
-    return [
-        sys.executable, str(REPO / "main.py"), "fit", "--data.synthetic=true",
-        f"--data.synthetic_size={args.batch_size * processes * (steps + 1)}", f"--data.batch_size={args.batch_size}",
-        f"--trainer.accelerator={'cuda' if args.cuda else 'cpu'}",
-        f"--data.num_workers={args.workers if args.cuda else 0}", f"--trainer.max_steps={steps}",
-        "--trainer.limit_val_batches=0", f"--trainer.precision={precision}", f"--model.stem={args.stem}",
-        "--model.warmup_epochs=0", f"--run_name=bench-{name}",
-        f"--checkpoint_root={folder / 'checkpoints'}", f"--trainer.default_root_dir={folder / 'logs'}", *options,
+                options: list[str], callbacks: list[str]) -> list[str]:
+    """``main.py fit`` for ``steps`` optimizer steps on synthetic data, with ``options`` and ``callbacks``."""
+    benchmark = [
+        f"--data.batch_size={args.batch_size}", f"--trainer.accelerator={'cuda' if args.cuda else 'cpu'}",
+        f"--data.num_workers={args.workers if args.cuda else 0}", f"--trainer.precision={precision}",
+        f"--model.stem={args.stem}", "--model.warmup_epochs=0",
     ]
+    return timed_fit_command(REPO / "main.py", [*benchmark, *options], folder, f"bench-{name}", steps,
+                             args.batch_size * processes * (steps + 1), callbacks)
 
 
 def measure(names: list[str], args: argparse.Namespace) -> list[dict]:

@@ -11,6 +11,7 @@ import json
 import os
 import resource
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,7 +22,9 @@ from typing_extensions import override
 
 from multigpu.replicas import data_parallel_size
 
-__all__ = ["RunFailed", "StepTimer", "launch", "peak_memory_bytes", "result", "run", "synchronize"]
+__all__ = [
+    "RunFailed", "StepTimer", "fit_command", "launch", "peak_memory_bytes", "result", "run", "step_timer", "synchronize",
+]
 
 
 class RunFailed(RuntimeError):
@@ -96,6 +99,25 @@ class StepTimer(Callback):
         rank_file.write_text(json.dumps(_peaks_of_this_process(pl_module.device)))
         if trainer.is_global_zero:
             self.out.write_text(json.dumps(result(images, steps, self._end - self._start, [])))
+
+
+def step_timer(warmup: int, out: Path) -> list[str]:
+    """The ``fit`` options that add a ``StepTimer``."""
+    return ["--trainer.callbacks+=multigpu.timed_runs.StepTimer", f"--trainer.callbacks.warmup={warmup}",
+            f"--trainer.callbacks.out={out}"]
+
+
+def fit_command(
+    entry: Path, options: Sequence[str], folder: Path, name: str, steps: int, images: int, callbacks: Sequence[str] = ()
+) -> list[str]:
+    """``python <entry> fit <options>`` for ``steps`` optimizer steps on ``images`` synthetic images, without
+    validation or extra checkpoints, its checkpoints and logs in ``folder``; ``callbacks`` (``--trainer.callbacks+=...`` options, such
+    as ``step_timer``'s) come last, so that those of a config file among ``options`` stay."""
+    return [
+        sys.executable, str(entry), "fit", *options, "--data.synthetic=true", f"--data.synthetic_size={images}",
+        f"--trainer.max_steps={steps}", "--trainer.limit_val_batches=0", "--save_every_n_steps=0", f"--run_name={name}",
+        f"--checkpoint_root={folder / 'checkpoints'}", f"--trainer.default_root_dir={folder / 'logs'}", *callbacks,
+    ]
 
 
 def launch(

@@ -36,7 +36,7 @@ from multigpu.planning.layouts import STRATEGIES, Layout, Refusal, candidate_lay
 from multigpu.planning.memory_estimate import BlockMemory, block_memory, estimate
 from multigpu.planning.report import Outcome, print_report, write_outputs
 from multigpu.strategies.pipeline_layout import SCHEDULES
-from multigpu.timed_runs import RunFailed, run
+from multigpu.timed_runs import RunFailed, fit_command, run, step_timer
 from multigpu.trainer_options import accelerator_name, device_request
 
 __all__ = ["PlanOptions", "plan"]
@@ -269,14 +269,8 @@ def _measure(
         folder = Path(tmp)
         for index, outcome in enumerate(outcomes):
             out = folder / f"layout{index}.json"
-            command = [
-                sys.executable, str(entry), "fit", *user_args, *outcome.layout.fit_options(setting.device_ids),
-                "--data.synthetic=true", f"--data.synthetic_size={images}", f"--trainer.max_steps={warmup + steps}",
-                "--trainer.limit_val_batches=0", "--save_every_n_steps=0",
-                f"--run_name=plan-{index}", f"--checkpoint_root={folder / 'checkpoints'}",
-                f"--trainer.default_root_dir={folder / 'logs'}", "--trainer.callbacks+=multigpu.timed_runs.StepTimer",
-                f"--trainer.callbacks.warmup={warmup}", f"--trainer.callbacks.out={out}",
-            ]
+            options = [*user_args, *outcome.layout.fit_options(setting.device_ids)]
+            command = fit_command(entry, options, folder, f"plan-{index}", warmup + steps, images, step_timer(warmup, out))
             try:
                 outcome = replace(outcome, figures=run(command, out, folder / f"layout{index}.log"))
                 said = f"{outcome.figures['images_per_s']:.1f} img/s"
