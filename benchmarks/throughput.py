@@ -6,13 +6,13 @@
 
 Each configuration trains ResNet-50 on synthetic CIFAR-sized images in fresh processes:
 ``--warmup`` untimed optimizer steps, then ``--steps`` timed ones. The application runs
-through ``main.py fit`` with its own callbacks, logger and checkpointing; the reference
+through ``main.py fit`` with its own callbacks and logger (no checkpoint is written); the reference
 is ``plain_loop.py``, the loop the plain recipes write by hand. On the CPU every process
 gets ``--threads`` threads (default 1). The table shows, for each configuration:
 
     img/s          images per second over all processes
     step ms        mean time of one optimizer step
-    peak MiB       the most memory each process held (CUDA: allocated; CPU: resident)
+    peak MiB       the most memory each device held (CUDA: allocated, per device; CPU: resident, per process)
     vs plain       img/s over the plain loop's with the same precision and memory format
     efficiency     multi-process runs: img/s over (processes x the one-process img/s)
 
@@ -131,9 +131,8 @@ def measure(names: list[str], args: argparse.Namespace) -> list[dict]:
         reference = rows.get(config.reference)
         row["vs_plain"] = row["images_per_s"] / reference["images_per_s"] if reference and name != config.reference else None
         single = rows.get(config.one_process)
-        processes = len(row["peak_memory_bytes"])
         row["efficiency"] = (
-            row["images_per_s"] / (processes * single["images_per_s"]) if config.multi_process and single else None
+            row["images_per_s"] / (args.processes * single["images_per_s"]) if config.multi_process and single else None
         )
     return list(rows.values())
 

@@ -107,6 +107,16 @@ def test_bad_plan_options_end_with_one_line(capsys, option, message):
     assert capsys.readouterr().err.strip().splitlines()[-1] == message
 
 
+def test_a_config_file_with_a_plan_section_is_refused(capsys, tmp_path):
+    config = tmp_path / "plan_options.yaml"
+    config.write_text("plan:\n  steps: 2\n")
+    with pytest.raises(SystemExit):
+        cli_main("plan", "--config", SMOKE, "--config", str(config))
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: {config} has a plan section, which fit (run for each layout) refuses: give the --plan.* options on "
+        "the command line instead.")
+
+
 def test_dry_run_lists_the_layouts_with_their_estimates_and_runs_none(tmp_path):
     result = run_cli("plan", "--config", SMOKE, "--trainer.accelerator=cpu", "--trainer.devices=2",
                      *run_args(tmp_path), "--plan.dry_run=true", "--plan.micro_batches=[2,16]", cwd=tmp_path)

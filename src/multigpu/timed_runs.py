@@ -10,6 +10,7 @@ reads these files back.
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ from lightning.pytorch import Callback
 from typing_extensions import override
 
 from multigpu.replicas import data_parallel_size
+from multigpu.strategies import DataParallelStrategy
 
 __all__ = [
     "RunFailed", "StepTimer", "fit_command", "launch", "peak_memory_bytes", "result", "run", "step_timer", "synchronize",
@@ -44,13 +46,22 @@ def peak_memory_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-def _peaks_of_this_process(device: torch.device) -> list[int]:
-    """The peak of each device this process used: every CUDA device it allocated on (``dp`` and
-    ``manual_model_parallel`` use several), else the process's resident memory."""
-    if device.type != "cuda":
-        return [peak_memory_bytes(device)]
-    peaks = [torch.cuda.max_memory_allocated(index) for index in range(torch.cuda.device_count())]
-    return [peak for peak in peaks if peak] or [0]
+def _devices_of(trainer) -> list[torch.device]:
+    """The devices this process trains on, in the order of its strategy: several for ``dp`` and
+    ``manual_model_parallel``, else its root device."""
+    strategy = trainer.strategy
+    devices = getattr(strategy, "stage_devices", None)  # manual_model_parallel
+    if devices is None and isinstance(strategy, DataParallelStrategy):
+        devices = strategy.parallel_devices
+    return list(devices or [strategy.root_device])
+
+
+def _peaks_of_this_process(trainer) -> list[int]:
+    """The peak of each CUDA device this process trains on, or on the CPU its resident memory."""
+    devices = [device for device in _devices_of(trainer) if device.type == "cuda"]
+    if not devices:
+        return [peak_memory_bytes(trainer.strategy.root_device)]
+    return [peak_memory_bytes(device) for device in devices]
 
 
 def result(images: int, steps: int, seconds: float, peak_memory: list[int]) -> dict:
@@ -92,11 +103,14 @@ class StepTimer(Callback):
     @override
     def on_train_end(self, trainer, pl_module) -> None:
         steps = trainer.global_step - self.warmup
-        if steps < 1:
-            raise RuntimeError(f"no step was timed: the run ended at step {trainer.global_step}")
+        if steps < 1 or trainer.global_step != trainer.max_steps:
+            raise RuntimeError(
+                f"the run ended at step {trainer.global_step}, before the {trainer.max_steps} steps it was to time "
+                "(a time limit, or too few batches?)"
+            )
         images = self._images * data_parallel_size(trainer)
         rank_file = self.out.with_name(f"{self.out.name}.rank{trainer.global_rank}")
-        rank_file.write_text(json.dumps(_peaks_of_this_process(pl_module.device)))
+        rank_file.write_text(json.dumps(_peaks_of_this_process(trainer)))
         if trainer.is_global_zero:
             self.out.write_text(json.dumps(result(images, steps, self._end - self._start, [])))
 
@@ -115,22 +129,31 @@ def fit_command(
     as ``step_timer``'s) come last, so that those of a config file among ``options`` stay."""
     return [
         sys.executable, str(entry), "fit", *options, "--data.synthetic=true", f"--data.synthetic_size={images}",
-        f"--trainer.max_steps={steps}", "--trainer.limit_val_batches=0", "--save_every_n_steps=0", f"--run_name={name}",
+        f"--trainer.max_steps={steps}", "--trainer.limit_val_batches=0", "--save_every_n_steps=0",
+        "--checkpoint.save_last=false", "--checkpoint.save_top_k=0", f"--run_name={name}",
         f"--checkpoint_root={folder / 'checkpoints'}", f"--trainer.default_root_dir={folder / 'logs'}", *callbacks,
     ]
 
 
 def launch(
     command: Sequence[str], out: Path, log: Path, threads: int | None = None, pythonpath: Sequence[Path] = (),
-    cwd: Path | None = None,
+    cwd: Path | None = None, timeout: float | None = None,
 ) -> list:
     """Run ``command`` (``pythonpath`` importable; ``threads`` threads per process when given), its output
-    in ``log``; return what its ranks wrote to ``out.rankN``, in rank order. A ``RunFailed`` says why not."""
+    in ``log``; return what its ranks wrote to ``out.rankN``, in rank order. A ``RunFailed`` says why not,
+    a run still going after ``timeout`` seconds included (its processes are killed)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, pythonpath), os.environ.get("PYTHONPATH", "")])}
     if threads is not None:  # the CPU
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     with open(log, "w") as file:
-        returncode = subprocess.run(list(command), cwd=cwd, env=env, stdout=file, stderr=subprocess.STDOUT).returncode
+        process = subprocess.Popen(list(command), cwd=cwd, env=env, stdout=file, stderr=subprocess.STDOUT,
+                                   start_new_session=True)  # its own process group: the launcher's children too
+        try:
+            returncode = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            raise RunFailed(f"{' '.join(command)} was still running after {timeout:.0f} s, and was stopped") from None
     ranks = sorted(out.parent.glob(out.name + ".rank*"), key=lambda path: int(path.name.rsplit("rank", 1)[1]))
     if returncode or not (ranks or out.exists()):
         raise RunFailed(f"{' '.join(command)} failed (exit {returncode}); the end of its output:\n{log.read_text()[-3000:]}")
@@ -139,11 +162,13 @@ def launch(
 
 def run(
     command: Sequence[str], out: Path, log: Path, threads: int | None = None, pythonpath: Sequence[Path] = (),
-    cwd: Path | None = None,
+    cwd: Path | None = None, timeout: float | None = None,
 ) -> dict:
     """Run a command timed by ``StepTimer(out=out)``: its figures, with the peak of each device of each rank
     (rank order) in ``peak_memory_bytes``."""
-    peaks = launch(command, out, log, threads, pythonpath, cwd)
+    peaks = launch(command, out, log, threads, pythonpath, cwd, timeout)
+    if not out.exists():
+        raise RunFailed(f"{' '.join(command)} wrote no figures to {out}; the end of its output:\n{log.read_text()[-3000:]}")
     figures = json.loads(out.read_text())
     figures["peak_memory_bytes"] += [peak for rank in peaks for peak in (rank if isinstance(rank, list) else [rank])]
     return figures

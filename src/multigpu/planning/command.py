@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+import yaml
 from lightning.pytorch.cli import LightningArgumentParser
 from typing_extensions import override
 
@@ -42,6 +43,7 @@ from multigpu.trainer_options import accelerator_name, device_request
 __all__ = ["PlanOptions", "plan"]
 
 MIB = 2**20
+LAYOUT_TIMEOUT_S = 1200  # a layout still training after 20 minutes has hung (a deadlock, say): it is stopped
 
 
 class PlanOptions:
@@ -122,6 +124,7 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
     """Run ``python main.py plan <args>``."""
     cli = PlanCLI(default_config_files=default_config_files, args=list(args), run=False)
     config = cli.config
+    _check_no_plan_section(args)
     options = PlanOptions(**vars(config["plan"]))
     trainer = config["trainer"]
     if (trainer.get("num_nodes") or 1) > 1:
@@ -215,7 +218,20 @@ def _budget(setting: Setting, memory_per_device: float | None) -> tuple[int, boo
     if setting.cuda:
         ids = setting.device_ids or list(range(setting.devices))
         return int(0.9 * min(torch.cuda.mem_get_info(index)[0] for index in ids)), True
-    return int(0.9 * os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")), False
+    return int(0.9 * _available_bytes()), False
+
+
+def _available_bytes() -> int:
+    """Memory the processes can have on this machine: MemAvailable (free memory and reclaimable cache),
+    within the control group's limit."""
+    with open("/proc/meminfo") as file:
+        available = next(int(line.split()[1]) * 1024 for line in file if line.startswith("MemAvailable:"))
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+    except (OSError, ValueError):
+        return available
+    return available if limit == "max" else min(available, int(limit) - used)
 
 
 def _fits(peaks: list[int], budget: tuple[int, bool]) -> bool:
@@ -272,14 +288,26 @@ def _measure(
             options = [*user_args, *outcome.layout.fit_options(setting.device_ids)]
             command = fit_command(entry, options, folder, f"plan-{index}", warmup + steps, images, step_timer(warmup, out))
             try:
-                outcome = replace(outcome, figures=run(command, out, folder / f"layout{index}.log"))
+                outcome = replace(outcome, figures=run(command, out, folder / f"layout{index}.log", timeout=LAYOUT_TIMEOUT_S))
                 said = f"{outcome.figures['images_per_s']:.1f} img/s"
-            except RunFailed:
-                outcome = replace(outcome, failure=_last_error((folder / f"layout{index}.log").read_text()))
+            except RunFailed as failure:
+                log = (folder / f"layout{index}.log").read_text()
+                outcome = replace(outcome, failure=_last_error(log) if "still running" not in str(failure) else
+                                  f"still training after {LAYOUT_TIMEOUT_S} s: stopped")
                 said = f"failed: {outcome.failure}"
             print(f"  [{index + 1}/{len(outcomes)}] {outcome.layout.label}: {said}", flush=True)
             measured.append(outcome)
     return measured
+
+
+def _check_no_plan_section(args: Sequence[str]) -> None:
+    """Refuse a config file with a ``plan`` section: each layout's ``fit`` reads the same files, and has no such section."""
+    for index, arg in enumerate(args):
+        path = arg.partition("=")[2] if arg.startswith("--config=") else args[index + 1] if arg == "--config" else None
+        if path and Path(path).is_file() and isinstance(loaded := yaml.safe_load(Path(path).read_text()), dict) \
+                and "plan" in loaded:
+            raise UsageError(f"{path} has a plan section, which fit (run for each layout) refuses: give the "
+                             "--plan.* options on the command line instead.")
 
 
 def _without_plan_options(args: Sequence[str]) -> list[str]:

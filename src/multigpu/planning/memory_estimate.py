@@ -7,7 +7,8 @@ parameters, gradients and optimizer state of the blocks it holds, and the activa
 images in flight through them:
 
 - one device, ``ddp`` and ``fsdp``: the whole batch through every block; ``ddp`` adds its
-  gradient buckets (one more copy of the gradients), ``fsdp`` shards the state;
+  gradient buckets (one more copy of the gradients), ``fsdp`` shards the state
+  but gathers the whole network's parameters and gradients (one unit: no wrapping policy);
 - ``dp``: each device a slice of the batch; the first one also holds the optimizer state;
 - ``manual_model_parallel``: each device its stage's blocks, for the whole batch;
 - ``pipeline``: each process its stages' blocks, for one micro-batch times the micro-batches
@@ -71,12 +72,16 @@ def block_memory(num_classes: int, stem: Stem, half_activations: bool) -> BlockM
     return BlockMemory(params, activations, inputs)
 
 
-def _activations(memory: BlockMemory, blocks: Sequence[int], images: float, checkpointing: bool) -> float:
+def _activations(
+    memory: BlockMemory, blocks: Sequence[int], images: float, checkpointing: bool, in_flight: int = 1
+) -> float:
+    """What ``blocks`` keep for ``in_flight`` batches of ``images``; with checkpointing, the blocks' inputs for
+    each, and the activations of one block of one batch, recomputed at a time."""
     if not blocks:
         return 0.0
     if checkpointing:
-        return images * (sum(memory.inputs[i] for i in blocks) + max(memory.activations[i] for i in blocks))
-    return images * sum(memory.activations[i] for i in blocks)
+        return images * (in_flight * sum(memory.inputs[i] for i in blocks) + max(memory.activations[i] for i in blocks))
+    return in_flight * images * sum(memory.activations[i] for i in blocks)
 
 
 def estimate(layout: Layout, memory: BlockMemory, optimizer_states: int) -> list[list[int]]:
@@ -92,7 +97,8 @@ def estimate(layout: Layout, memory: BlockMemory, optimizer_states: int) -> list
         device = state(every) + extra + _activations(memory, every, batch_size, ckpt)
         return [[int(device)] for _ in range(layout.processes)]
     if layout.strategy == "fsdp":
-        device = state(every) / layout.devices + 2 * max(memory.params) + _activations(memory, every, batch_size, ckpt)
+        # Lightning's fsdp without a wrapping policy gathers the whole network: full parameters and gradients.
+        device = state(every) / layout.devices + 2 * held(every) + _activations(memory, every, batch_size, ckpt)
         return [[int(device)] for _ in range(layout.processes)]
     if layout.strategy == "dp":
         images = -(-batch_size // layout.devices)
@@ -112,7 +118,7 @@ def estimate(layout: Layout, memory: BlockMemory, optimizer_states: int) -> list
             in_flight = layout.micro_batches
             if layout.schedule not in _ALL_AT_ONCE:
                 in_flight = min(in_flight, pipeline.num_stages - stage)
-            total += state(stages[stage]) + _activations(memory, stages[stage], micro_batch * in_flight, ckpt)
+            total += state(stages[stage]) + _activations(memory, stages[stage], micro_batch, ckpt, in_flight)
         per_process.append([int(total)])
     return per_process * layout.replicas
 
