@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader
 from multigpu.datasets import SyntheticCIFAR10
 from multigpu.model import ResNet50Classifier
 from multigpu.strategies import PipelineStrategy
-from multigpu.strategies.pipeline_layout import SCHEDULES, PipelineLayout
+from multigpu.strategies.pipeline_layout import SCHEDULES, natural_stages_per_process
 from multigpu.timed_runs import StepTimer
 from stage_clock import PARTS, StageClock
 
@@ -48,7 +48,7 @@ def worker(args: argparse.Namespace) -> None:
     batch_size = args.batch_size // args.accumulate
     callbacks = [StepTimer(args.warmup, args.out)]
     if args.schedule:
-        per_process = 1 if PipelineLayout(args.schedule, PROCESSES, 1).is_single else 2
+        per_process = natural_stages_per_process(args.schedule)
         strategy, devices = PipelineStrategy(micro_batches=args.micro_batches, schedule=args.schedule,
                                              stages_per_process=per_process), PROCESSES
         callbacks.append(StageClock(args.warmup, args.out))

@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
 
 from multigpu.strategies import PipelineStrategy
-from multigpu.strategies.pipeline_layout import SCHEDULES, PipelineLayout
+from multigpu.strategies.pipeline_layout import SCHEDULES, natural_stages_per_process
 from strategy_training import TinyBlocks
 
 STEPS, MICRO_BATCHES, MICRO_BATCH = 3, 8, 2
@@ -89,7 +89,7 @@ def main(layout: str, out: str) -> None:
         processes = 2 if layout == "2x2" else devices
         results = {}
         for schedule in SCHEDULES:
-            per_process = 1 if PipelineLayout(schedule, processes, 1).is_single else 2
+            per_process = natural_stages_per_process(schedule)
             strategy = PipelineStrategy(num_stages=processes * per_process, micro_batches=MICRO_BATCHES,
                                         schedule=schedule, stages_per_process=per_process, balance_by="params")
             results[schedule] = _fit(strategy, devices, data, BATCH)

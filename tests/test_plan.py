@@ -53,6 +53,9 @@ def test_compiled_networks_leave_out_the_strategies_that_place_blocks_themselves
     layouts, refusals = candidate_layouts(devices=2, cuda=False, batch_size=8, compiled=True)
     assert [layout.name for layout in layouts] == ["1 device", "ddp"]
     assert all("cannot run --model.compile" in refusal.why for refusal in refusals if "CUDA" not in refusal.why)
+    compile_refused = {refusal.what for refusal in refusals if "cannot run --model.compile" in refusal.why}
+    assert compile_refused == {"manual_model_parallel over 2 devices per replica", "manual_model_parallel over 4 devices "
+                               "per replica", "pipeline over 2 processes", "pipeline over 4 processes"}
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +140,7 @@ def test_plan_measures_ranks_and_writes_a_config_that_fit_trains_with(tmp_path):
     result = run_cli(
         "plan", "--config", SMOKE, "--trainer.accelerator=cpu", "--trainer.devices=2", *run_args(tmp_path),
         "--plan.strategies=[ddp,pipeline]", "--plan.schedules=[1f1b]", "--plan.micro_batches=[2]",
-        "--plan.warmup=1", "--plan.steps=2", cwd=tmp_path, timeout=600,
+        "--plan.warmup=1", "--plan.steps=2", "--data.num_workers=1", cwd=tmp_path, timeout=600,  # the recipe's loader workers
     )
     assert result.returncode == 0, result.stdout
     table = result.stdout[result.stdout.index("  #  layout"):result.stdout.index("fit options:")].splitlines()[1:-1]

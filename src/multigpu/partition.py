@@ -26,6 +26,7 @@ __all__ = [
     "choose_balance",
     "param_counts",
     "split_table",
+    "stage_ranges",
 ]
 
 BalanceBy = Literal["params", "time"]
@@ -39,6 +40,12 @@ def check_balance(balance: Sequence[int], num_blocks: int) -> list[int]:
     if sum(balance) != num_blocks:
         raise UsageError(f"balance {balance} sums to {sum(balance)}, but the network has {num_blocks} blocks.")
     return balance
+
+
+def stage_ranges(balance: Sequence[int]) -> list[range]:
+    """The block indices of each stage of ``balance``: ``[2, 3]`` gives ``range(0, 2)`` and ``range(2, 5)``."""
+    starts = [sum(balance[:stage]) for stage in range(len(balance))]
+    return [range(start, start + count) for start, count in zip(starts, balance)]
 
 
 def check_stage_count(num_stages: int, num_blocks: int) -> None:
@@ -155,11 +162,9 @@ def split_table(
     counts = param_counts(blocks)
     total_time = sum(times) if times else 0.0
     rows = [("stage", "device", "blocks", "params", "time")]
-    start = 0
-    for stage, (count, device) in enumerate(zip(balance, devices, strict=True)):
-        end = start + count
+    for stage, (blocks_of_stage, device) in enumerate(zip(stage_ranges(balance), devices, strict=True)):
+        start, end = blocks_of_stage.start, blocks_of_stage.stop
         share = f"{sum(times[start:end]) / total_time:.1%}" if total_time else "-"
         rows.append((str(stage), str(device), f"{start}-{end - 1}", f"{sum(counts[start:end]):,}", share))
-        start = end
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)

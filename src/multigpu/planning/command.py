@@ -24,6 +24,7 @@ from typing import Literal
 import torch
 import yaml
 from lightning.pytorch.cli import LightningArgumentParser
+from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from typing_extensions import override
 
 from multigpu.cli import MultiGPUCLI
@@ -32,10 +33,11 @@ from multigpu.errors import UsageError, check_at_least
 from multigpu.model import IMAGE_SHAPE
 from multigpu.network import resnet50_block_factories
 from multigpu.deferred_blocks import DeferredBlocks
-from multigpu.partition import balance_by_cost, block_times
-from multigpu.planning.layouts import STRATEGIES, Layout, Refusal, candidate_layouts, with_checkpointing
+from multigpu.partition import balance_by_cost
+from multigpu.planning.layouts import STRATEGIES, Layout, Refusal, candidate_layouts
 from multigpu.planning.memory_estimate import BlockMemory, block_memory, estimate
 from multigpu.planning.report import Outcome, print_report, write_outputs
+from multigpu.strategies.network_lookup import block_times_in
 from multigpu.strategies.pipeline_layout import SCHEDULES
 from multigpu.timed_runs import RunFailed, fit_command, run, step_timer
 from multigpu.trainer_options import accelerator_name, device_request
@@ -186,7 +188,7 @@ def _balanced(layouts: list[Layout], setting: Setting, config) -> tuple[list[Lay
     micro-batches cannot train (BatchNorm given one value per channel) are refused."""
     device = torch.device("cuda", (setting.device_ids or [0])[0]) if setting.cuda else torch.device("cpu")
     blocks = DeferredBlocks(resnet50_block_factories(CIFAR10DataModule.num_classes, config["model"]["stem"]))
-    mixed = torch.bfloat16 if "bf16" in setting.precision or not setting.cuda else torch.float16
+    precision = _precision_plugin(setting.precision, device)
     times: dict[tuple[int, int], list[float] | str] = {}  # by micro-batch size and count
     balanced, refusals = [], []
     for layout in layouts:
@@ -197,8 +199,7 @@ def _balanced(layouts: list[Layout], setting: Setting, config) -> tuple[list[Lay
                 print(f"timing the blocks for {layout.micro_batches} micro-batch(es) of {images} images", flush=True)
                 example = torch.zeros(images, *IMAGE_SHAPE)
                 try:
-                    with torch.autocast(device.type, dtype=mixed, enabled=setting.precision not in ("32", "32-true")):
-                        times[key] = block_times(blocks, example, device, layout.micro_batches)
+                    times[key] = block_times_in(precision, blocks, example, device, layout.micro_batches)
                 except (RuntimeError, ValueError) as error:
                     times[key] = str(error).splitlines()[0]
             if isinstance(times[key], str):
@@ -209,6 +210,15 @@ def _balanced(layouts: list[Layout], setting: Setting, config) -> tuple[list[Lay
     if setting.cuda:
         torch.cuda.empty_cache()
     return balanced, refusals
+
+
+def _precision_plugin(precision: str, device: torch.device) -> Precision:
+    """Lightning's precision plugin for ``--trainer.precision`` on ``device``: 16-bit mixed precision is
+    bf16 on the CPU, as Lightning makes it there."""
+    name = {"16": "16-mixed", "bf16": "bf16-mixed"}.get(precision, precision)
+    if name in ("32", "32-true"):
+        return Precision()
+    return MixedPrecision("bf16-mixed" if device.type == "cpu" else name, device.type)
 
 
 def _budget(setting: Setting, memory_per_device: float | None) -> tuple[int, bool]:
@@ -252,7 +262,7 @@ def _choose(
             if compiled:
                 refusals.append(Refusal(f"{layout.label} +ckpt", "activation checkpointing does not run under --model.compile"))
             else:
-                variants.append(with_checkpointing(layout))
+                variants.append(replace(layout, checkpointing=True))
         elif checkpointing == "auto":
             fitting += 1
         for variant in variants:

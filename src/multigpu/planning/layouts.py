@@ -8,20 +8,19 @@ cannot, one line that says why, using the strategies' own checks.
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from multigpu.errors import UsageError
 from multigpu.strategies import CLASS_PATHS
-from multigpu.strategies.pipeline_layout import SCHEDULES, PipelineLayout
+from multigpu.strategies.pipeline_layout import SCHEDULES, PipelineLayout, natural_stages_per_process
 
-__all__ = ["STRATEGIES", "Layout", "Refusal", "candidate_layouts", "with_checkpointing"]
+__all__ = ["STRATEGIES", "Layout", "Refusal", "candidate_layouts"]
 
 STRATEGIES = ("ddp", "dp", "fsdp", "manual_model_parallel", "pipeline")
 """The strategies ``plan`` tries besides one device, in the order it lists them."""
 
 DEVICES_PER_REPLICA = (2, 4)  # manual_model_parallel
 PIPELINE_PROCESSES = (2, 4)
-_MULTI_STAGE = 2  # stages per process of the schedules that hold several (ZBVZeroBubble and DualPipeV need 2)
 
 
 @dataclass(frozen=True)
@@ -176,7 +175,7 @@ def _pipelines(devices, batch_size, compiled, schedules, micro_batches, refuse) 
         counts = micro_batches or (processes, 2 * processes, 4 * processes)
         batch = batch_size * processes
         for schedule in schedules:
-            per_process = 1 if PipelineLayout(schedule, processes, 1).is_single else _MULTI_STAGE
+            per_process = natural_stages_per_process(schedule)
             stages = processes * per_process
             for count in counts:
                 layout = PipelineLayout(schedule, processes, per_process)
@@ -198,8 +197,3 @@ def _pipelines(devices, batch_size, compiled, schedules, micro_batches, refuse) 
                 layouts.append(Layout(name, "pipeline", devices, devices, batch, options=options,
                                       schedule=schedule.lower(), micro_batches=count))
     return layouts
-
-
-def with_checkpointing(layout: Layout) -> Layout:
-    """``layout`` with activation checkpointing."""
-    return replace(layout, checkpointing=True)

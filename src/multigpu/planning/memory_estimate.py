@@ -28,6 +28,7 @@ from torch import Tensor
 from multigpu.deferred_blocks import DeferredBlocks
 from multigpu.model import IMAGE_SHAPE
 from multigpu.network import Stem, resnet50_block_factories
+from multigpu.partition import stage_ranges
 from multigpu.planning.layouts import Layout
 
 __all__ = ["BlockMemory", "block_memory", "estimate"]
@@ -104,7 +105,9 @@ def estimate(layout: Layout, memory: BlockMemory, optimizer_states: int) -> list
         images = -(-batch_size // layout.devices)
         activations = _activations(memory, every, images, ckpt)
         return [[int(state(every) + activations)] + [int(2 * held(every) + activations)] * (layout.devices - 1)]
-    stages = _stage_blocks(layout.balance, memory)
+    if layout.balance is None:
+        raise ValueError("a split layout needs its balance before its memory is estimated")
+    stages = stage_ranges(layout.balance)
     if layout.strategy == "manual_model_parallel":
         replicated = layout.replicas > 1
         devices = [int(state(blocks) + (held(blocks) if replicated else 0) + _activations(memory, blocks, batch_size, ckpt))
@@ -121,10 +124,3 @@ def estimate(layout: Layout, memory: BlockMemory, optimizer_states: int) -> list
             total += state(stages[stage]) + _activations(memory, stages[stage], micro_batch, ckpt, in_flight)
         per_process.append([int(total)])
     return per_process * layout.replicas
-
-
-def _stage_blocks(balance: Sequence[int] | None, memory: BlockMemory) -> list[range]:
-    if balance is None:
-        raise ValueError("a split layout needs its balance before its memory is estimated")
-    starts = [sum(balance[:stage]) for stage in range(len(balance))]
-    return [range(start, start + count) for start, count in zip(starts, balance)]

@@ -19,34 +19,29 @@ from lightning.fabric.utilities.distributed import _init_dist_connection
 from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import rank_zero_info
-from lightning_utilities.core.apply_func import apply_to_collection
+from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
 from multigpu.errors import UsageError
-from multigpu.partition import BalanceBy, choose_balance, split_table
+from multigpu.partition import BalanceBy, choose_balance, split_table, stage_ranges
 from multigpu.strategies.network_lookup import block_sequence, time_blocks
 from multigpu.strategies.split_network import SplitNetworkStrategy
 
 __all__ = ["ManualModelParallelStrategy"]
 
 
-def _moved(data: Any, device: torch.device) -> Any:
-    """``data`` with every tensor in it on ``device`` (a block may pass a tuple, see ``network``)."""
-    return apply_to_collection(data, torch.Tensor, lambda tensor: tensor.to(device, non_blocking=True))
-
-
 def _move_inputs(device: torch.device):
     def hook(module: nn.Module, args: tuple) -> tuple:
-        return _moved(args, device)
+        return move_data_to_device(args, device)  # a block may pass a tuple (see ``network``)
 
     return hook
 
 
 def _move_output(device: torch.device):
     def hook(module: nn.Module, args: tuple, output: Any) -> Any:
-        return _moved(output, device)
+        return move_data_to_device(output, device)
 
     return hook
 
@@ -152,19 +147,16 @@ class ManualModelParallelStrategy(SplitNetworkStrategy):
     @property
     def stage_blocks(self) -> list[range]:
         """The block indices of each stage of this process's replica, once the split is chosen."""
-        starts = [sum(self._balance[:stage]) for stage in range(len(self._balance))]
-        return [range(start, start + count) for start, count in zip(starts, self._balance)]
+        return stage_ranges(self._balance)
 
     @override
     def model_to_device(self) -> None:
         super().model_to_device()  # each block straight to its stage's device
         blocks = block_sequence(self.lightning_module, self.strategy_name)
         self._remove_hooks()
-        start = 0
-        for count, device in zip(self._balance, self.stage_devices, strict=True):
+        for blocks_of_stage, device in zip(self.stage_blocks, self.stage_devices, strict=True):
             if device != self.root_device:
-                self._hooks.append(blocks[start].register_forward_pre_hook(_move_inputs(device)))
-            start += count
+                self._hooks.append(blocks[blocks_of_stage.start].register_forward_pre_hook(_move_inputs(device)))
         if self.stage_devices[-1] != self.root_device:
             self._hooks.append(blocks[-1].register_forward_hook(_move_output(self.root_device)))
 

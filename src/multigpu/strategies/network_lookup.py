@@ -1,13 +1,15 @@
 """Where a strategy finds the network it places or wraps (the LightningModule's ``net``), and what its blocks cost."""
 
+import torch
 from lightning.pytorch import LightningModule
+from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import Strategy
 from torch import Tensor, nn
 
 from multigpu.errors import UsageError
 from multigpu.partition import block_times
 
-__all__ = ["block_sequence", "network", "time_blocks"]
+__all__ = ["block_sequence", "block_times_in", "network", "time_blocks"]
 
 
 def network(pl_module: LightningModule, strategy: str) -> nn.Module:
@@ -52,6 +54,13 @@ def time_blocks(strategy: Strategy, blocks: nn.Sequential, micro_batches: int = 
     if not isinstance(example, Tensor):
         return None
     batch_size = max(1, pl_module.hparams.get("batch_size", len(example)) // micro_batches)
-    example = strategy.precision_plugin.convert_input(example[:1].expand(batch_size, *example.shape[1:]))
-    with strategy.precision_plugin.train_step_context():
-        return block_times(blocks, example, strategy.root_device, micro_batches)
+    example = example[:1].expand(batch_size, *example.shape[1:])
+    return block_times_in(strategy.precision_plugin, blocks, example, strategy.root_device, micro_batches)
+
+
+def block_times_in(
+    precision: Precision, blocks: nn.Sequential, example: Tensor, device: torch.device, micro_batches: int
+) -> list[float]:
+    """``block_times`` in the precision of a Lightning precision plugin: its input conversion and its autocast."""
+    with precision.train_step_context():
+        return block_times(blocks, precision.convert_input(example), device, micro_batches)

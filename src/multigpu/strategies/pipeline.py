@@ -159,6 +159,11 @@ class PipelineStrategy(SplitNetworkStrategy):
         """The block indices of each of this process's stages."""
         return self._stage_blocks
 
+    @property
+    def _held_blocks(self) -> list[int]:
+        """Indices of the blocks of this process's stages."""
+        return [index for blocks in self._stage_blocks for index in blocks]
+
     def _rank_of(self, stage: int) -> int:
         """Global rank of the process that holds ``stage`` in this process's pipeline."""
         return self.replica_index * self.layout.processes + self.layout.process_of(stage)
@@ -202,7 +207,7 @@ class PipelineStrategy(SplitNetworkStrategy):
                 f"balance {balance}" + ("" if self.balance else f" (by {self.balance_by})") + "\n"
                 + split_table(blocks, balance, devices, times)
             )
-        held = {index for blocks_of_stage in self._stage_blocks for index in blocks_of_stage}
+        held = set(self._held_blocks)
         return [self.root_device if index in held else None for index in range(len(blocks))]
 
     @override
@@ -288,8 +293,7 @@ class PipelineStrategy(SplitNetworkStrategy):
 
     @override
     def lightning_module_state_dict(self) -> dict[str, Any]:
-        held = [index for blocks in self._stage_blocks for index in blocks]
-        return gather_state_dict(self.lightning_module.state_dict(), held, self.layout.processes,
+        return gather_state_dict(self.lightning_module.state_dict(), self._held_blocks, self.layout.processes,
                                  self.replica_index == 0, self.is_global_zero)
 
     @override

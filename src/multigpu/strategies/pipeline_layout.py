@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle, _PipelineSchedule, get_schedule_class
 
 from multigpu.errors import UsageError
+from multigpu.partition import stage_ranges
 
-__all__ = ["SCHEDULES", "PipelineLayout", "schedule_class"]
+__all__ = ["SCHEDULES", "PipelineLayout", "natural_stages_per_process", "schedule_class"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "loopedbfs", "interleavedzerobubble", "zbvzerobubble", "dualpipev")
 """The schedule names ``pipeline`` accepts, case-insensitive: every schedule of ``get_schedule_class``."""
@@ -29,6 +30,12 @@ def schedule_class(name: str) -> type[_PipelineSchedule]:
     if name.lower() not in SCHEDULES:
         raise UsageError(f"schedule must be one of {', '.join(SCHEDULES)} (any case), not {name!r}.")
     return get_schedule_class(name)
+
+
+def natural_stages_per_process(schedule: str) -> int:
+    """The stages each process holds under ``schedule`` when nothing else asks: 1 for GPipe and 1F1B, 2 for the
+    multi-stage schedules (the V-shaped ones need exactly 2)."""
+    return 1 if issubclass(schedule_class(schedule), PipelineScheduleSingle) else 2
 
 
 @dataclass(frozen=True)
@@ -87,8 +94,8 @@ class PipelineLayout:
 
     def stage_blocks(self, balance: list[int], process: int) -> list[range]:
         """The blocks of each stage that ``process`` holds, for ``balance`` (blocks per stage)."""
-        starts = [sum(balance[:stage]) for stage in range(self.num_stages)]
-        return [range(starts[stage], starts[stage] + balance[stage]) for stage in self.stages_of(process)]
+        ranges = stage_ranges(balance)
+        return [ranges[stage] for stage in self.stages_of(process)]
 
     def check(self, micro_batches: int) -> None:
         """Raise a ``UsageError`` that names what to change if the schedule cannot run this layout."""

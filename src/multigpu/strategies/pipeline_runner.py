@@ -141,13 +141,11 @@ class StageRunner:
         if size < self.batch_size:  # a last evaluation batch: pad it, and drop the padding's output
             pad = self.batch_size - size
             x = torch.cat([x, x[-1:].expand(pad, *x.shape[1:])])
-            y = torch.cat([y, y[-1:].expand(pad)])
-        inputs = (x,) if self.is_first else ()
-        target = y if self.is_last else None
         with self.precision_plugin.forward_context():
             if train:
+                inputs = (x,) if self.is_first else ()
                 with self._gradients_held():
-                    output = self.schedule.step(*inputs, target=target)
+                    output = self.schedule.step(*inputs, target=y if self.is_last else None)
             else:  # forward only; inference tensors would end up in the stage's buffers
                 with torch.inference_mode(False), torch.no_grad():
                     output = self.forward_only.run(x if self.is_first else None)
