@@ -19,6 +19,8 @@ DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "min_cuda_gpus(n): runs only where at least n CUDA devices are visible")
+    config.addinivalue_line(
+        "markers", "internals: relies on torch's or Lightning's internals; CI runs these on the lowest torch we declare too")
 
 
 def pytest_runtest_setup(item):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
+from lightning.pytorch.plugins import MixedPrecision
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
@@ -50,6 +51,35 @@ class TinyBlocks(LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+
+class Overflow(nn.Module):
+    """The identity, whose input's gradient is infinite while ``armed``: a 16-mixed step that must be skipped."""
+
+    armed = False
+
+    def forward(self, x):
+        if self.armed and x.requires_grad:
+            x.register_hook(lambda grad: torch.full_like(grad, float("inf")))
+        return x
+
+
+class OverflowBlocks(TinyBlocks):
+    """``TinyBlocks`` whose first block's gradients overflow when armed; only the first stage holds that block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net[0] = nn.Sequential(self.net[0], Overflow())
+
+
+class OverflowAt(Callback):
+    """Arms the overflow in the second step, on the processes of ``ranks`` that hold the first block only."""
+
+    def __init__(self, ranks: tuple[int, ...]) -> None:
+        self.ranks = ranks
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        pl_module.net[0][1].armed = trainer.global_step == 1 and trainer.global_rank in self.ranks
 
 
 BUILT: list[int] = []  # the blocks this process built for real, in order
@@ -110,6 +140,10 @@ def tiny(batch_size: int) -> tuple[LightningModule, TensorDataset]:
     return TinyBlocks(), data
 
 
+def overflowing(batch_size: int) -> tuple[LightningModule, TensorDataset]:
+    return OverflowBlocks(), tiny(batch_size)[1]
+
+
 def resnet(batch_size: int, activation_checkpointing: bool = False) -> tuple[LightningModule, SyntheticCIFAR10]:
     """ResNet-50 with BatchNorm; the ImageNet stem keeps it fast on a CPU."""
     model = ResNet50Classifier(batch_size=batch_size, stem="imagenet", warmup_epochs=0,
@@ -136,6 +170,13 @@ ACCUMULATED = {"accumulate_grad_batches": 2}
 
 # Under bf16 with clipping by a norm the gradients exceed, and two accumulated batches.
 CLIPPED = {"precision": "bf16-mixed", "gradient_clip_val": 0.05, "accumulate_grad_batches": 2}
+
+
+def fp16(overflow_ranks: tuple[int, ...]) -> dict:
+    """Real 16-mixed on the CPU, with its GradScaler (``precision="16-mixed"`` would be bf16-mixed there), and an
+    overflow in the second step on ``overflow_ranks``."""
+    return {"plugins": lambda: [MixedPrecision("16-mixed", "cpu")], "callbacks": lambda: [OverflowAt(overflow_ranks)]}
+
 
 # name: (model, strategy, devices, batch per process, other Trainer arguments)
 SETUPS = {
@@ -165,6 +206,15 @@ SETUPS = {
         checkpointed, lambda: PipelineStrategy(micro_batches=2, balance=[12, 22], deferred_batch_norm=True), 2, 8, {}),
     "resnet_ddp": (resnet, "ddp", 2, 2, ACCUMULATED),
     "resnet_ddp_checkpointed": (checkpointed, "ddp", 2, 2, ACCUMULATED),
+    # 16-mixed with loss scaling; the second step overflows on one process only (one that holds the first block),
+    # and every process must skip it.
+    "single_fp16": (overflowing, "auto", 1, 16, fp16((0,))),
+    "ddp_fp16": (overflowing, "ddp", 2, 8, fp16((1,))),
+    "mmp_fp16": (overflowing, lambda: ManualModelParallelStrategy(balance=[2, 2]), 2, 16, fp16((0,))),
+    "pipe_fp16": (overflowing, lambda: PipelineStrategy(micro_batches=4, schedule="gpipe", balance=[2, 2]), 2, 16,
+                  fp16((0,))),
+    "pipe_2x2_fp16": (overflowing, lambda: PipelineStrategy(num_stages=2, micro_batches=2, balance=[2, 2]), 4, 8,
+                      fp16((2,))),
     # A network built by a factory, block by block where the strategy places it.
     "factory_single": (factory, "auto", 1, 16, {}),
     "factory_mmp": (factory, lambda: ManualModelParallelStrategy(balance_by="params"), 2, 16, {}),
@@ -174,19 +224,24 @@ SETUPS = {
 
 def main(name: str, out: str) -> None:
     build, strategy, devices, batch_size, trainer_arguments = SETUPS[name]
+    trainer_arguments = {key: value() if callable(value) else value for key, value in trainer_arguments.items()}
+    callbacks = trainer_arguments.pop("callbacks", []) + ([HeldBlocks(out)] if build is factory else [])
     torch.set_num_threads(1)
     seed_everything(0)
     model, data = build(batch_size)
     trainer = Trainer(
         accelerator="cpu", devices=devices, strategy=strategy() if callable(strategy) else strategy,
         max_steps=STEPS, limit_val_batches=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, use_distributed_sampler=False, callbacks=[HeldBlocks(out)] if build is factory else [],
+        enable_model_summary=False, use_distributed_sampler=False, callbacks=callbacks,
         **trainer_arguments,
     )
     replicas = trainer.strategy.distributed_sampler_kwargs if trainer.world_size > 1 else {}
     shard = DistributedSampler(data, num_replicas=replicas.get("num_replicas", 1), rank=replicas.get("rank", 0), shuffle=False)
     trainer.fit(model, DataLoader(data, batch_size=batch_size, sampler=shard))
     state = trainer.strategy.lightning_module_state_dict()  # on every rank: a pipeline gathers its stages
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    if scaler is not None:  # every process's loss scale
+        state["loss_scales"] = trainer.strategy.all_gather(torch.tensor(scaler.get_scale())).reshape(-1)
     if trainer.is_global_zero:
         torch.save({key: value.cpu() for key, value in state.items()}, out)
 

@@ -11,6 +11,8 @@ from multigpu.data import CIFAR10DataModule
 from multigpu.errors import UsageError
 from multigpu.model import ResNet50Classifier
 
+pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
+
 
 def _fit(tmp_path, precision: str, ckpt_path=None, max_steps: int = 2) -> Trainer:
     data = CIFAR10DataModule(synthetic=True, synthetic_size=16, batch_size=4, num_workers=0)

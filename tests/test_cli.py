@@ -10,6 +10,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from conftest import SMOKE, cli_main, run_cli, run_args
 
+pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
+
 
 def _scalars(log_dir: Path) -> dict[str, list[int]]:
     """Tag -> steps of every scalar in the TensorBoard events under ``log_dir``."""

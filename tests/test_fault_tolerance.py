@@ -183,7 +183,8 @@ def _run_killed_after(args: list[str], seconds: float, log: Path) -> tuple[str, 
     return log.read_text(), killed
 
 
-@pytest.mark.parametrize("name", KILLED)
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.internals) if name == "pipeline" else name
+                                  for name in KILLED])  # the pipeline's case runs on the lowest torch too
 def test_killed_at_random_moments_and_resumed_ends_bit_for_bit_like_an_uninterrupted_run(name, tmp_path, resumable):
     """SIGKILL at random wall-clock moments (2 kills, each drawn from the uninterrupted run's length), each
     followed by the same command with `--ckpt_path last`: every attempt resumes from the step on disk, and

@@ -16,6 +16,8 @@ from multigpu.errors import UsageError
 from multigpu.model import ResNet50Classifier
 from multigpu.strategies import ManualModelParallelStrategy
 
+pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
+
 SPLIT_TABLE_HEADER = re.compile(r"^stage +device +blocks +params +time$", re.MULTILINE)
 
 

@@ -12,6 +12,8 @@ import torch
 
 from strategy_training import HeldBlocks
 
+pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
+
 EVERY_HOOK = set(HeldBlocks.HOOKS)
 
 

@@ -8,6 +8,8 @@ import torch
 from conftest import SMOKE, cli_error, cli_main, run_args, run_cli
 from multigpu.deferred_batch_norm import defer_batch_norm
 
+pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
+
 
 @pytest.mark.parametrize("setup", ["pipe_gpipe", "pipe_1f1b", "pipe_2x2"])
 def test_pipeline_trains_like_one_process(setup, train_setup):
@@ -100,6 +102,12 @@ def test_errors_before_anything_is_launched(capsys, tmp_path):
         "error: schedule DualPipeV needs at least as many micro-batches as stages: micro_batches=2 < 4 stages. "
         "Raise micro_batches."
     )
+    # The ImageNet stem brings layer4 to 1x1 images: BatchNorm cannot train on one value per channel (plan's check).
+    error = cli_error(capsys, *pipeline, "--data.batch_size=4", "--trainer.strategy.micro_batches=4", *run)
+    assert error.startswith(
+        "error: a micro-batch of 1 image(s) (a batch of 4 in micro_batches=4) cannot train: Expected more than 1 value "
+        "per channel when training, got input size torch.Size([1, ")
+    assert error.endswith("]). Use fewer micro-batches or a larger --data.batch_size.")
     error = cli_error(capsys, *pipeline, "--trainer.strategy.balance=[17,16]", *run)
     assert error == "error: balance [17, 16] sums to 33, but the network has 34 blocks."
 

@@ -10,6 +10,8 @@ from conftest import REPO
 from multigpu.errors import UsageError
 from multigpu.strategies.pipeline_layout import SCHEDULES, PipelineLayout
 
+pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
+
 # LoopedBFS runs each stage's backward passes last micro-batch first, so the gradients of the
 # micro-batches are summed in another order than one device's: float32 rounding, 3e-8 seen.
 REORDERED = {"loopedbfs": 1e-6}

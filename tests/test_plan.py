@@ -11,6 +11,8 @@ from multigpu.planning.command import Setting, _choose
 from multigpu.planning.layouts import candidate_layouts
 from multigpu.planning.memory_estimate import block_memory, estimate
 
+pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
+
 TWO_CPU_PROCESSES = {
     "1 device", "ddp", "model parallel 2",
     *(f"pipeline 2 {schedule} m{count}" for schedule in ("gpipe", "1f1b") for count in (2, 4, 8)),
@@ -102,12 +104,26 @@ def test_layouts_that_would_not_fit_are_left_out_and_tried_with_activation_check
     ("--trainer.num_nodes=2", "error: plan measures the layouts on this machine alone: drop --trainer.num_nodes, "
                               "and add it to the fit command of the layout it chooses."),
     ("--plan.micro_batches=[0]", "error: --plan.micro_batches must be at least 1, not 0."),
+    ("--plan.memory_per_device=-1", "error: --plan.memory_per_device must be more than 0 GiB, not -1.0."),
+    ("--plan.memory_per_device=0", "error: --plan.memory_per_device must be more than 0 GiB, not 0.0."),
 ])
 def test_bad_plan_options_end_with_one_line(capsys, option, message):
     with pytest.raises(SystemExit) as exit_info:
         cli_main("plan", "--config", SMOKE, "--trainer.devices=2", option)
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == message
+
+
+def test_a_plan_that_trains_no_layout_says_so_and_fails(capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main("plan", "--config", SMOKE, "--trainer.accelerator=cpu", "--trainer.devices=2", *run_args(tmp_path),
+                 "--plan.strategies=[ddp]", "--plan.memory_per_device=0.01")
+    assert exit_info.value.code == 2
+    out, err = capsys.readouterr()
+    assert "  ddp: would need about " in out and "1 device: would need about " in out
+    assert err.strip().splitlines()[-1] == (
+        "error: no layout trained, so nothing was written: each was left out or failed, as listed above.")
+    assert not (tmp_path / "logs" / "test").exists()
 
 
 def test_a_config_file_with_a_plan_section_is_refused(capsys, tmp_path):

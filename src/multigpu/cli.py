@@ -182,13 +182,20 @@ class MultiGPUCLI(LightningCLI):
         model = config["model"]
         check_recipe(*(model[name] for name in inspect.signature(check_recipe).parameters))
 
-    def before_fit(self) -> None:
+    def before_validate(self) -> None:
         """Let the strategy refuse the model before it launches any process."""
         check_model = getattr(self.trainer.strategy, "check_model", None)
         if check_model is not None:
             check_model(self.model)
 
-    before_validate = before_test = before_predict = before_fit
+    before_test = before_predict = before_validate
+
+    def before_fit(self) -> None:
+        """Let the strategy refuse the model, and what only training cannot run, before it launches any process."""
+        self.before_validate()
+        check_training = getattr(self.trainer.strategy, "check_training", None)
+        if check_training is not None:
+            check_training(self.model)
 
     @override
     def instantiate_trainer(self, **kwargs) -> Trainer:

@@ -37,7 +37,7 @@ from multigpu.partition import balance_by_cost
 from multigpu.planning.layouts import STRATEGIES, Layout, Refusal, candidate_layouts
 from multigpu.planning.memory_estimate import BlockMemory, block_memory, estimate
 from multigpu.planning.report import Outcome, print_report, write_outputs
-from multigpu.strategies.network_lookup import block_times_in
+from multigpu.strategies.network_lookup import block_times_in, micro_batch_refusal
 from multigpu.strategies.pipeline_layout import SCHEDULES
 from multigpu.timed_runs import RunFailed, fit_command, run, step_timer
 from multigpu.trainer_options import accelerator_name, device_request
@@ -77,6 +77,8 @@ class PlanOptions:
         for option, value in (("warmup", warmup), ("steps", steps)):
             if value is not None:
                 check_at_least(f"--plan.{option}", value, 1 if option == "steps" else 0)
+        if memory_per_device is not None and memory_per_device <= 0:
+            raise UsageError(f"--plan.memory_per_device must be more than 0 GiB, not {memory_per_device}.")
         for count in micro_batches or ():
             check_at_least("--plan.micro_batches", count, 1)
         if unknown := [name for name in schedules if name.lower() not in SCHEDULES]:
@@ -155,8 +157,9 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
         outcomes = _measure(outcomes, args, setting, warmup, steps, accumulate if isinstance(accumulate, int) else 1)
     folder = Path(trainer.get("default_root_dir") or "logs") / config["run_name"]
     print_report(outcomes, refusals, setting.device_ids, budget, measured=not options.dry_run)
-    if not options.dry_run:
-        write_outputs(outcomes, folder, setting.device_ids, trainer, f"{where}, batch {setting.batch_size} per device, {setting.precision}")
+    if not options.dry_run and write_outputs(outcomes, folder, setting.device_ids, trainer,
+                                             f"{where}, batch {setting.batch_size} per device, {setting.precision}") is None:
+        raise UsageError("no layout trained, so nothing was written: each was left out or failed, as listed above.")
 
 
 def _setting(config) -> Setting:
@@ -196,12 +199,11 @@ def _balanced(layouts: list[Layout], setting: Setting, config) -> tuple[list[Lay
             images = layout.batch_size // layout.micro_batches
             key = (images, layout.micro_batches)
             if key not in times:
-                print(f"timing the blocks for {layout.micro_batches} micro-batch(es) of {images} images", flush=True)
-                example = torch.zeros(images, *IMAGE_SHAPE)
-                try:
+                times[key] = micro_batch_refusal(blocks, IMAGE_SHAPE, images)
+                if times[key] is None:
+                    print(f"timing the blocks for {layout.micro_batches} micro-batch(es) of {images} images", flush=True)
+                    example = torch.zeros(images, *IMAGE_SHAPE)
                     times[key] = block_times_in(precision, blocks, example, device, layout.micro_batches)
-                except (RuntimeError, ValueError) as error:
-                    times[key] = str(error).splitlines()[0]
             if isinstance(times[key], str):
                 refusals.append(Refusal(layout.label, f"micro-batches of {images} image(s) do not train: {times[key]}"))
                 continue

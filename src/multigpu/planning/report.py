@@ -68,6 +68,8 @@ def print_report(
                   f"{' '.join(outcome.layout.fit_options(device_ids))}")
         return
     ranked = _ranked(outcomes)
+    if not ranked:
+        return
     header = f"{'#':>3}  {'layout':<40} {'img/s':>8} {'step ms':>9} {'peak MiB':>20} {'estimate MiB':>20} {'efficiency':>10}"
     print("\n" + header)
     for place, outcome in enumerate(ranked, 1):
@@ -87,7 +89,6 @@ def write_outputs(
     ``folder``; return the config's path (None when no layout ran)."""
     ranked = _ranked(outcomes)
     if not ranked:
-        print("\nno layout trained: nothing written.")
         return None
     folder.mkdir(parents=True, exist_ok=True)
     best = ranked[0]

@@ -1,15 +1,20 @@
-"""Where a strategy finds the network it places or wraps (the LightningModule's ``net``), and what its blocks cost."""
+"""Where a strategy finds the network it places or wraps (the LightningModule's ``net``), what its blocks cost, and
+whether a micro-batch can train through them."""
+
+from collections.abc import Sequence
+from itertools import chain
 
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import Strategy
 from torch import Tensor, nn
+from torch.func import functional_call
 
 from multigpu.errors import UsageError
 from multigpu.partition import block_times
 
-__all__ = ["block_sequence", "block_times_in", "network", "time_blocks"]
+__all__ = ["block_sequence", "block_times_in", "micro_batch_refusal", "network", "time_blocks"]
 
 
 def network(pl_module: LightningModule, strategy: str) -> nn.Module:
@@ -64,3 +69,20 @@ def block_times_in(
     """``block_times`` in the precision of a Lightning precision plugin: its input conversion and its autocast."""
     with precision.train_step_context():
         return block_times(blocks, precision.convert_input(example), device, micro_batches)
+
+
+def micro_batch_refusal(blocks: nn.Sequential, image_shape: Sequence[int], images: int) -> str | None:
+    """Why a training micro-batch of ``images`` inputs of ``image_shape`` cannot go through ``blocks`` (BatchNorm
+    given one value per channel, a kernel larger than its input), or None when it can.
+
+    The blocks run on the meta device, on meta copies of their parameters and buffers: nothing is
+    computed, the network is left as it is, and it may still be unbuilt (``DeferredBlocks``).
+    """
+    x: Tensor | tuple[Tensor, ...] = torch.empty(images, *image_shape, device="meta")
+    try:
+        for block in blocks:
+            state = {name: tensor.to("meta") for name, tensor in chain(block.named_parameters(), block.named_buffers())}
+            x = functional_call(block, state, (x,))
+    except (RuntimeError, ValueError) as error:
+        return str(error).splitlines()[0]
+    return None

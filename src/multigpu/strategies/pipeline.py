@@ -37,7 +37,7 @@ from typing_extensions import override
 from multigpu.deferred_batch_norm import defer_batch_norm
 from multigpu.errors import UsageError
 from multigpu.partition import BalanceBy, check_stage_count, choose_balance, split_table
-from multigpu.strategies.network_lookup import block_sequence, time_blocks
+from multigpu.strategies.network_lookup import block_sequence, micro_batch_refusal, time_blocks
 from multigpu.strategies.pipeline_checkpoints import gather_optimizer_state, gather_state_dict
 from multigpu.strategies.pipeline_gradients import average_between_replicas, clip_over_stages
 from multigpu.strategies.pipeline_layout import PipelineLayout, schedule_class
@@ -191,6 +191,20 @@ class PipelineStrategy(SplitNetworkStrategy):
         if self.balance is not None:
             choose_balance(blocks, self.num_stages, self.balance, self.balance_by, None)
         return blocks
+
+    def check_training(self, pl_module: LightningModule) -> None:
+        """Refuse, before launch, micro-batches too small to train (evaluation runs them in eval mode, where they can):
+        BatchNorm given one value per channel, say (``micro_batch_refusal``, the check ``plan`` makes)."""
+        blocks, batch_size = self.check_model(pl_module), pl_module.hparams.get("batch_size")
+        example = pl_module.example_input_array
+        if batch_size is None or not isinstance(example, Tensor):
+            return
+        images = batch_size // self.micro_batches
+        if why := micro_batch_refusal(blocks, example.shape[1:], images):
+            raise UsageError(
+                f"a micro-batch of {images} image(s) (a batch of {batch_size} in micro_batches={self.micro_batches}) "
+                f"cannot train: {why}. Use fewer micro-batches or a larger --data.batch_size."
+            )
 
     @override
     def block_devices(self) -> list[torch.device | None]:

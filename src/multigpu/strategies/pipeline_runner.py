@@ -9,10 +9,10 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.plugins import Precision
 from torch import Tensor, nn
-from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 from typing_extensions import override
 
+from multigpu.compat import pipeline_stage
 from multigpu.errors import UsageError
 from multigpu.strategies.pipeline_forward import ForwardOnly
 from multigpu.strategies.pipeline_layout import PipelineLayout, schedule_class
@@ -119,7 +119,7 @@ class StageRunner:
               device: torch.device, precision_plugin: Precision) -> "StageRunner":
         """The runner of this process's stages (``modules``, placed by ``layout``) under the layout's schedule."""
         held = layout.stages_of(pipe_index)
-        stages = [PipelineStage(module, stage, layout.num_stages, device, group=group) for module, stage in zip(modules, held)]
+        stages = [pipeline_stage(module, stage, layout.num_stages, device, group) for module, stage in zip(modules, held)]
         schedule = schedule_class(layout.schedule)(
             stages[0] if layout.is_single else stages, micro_batches, loss_fn=loss_fn, scale_grads=False
         )
