@@ -50,19 +50,23 @@ def test_cli_trains_evaluates_and_shares_checkpoints_with_ddp_and_one_device(tmp
     assert resumed.returncode == 0 and "Restored all states" in resumed.stdout, resumed.stdout
     back = run_cli("fit", *args, *pipeline, "--ckpt_path=last", "--trainer.max_epochs=3")
     assert back.returncode == 0 and "epoch 2 | step 10" in back.stdout, back.stdout
-    for subcommand in ("validate", "test", "predict"):
-        result = run_cli(subcommand, *args, *pipeline, "--ckpt_path=last")
+    for subcommand in ("validate", "test", "predict"):  # micro-batches of one image: too small to train, not to evaluate
+        result = run_cli(subcommand, *args, *pipeline, "--ckpt_path=last", "--data.batch_size=4",
+                         "--trainer.strategy.micro_batches=4")
         assert result.returncode == 0, result.stdout
+        assert "balance [28, 6] (by params)" in result.stdout  # evaluation trains nothing: no training step timed
     cli_main("fit", *args, "--ckpt_path=last", "--trainer.max_epochs=4")  # and on one device
     assert torch.load(last)["global_step"] == 14
 
 
 def test_two_stages_per_process_train_and_evaluate_from_the_command_line(tmp_path):
     """The looped and the V-shaped placement, each through training and evaluation (its own forward pass),
-    with the fast path's options: channels_last activations are not contiguous, sends need them so."""
+    with the fast path's options: channels_last activations are not contiguous, sends need them so. The batch
+    of 16 is larger than the 8 validation images: the sanity check's short batch comes before the first
+    training batch, which fixes the schedule's shapes."""
     args = ["--config", SMOKE, "--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=pipeline",
             "--trainer.strategy.stages_per_process=2", "--model.channels_last=true", "--trainer.precision=bf16-mixed",
-            *run_args(tmp_path)]
+            *run_args(tmp_path), "--data.batch_size=16"]
     fit = run_cli("fit", *args, "--trainer.strategy.schedule=Interleaved1F1B")
     assert fit.returncode == 0, fit.stdout
     assert "pipeline: 4 stages (2 per process) over 2 processes, schedule Interleaved1F1B" in fit.stdout

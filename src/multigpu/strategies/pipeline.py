@@ -210,15 +210,19 @@ class PipelineStrategy(SplitNetworkStrategy):
     def block_devices(self) -> list[torch.device | None]:
         blocks = self.check_model(self.lightning_module)
         if self._stage_blocks is None:
-            # Rank 0 times the blocks, one at a time and for one micro-batch, for all.
-            times = self.broadcast(time_blocks(self, blocks, self.micro_batches) if self.global_rank == 0 else None)
+            # Rank 0 times the blocks, one at a time and for one training micro-batch, for all. Evaluation,
+            # which trains nothing (and may take micro-batches too small to train), splits by parameters.
+            fitting = self.lightning_module.trainer.state.fn == TrainerFn.FITTING
+            times = self.broadcast(time_blocks(self, blocks, self.micro_batches) if self.global_rank == 0 else None) \
+                if fitting else None
+            balance_by = self.balance_by if fitting else "params"
             layout = self.layout
-            balance = choose_balance(blocks, layout.num_stages, self.balance, self.balance_by, times)
+            balance = choose_balance(blocks, layout.num_stages, self.balance, balance_by, times)
             self._stage_blocks = layout.stage_blocks(balance, self.pipe_index)
             devices = [f"rank {self._rank_of(stage)}" for stage in range(layout.num_stages)]
             rank_zero_info(
                 f"pipeline: {layout}, {self.data_parallel_size} replica(s), {self.micro_batches} micro-batches, "
-                f"balance {balance}" + ("" if self.balance else f" (by {self.balance_by})") + "\n"
+                f"balance {balance}" + ("" if self.balance else f" (by {balance_by})") + "\n"
                 + split_table(blocks, balance, devices, times)
             )
         held = set(self._held_blocks)

@@ -82,9 +82,10 @@ def network_returns(pl_module: nn.Module, output: Tensor) -> Iterator[None]:
 class StageRunner:
     """Runs batches through ``schedule`` on this process's stages (``stage_module``).
 
-    Shapes are fixed by the first batch: a smaller evaluation batch is padded and the
-    padding's output dropped. The last stage's output (the logits) is broadcast to the
-    other stages of the pipeline, so that every process runs the LightningModule's step on it.
+    The schedule's shapes are fixed by the first training batch; evaluation, which runs without
+    the schedule (``ForwardOnly``), takes batches of any size, before training or after it. The
+    last stage's output (the logits) is broadcast to the other stages of the pipeline, so that
+    every process runs the LightningModule's step on it.
     The gradients the schedule computes are kept apart until ``take_gradients``: Lightning
     zeroes the gradients between ``training_step``, where the schedule runs, and ``backward``.
     """
@@ -109,7 +110,7 @@ class StageRunner:
         self.group = group
         self.device = device
         self.precision_plugin = precision_plugin
-        self.batch_size: int | None = None
+        self.train_batch_size: int | None = None
         self._output_width: int | None = None
         self._held_grads: list[tuple[nn.Parameter, Tensor | None]] = []
 
@@ -131,16 +132,13 @@ class StageRunner:
         """Run the batch through the pipeline; every stage gets the last stage's output."""
         x, y = batch[0], batch[1]
         size = len(x)
-        if self.batch_size is None:
-            self.batch_size = size
-        if size > self.batch_size or (train and size != self.batch_size):
+        if train and self.train_batch_size is None:
+            self.train_batch_size = size
+        if train and size != self.train_batch_size:
             raise UsageError(
-                f"pipeline shapes are fixed by the first batch ({self.batch_size} images), but a batch has {size}: "
-                "drop the last training batch (drop_last) and keep one batch size."
+                f"pipeline shapes are fixed by the first training batch ({self.train_batch_size} images), but a batch "
+                f"has {size}: drop the last training batch (drop_last) and keep one batch size."
             )
-        if size < self.batch_size:  # a last evaluation batch: pad it, and drop the padding's output
-            pad = self.batch_size - size
-            x = torch.cat([x, x[-1:].expand(pad, *x.shape[1:])])
         with self.precision_plugin.forward_context():
             if train:
                 inputs = (x,) if self.is_first else ()
@@ -149,9 +147,9 @@ class StageRunner:
             else:  # forward only; inference tensors would end up in the stage's buffers
                 with torch.inference_mode(False), torch.no_grad():
                     output = self.forward_only.run(x if self.is_first else None)
-        return self._share_output(output)[:size]
+        return self._share_output(output, size)
 
-    def _share_output(self, output: Tensor | None) -> Tensor:
+    def _share_output(self, output: Tensor | None, size: int) -> Tensor:
         if self._output_width is None:
             width = torch.tensor([output.shape[1] if self.is_last else 0], device=self.device)
             dist.broadcast(width, src=self.last_rank, group=self.group)
@@ -159,7 +157,7 @@ class StageRunner:
         if self.is_last:
             shared = output.detach().float().contiguous()
         else:
-            shared = torch.empty(self.batch_size, self._output_width, device=self.device)
+            shared = torch.empty(size, self._output_width, device=self.device)  # every stage reads the same batch
         dist.broadcast(shared, src=self.last_rank, group=self.group)
         return shared
 
