@@ -10,7 +10,7 @@ pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we decla
 def test_an_overflow_on_one_process_skips_the_step_on_every_process_as_on_one_device(setup, train_setup):
     """The second step's gradients are infinite on one process, one that holds only the first block: every
     process skips that step and halves its loss scale, and the rest trains as one device does in float16."""
-    reference, trained = train_setup("single_fp16"), train_setup(setup)
+    reference, trained = dict(train_setup("single_fp16")), dict(train_setup(setup))  # copies: the session keeps them
     assert reference.pop("loss_scales").tolist() == [2.0**15]  # 2**16 to start with, halved once
     assert set(trained.pop("loss_scales").tolist()) == {2.0**15}  # on every process
     assert trained.keys() == reference.keys()
