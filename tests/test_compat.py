@@ -9,22 +9,19 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
 from conftest import free_port
-from multigpu.compat import STAGE_FINDS_SHAPES_BY_A_FORWARD_PASS, pipeline_stage
+from multigpu.compat import STAGE_HOOKS_OF_TORCH_211, _StageOfTorch211, pipeline_stage
 
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
 
 
-def test_the_pipeline_stage_hooks_compat_overrides_are_there_with_the_arguments_it_passes():
-    if not STAGE_FINDS_SHAPES_BY_A_FORWARD_PASS:
-        assert not hasattr(PipelineStage, "_get_init_p2p_neighbors_ops"), (
-            "torch.distributed.pipelining.PipelineStage._get_init_p2p_neighbors_ops is back without _shape_inference: "
-            "check whether compat's _StageOfTorch211 must filter its sends to this process again")
-        return
-    assert hasattr(PipelineStage, "_get_init_p2p_neighbors_ops"), (
-        "PipelineStage._get_init_p2p_neighbors_ops is gone while _shape_inference stays: compat's _StageOfTorch211 "
-        "overrides both; see which of them this torch still needs")
-    assert list(inspect.signature(PipelineStage._shape_inference).parameters) == ["self", "args", "kwargs"], (
-        "PipelineStage._shape_inference(self, args, kwargs) changed: compat's _StageOfTorch211 calls it so")
+def test_each_torch_211_stage_hook_is_gone_or_takes_what_compat_overrides_it_with():
+    for hook in STAGE_HOOKS_OF_TORCH_211:
+        if hasattr(PipelineStage, hook):
+            torch_takes = list(inspect.signature(getattr(PipelineStage, hook)).parameters)
+            ours = list(inspect.signature(getattr(_StageOfTorch211, hook)).parameters)
+            assert torch_takes == ours, (
+                f"torch.distributed.pipelining.PipelineStage.{hook} now takes {torch_takes}, and multigpu/compat.py's "
+                f"override takes {ours}: see what this torch's {hook} does, and update the override")
 
 
 def test_a_stage_trains_batch_norm_statistics_of_its_micro_batches_only():

@@ -50,9 +50,11 @@ def test_cli_trains_evaluates_and_shares_checkpoints_with_ddp_and_one_device(tmp
     assert resumed.returncode == 0 and "Restored all states" in resumed.stdout, resumed.stdout
     back = run_cli("fit", *args, *pipeline, "--ckpt_path=last", "--trainer.max_epochs=3")
     assert back.returncode == 0 and "epoch 2 | step 10" in back.stdout, back.stdout
-    for subcommand in ("validate", "test", "predict"):  # micro-batches of one image: too small to train, not to evaluate
+    # Micro-batches of one image, too small to train and not to evaluate; 11 images: the last batch of 3 is
+    # smaller than the 4 micro-batches.
+    for subcommand in ("validate", "test", "predict"):
         result = run_cli(subcommand, *args, *pipeline, "--ckpt_path=last", "--data.batch_size=4",
-                         "--trainer.strategy.micro_batches=4")
+                         "--trainer.strategy.micro_batches=4", "--data.synthetic_size=44")
         assert result.returncode == 0, result.stdout
         assert "balance [28, 6] (by params)" in result.stdout  # evaluation trains nothing: no training step timed
     cli_main("fit", *args, "--ckpt_path=last", "--trainer.max_epochs=4")  # and on one device

@@ -10,17 +10,24 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage
 
-__all__ = ["pipeline_stage", "STAGE_FINDS_SHAPES_BY_A_FORWARD_PASS"]
+__all__ = ["STAGE_HOOKS_OF_TORCH_211", "pipeline_stage"]
 
-STAGE_FINDS_SHAPES_BY_A_FORWARD_PASS = hasattr(PipelineStage, "_shape_inference")
-"""torch 2.11: a stage finds its shapes by running its module once, in training mode, on zeros, before the first
-micro-batch; BatchNorm's running statistics keep that pass (2.15 backs up the buffers and puts them back). And each
-schedule first exchanges a tensor with every neighbouring stage, which gloo cannot do where both stages are in one
-process (the V-shaped ``ZBVZeroBubble`` and ``DualPipeV``): "Pair is not connected". 2.15 has neither step."""
+STAGE_HOOKS_OF_TORCH_211 = ("_shape_inference", "_get_init_p2p_neighbors_ops")
+"""torch 2.11's two ``PipelineStage`` steps that change a run, each overridden below where torch has it:
+
+- ``_shape_inference``: a stage finds its shapes by running its module once, in training mode, on zeros,
+  before the first micro-batch, and BatchNorm's running statistics keep that pass (2.15 backs the buffers up
+  and puts them back);
+- ``_get_init_p2p_neighbors_ops``: each schedule first exchanges a tensor with every neighbouring stage, which
+  gloo cannot do where both stages are in one process (the V-shaped ``ZBVZeroBubble`` and ``DualPipeV``): "Pair
+  is not connected".
+
+2.15 has neither step."""
 
 
 class _StageOfTorch211(PipelineStage):
-    """``PipelineStage`` that keeps its buffers through shape inference and greets only other processes."""
+    """``PipelineStage`` that keeps its buffers through shape inference and greets only other processes
+    (``STAGE_HOOKS_OF_TORCH_211``)."""
 
     def _shape_inference(self, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:
         # Private in 2.11, no public switch: the pass that finds the shapes must not update BatchNorm's statistics.
@@ -42,5 +49,6 @@ def pipeline_stage(module: torch.nn.Module, stage_index: int, num_stages: int, d
                    group: dist.ProcessGroup) -> PipelineStage:
     """``PipelineStage(module, stage_index, num_stages, device, group=group)``, with the same maths on every
     supported torch."""
-    stage_class = _StageOfTorch211 if STAGE_FINDS_SHAPES_BY_A_FORWARD_PASS else PipelineStage
+    # An override of a step this torch lacks is never called.
+    stage_class = _StageOfTorch211 if any(hasattr(PipelineStage, hook) for hook in STAGE_HOOKS_OF_TORCH_211) else PipelineStage
     return stage_class(module, stage_index, num_stages, device, group=group)

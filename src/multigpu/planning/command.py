@@ -199,19 +199,27 @@ def _balanced(layouts: list[Layout], setting: Setting, config) -> tuple[list[Lay
             images = layout.batch_size // layout.micro_batches
             key = (images, layout.micro_batches)
             if key not in times:
-                times[key] = micro_batch_refusal(blocks, IMAGE_SHAPE, images)
-                if times[key] is None:
-                    print(f"timing the blocks for {layout.micro_batches} micro-batch(es) of {images} images", flush=True)
-                    example = torch.zeros(images, *IMAGE_SHAPE)
-                    times[key] = block_times_in(precision, blocks, example, device, layout.micro_batches)
+                times[key] = _block_times(blocks, precision, device, images, layout.micro_batches)
             if isinstance(times[key], str):
-                refusals.append(Refusal(layout.label, f"micro-batches of {images} image(s) do not train: {times[key]}"))
+                refusals.append(Refusal(layout.label, times[key]))
                 continue
             layout = replace(layout, balance=tuple(balance_by_cost(times[key], layout.num_stages)))
         balanced.append(layout)
     if setting.cuda:
         torch.cuda.empty_cache()
     return balanced, refusals
+
+
+def _block_times(blocks: DeferredBlocks, precision: Precision, device: torch.device, images: int,
+                 micro_batches: int) -> list[float] | str:
+    """The time of each block for ``micro_batches`` micro-batches of ``images`` images, or why there is none."""
+    if why := micro_batch_refusal(blocks, IMAGE_SHAPE, images):
+        return f"micro-batches of {images} image(s) do not train: {why}"
+    print(f"timing the blocks for {micro_batches} micro-batch(es) of {images} images", flush=True)
+    try:
+        return block_times_in(precision, blocks, torch.zeros(images, *IMAGE_SHAPE), device, micro_batches)
+    except RuntimeError as error:  # out of memory, say
+        return f"timing its blocks failed: {str(error).splitlines()[0]}"
 
 
 def _precision_plugin(precision: str, device: torch.device) -> Precision:

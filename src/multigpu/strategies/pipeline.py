@@ -213,6 +213,8 @@ class PipelineStrategy(SplitNetworkStrategy):
             # Rank 0 times the blocks, one at a time and for one training micro-batch, for all. Evaluation,
             # which trains nothing (and may take micro-batches too small to train), splits by parameters.
             fitting = self.lightning_module.trainer.state.fn == TrainerFn.FITTING
+            if fitting:  # as the CLI does before launch, for a Trainer built without it
+                self.check_training(self.lightning_module)
             times = self.broadcast(time_blocks(self, blocks, self.micro_batches) if self.global_rank == 0 else None) \
                 if fitting else None
             balance_by = self.balance_by if fitting else "params"

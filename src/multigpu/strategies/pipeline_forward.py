@@ -29,16 +29,18 @@ class ForwardOnly:
         self.ranks = [rank_of(stage) for stage in range(num_stages)]  # global rank of each stage's process
         self.rank = dist.get_rank()
 
-    def run(self, x: Tensor | None) -> Tensor | None:
-        """The last stage's output for the batch ``x`` (given where stage 0 is held), where it is held."""
+    def run(self, x: Tensor | None, size: int) -> Tensor | None:
+        """The last stage's output for the batch ``x`` of ``size`` inputs (``x`` given where stage 0 is held, ``size``
+        everywhere), where that stage is held. A batch smaller than ``micro_batches`` goes as micro-batches of one."""
         held: dict[tuple[int, int], Any] = {}
         sends: list[tuple[dist.Work, Tensor]] = []
         last: list[Tensor] = []
-        chunks = x.tensor_split(self.micro_batches) if x is not None else None
+        count = min(self.micro_batches, size)
+        chunks = x.tensor_split(count) if x is not None else None
         # Micro-batch after micro-batch, each through this process's stages in order: every process then
         # sends and receives in the one global order, which cannot deadlock even where a backend (NCCL
         # bound to a device) serialises point-to-point operations like collectives.
-        for micro_batch in range(self.micro_batches):
+        for micro_batch in range(count):
             for module, stage in zip(self.modules, self.stages):
                 if stage == 0:
                     inputs = chunks[micro_batch]

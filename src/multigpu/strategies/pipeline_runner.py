@@ -146,7 +146,7 @@ class StageRunner:
                     output = self.schedule.step(*inputs, target=y if self.is_last else None)
             else:  # forward only; inference tensors would end up in the stage's buffers
                 with torch.inference_mode(False), torch.no_grad():
-                    output = self.forward_only.run(x if self.is_first else None)
+                    output = self.forward_only.run(x if self.is_first else None, size)
         return self._share_output(output, size)
 
     def _share_output(self, output: Tensor | None, size: int) -> Tensor:
