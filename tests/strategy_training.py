@@ -17,6 +17,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from lightning.pytorch.plugins import MixedPrecision
 from torch import nn
@@ -240,8 +241,12 @@ def main(name: str, out: str) -> None:
     trainer.fit(model, DataLoader(data, batch_size=batch_size, sampler=shard))
     state = trainer.strategy.lightning_module_state_dict()  # on every rank: a pipeline gathers its stages
     scaler = getattr(trainer.precision_plugin, "scaler", None)
-    if scaler is not None:  # every process's loss scale
-        state["loss_scales"] = trainer.strategy.all_gather(torch.tensor(scaler.get_scale())).reshape(-1)
+    if scaler is not None:  # every process's loss scale (a plain collective: Lightning's all_gather is autograd's)
+        scales = [torch.tensor(scaler.get_scale())]
+        if dist.is_initialized():
+            scales = [torch.zeros(()) for _ in range(dist.get_world_size())]
+            dist.all_gather(scales, torch.tensor(scaler.get_scale()))
+        state["loss_scales"] = torch.stack(scales)
     if trainer.is_global_zero:
         torch.save({key: value.cpu() for key, value in state.items()}, out)
 
