@@ -1,16 +1,16 @@
 """Train ResNet-50 on CIFAR-10 on one device, many GPUs or many machines.
 
-    python main.py fit                                            # full recipe, configs/default.yaml
-    python main.py fit --config configs/smoke.yaml                # seconds, synthetic data, CPU
-    python main.py fit --config configs/ddp.yaml --trainer.devices=4
-    python main.py fit --config configs/smoke.yaml --ckpt_path last   # start, or resume where it stopped
-    python main.py test --ckpt_path last
-    python main.py plan --trainer.devices=4                       # measure every layout of 4 GPUs, pick the fastest
+python main.py fit                                            # full recipe, configs/default.yaml
+python main.py fit --config configs/smoke.yaml                # seconds, synthetic data, CPU
+python main.py fit --config configs/ddp.yaml --trainer.devices=4
+python main.py fit --config configs/smoke.yaml --ckpt_path last   # start, or resume where it stopped
+python main.py test --ckpt_path last
+python main.py plan --trainer.devices=4                       # measure every layout of 4 GPUs, pick the fastest
 """
 
 from pathlib import Path
 
-from multigpu.cli import main
+from multigpu.commands import main
 
 if __name__ == "__main__":
     main(default_config_files=[Path(__file__).resolve().parent / "configs" / "default.yaml"])

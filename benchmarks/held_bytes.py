@@ -36,15 +36,23 @@ class HeldBytes(Callback):
         self.stages = []
         for stage in stages:
             params = [param for index in stage for param in blocks[index].parameters()]
-            self.stages.append({
-                "blocks": f"{stage.start}-{stage.stop - 1}",
-                "params": _bytes(params),
-                "grads": _bytes(param.grad for param in params if param.grad is not None),
-                "optimizer": _bytes(value for param in params for value in state_of.get(id(param), [])
-                                    if hasattr(value, "numel") and value.ndim > 0),
-            })
+            self.stages.append(
+                {
+                    "blocks": f"{stage.start}-{stage.stop - 1}",
+                    "params": _bytes(params),
+                    "grads": _bytes(param.grad for param in params if param.grad is not None),
+                    "optimizer": _bytes(
+                        value
+                        for param in params
+                        for value in state_of.get(id(param), [])
+                        if hasattr(value, "numel") and value.ndim > 0
+                    ),
+                }
+            )
         held = sum(stage["params"] + stage["grads"] + stage["optimizer"] for stage in self.stages)
-        everything = _bytes(pl_module.parameters()) + _bytes(p.grad for p in pl_module.parameters() if p.grad is not None)
+        everything = _bytes(pl_module.parameters()) + _bytes(
+            p.grad for p in pl_module.parameters() if p.grad is not None
+        )
         everything += _bytes(value for value in state if hasattr(value, "numel") and value.ndim > 0)
         assert held == everything, "a parameter, gradient or state outside the stages"
 

@@ -28,9 +28,9 @@ import tempfile
 from pathlib import Path
 
 import torch
+from throughput import HERE, REPO, add_run_options, fit_command, where
 
 from multigpu.timed_runs import RunFailed, launch
-from throughput import HERE, REPO, add_run_options, fit_command, where
 
 PARAMS = "--trainer.strategy.balance_by=params"
 LAYOUTS = {
@@ -60,7 +60,9 @@ def measure(args: argparse.Namespace) -> list[dict]:
                 callbacks = ["--trainer.callbacks+=held_bytes.HeldBytes", f"--trainer.callbacks.out={out}"]
                 command = fit_command(name, folder, args, args.steps, processes, args.precision, extra, callbacks)
                 try:
-                    ranks = launch(command, out, folder / f"{name}.log", None if args.cuda else args.threads, [HERE], REPO)
+                    ranks = launch(
+                        command, out, folder / f"{name}.log", None if args.cuda else args.threads, [HERE], REPO
+                    )
                 except RunFailed as failure:
                     sys.exit(f"error: {failure}")
                 rows.append({"layout": layout, "checkpointed": checkpointed, "ranks": ranks})
@@ -72,7 +74,10 @@ def measure(args: argparse.Namespace) -> list[dict]:
 def print_table(rows: list[dict]) -> None:
     whole = next((row for row in rows if row["layout"] in ("ddp-2", "one-device")), None)
     reference = sum(whole["ranks"][0]["stages"][0][key] for key in ("params", "grads", "optimizer")) if whole else None
-    print(f"\n| layout | ckpt | rank | stage blocks | params MiB | grads MiB | optimizer MiB | held MiB | vs ddp | peak MiB |")
+    print(
+        "\n| layout | ckpt | rank | stage blocks | params MiB | grads MiB | optimizer MiB | held MiB | vs ddp "
+        "| peak MiB |"
+    )
     print("|---|---|---|---|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         for rank in row["ranks"]:
@@ -80,9 +85,11 @@ def print_table(rows: list[dict]) -> None:
                 held = stage["params"] + stage["grads"] + stage["optimizer"]
                 ratio = f"{held / reference:.3f}" if reference else "-"
                 peak = f"{rank['peak'] / MIB:,.0f}" if index == 0 else ""
-                print(f"| {row['layout']} | {'yes' if row['checkpointed'] else 'no'} | {rank['rank']} | "
-                      f"{stage['blocks']} | {stage['params'] / MIB:.1f} | {stage['grads'] / MIB:.1f} | "
-                      f"{stage['optimizer'] / MIB:.1f} | {held / MIB:.1f} | {ratio} | {peak} |")
+                print(
+                    f"| {row['layout']} | {'yes' if row['checkpointed'] else 'no'} | {rank['rank']} | "
+                    f"{stage['blocks']} | {stage['params'] / MIB:.1f} | {stage['grads'] / MIB:.1f} | "
+                    f"{stage['optimizer'] / MIB:.1f} | {held / MIB:.1f} | {ratio} | {peak} |"
+                )
 
 
 def main() -> None:
@@ -90,8 +97,12 @@ def main() -> None:
     parser.add_argument("--layouts", nargs="+", choices=list(LAYOUTS), default=list(LAYOUTS))
     parser.add_argument("--batch-size", type=int, default=128, help="per process (the recipe's)")
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps; counted before the last one's update")
-    parser.add_argument("--checkpointing", choices=["both", "no", "yes"], default="both",
-                        help="each layout without and with activation checkpointing, or one of them")
+    parser.add_argument(
+        "--checkpointing",
+        choices=["both", "no", "yes"],
+        default="both",
+        help="each layout without and with activation checkpointing, or one of them",
+    )
     add_run_options(parser)
     args = parser.parse_args()
     if args.steps < 2:
@@ -103,7 +114,9 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
     machine = {"device": device, "torch": torch.__version__, "python": platform.python_version()}
-    (args.out / "memory.json").write_text(json.dumps({"machine": machine, "settings": settings, "results": rows}, indent=2))
+    (args.out / "memory.json").write_text(
+        json.dumps({"machine": machine, "settings": settings, "results": rows}, indent=2)
+    )
     print(f"\nwrote {args.out / 'memory.json'}")
 
 

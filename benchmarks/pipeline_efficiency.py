@@ -30,14 +30,15 @@ from pathlib import Path
 
 import torch
 from lightning.pytorch import Trainer
+from stage_clock import PARTS, StageClock
 from torch.utils.data import DataLoader
 
 from multigpu.datasets import SyntheticCIFAR10
 from multigpu.model import ResNet50Classifier
+from multigpu.process_groups import end_process_groups
 from multigpu.strategies import PipelineStrategy
-from multigpu.strategies.pipeline_layout import SCHEDULES, natural_stages_per_process
+from multigpu.strategies.pipeline.layout import SCHEDULES, natural_stages_per_process
 from multigpu.timed_runs import StepTimer
-from stage_clock import PARTS, StageClock
 
 PROCESSES = 2
 
@@ -49,26 +50,45 @@ def worker(args: argparse.Namespace) -> None:
     callbacks = [StepTimer(args.warmup, args.out)]
     if args.schedule:
         per_process = natural_stages_per_process(args.schedule)
-        strategy, devices = PipelineStrategy(micro_batches=args.micro_batches, schedule=args.schedule,
-                                             stages_per_process=per_process), PROCESSES
+        strategy, devices = (
+            PipelineStrategy(micro_batches=args.micro_batches, schedule=args.schedule, stages_per_process=per_process),
+            PROCESSES,
+        )
         callbacks.append(StageClock(args.warmup, args.out))
     else:
         strategy, devices = "auto", 1
     trainer = Trainer(
-        accelerator="cpu", devices=devices, strategy=strategy, max_steps=args.warmup + args.steps,
-        accumulate_grad_batches=args.accumulate, limit_val_batches=0, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
+        accelerator="cpu",
+        devices=devices,
+        strategy=strategy,
+        max_steps=args.warmup + args.steps,
+        accumulate_grad_batches=args.accumulate,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
     )
     model = ResNet50Classifier(batch_size=batch_size, stem=args.stem, warmup_epochs=0)
     batches = (args.warmup + args.steps) * args.accumulate
     trainer.fit(model, DataLoader(SyntheticCIFAR10(batch_size * batches), batch_size=batch_size))
+    end_process_groups()
 
 
 def _start(args: argparse.Namespace, out: Path, micro_batches: int, schedule: str = "", accumulate: int = 1):
     command = [
-        sys.executable, __file__, "--worker", f"--micro-batches={micro_batches}", f"--accumulate={accumulate}",
-        f"--schedule={schedule}", f"--batch-size={args.batch_size}", f"--steps={args.steps}",
-        f"--warmup={args.warmup}", f"--stem={args.stem}", f"--out={out}",
+        sys.executable,
+        __file__,
+        "--worker",
+        f"--micro-batches={micro_batches}",
+        f"--accumulate={accumulate}",
+        f"--schedule={schedule}",
+        f"--batch-size={args.batch_size}",
+        f"--steps={args.steps}",
+        f"--warmup={args.warmup}",
+        f"--stem={args.stem}",
+        f"--out={out}",
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     return command, subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -100,11 +120,17 @@ def write_chart(results: list[dict], ceilings: dict[int, float], path: Path) -> 
     counts = sorted(ceilings)
     for schedule in dict.fromkeys(row["schedule"] for row in results):
         rows = sorted((row for row in results if row["schedule"] == schedule), key=lambda row: row["micro_batches"])
-        axes.plot([row["micro_batches"] for row in rows], [row["efficiency"] for row in rows], marker="o", label=schedule)
+        axes.plot(
+            [row["micro_batches"] for row in rows], [row["efficiency"] for row in rows], marker="o", label=schedule
+        )
     axes.plot(counts, [m / (m + PROCESSES - 1) for m in counts], "k--", label="ideal m/(m+p-1)")
     axes.plot(counts, [ceilings[m] for m in counts], "k:", label="two independent processes")
-    axes.set(xlabel="micro-batches", ylabel="efficiency vs 2 x one process accumulating", xticks=counts,
-             title=f"{PROCESSES}-process pipeline, ResNet-50, CPU, 1 thread per process")
+    axes.set(
+        xlabel="micro-batches",
+        ylabel="efficiency vs 2 x one process accumulating",
+        xticks=counts,
+        title=f"{PROCESSES}-process pipeline, ResNet-50, CPU, 1 thread per process",
+    )
     axes.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
@@ -130,29 +156,51 @@ def main() -> None:
     for micro_batches in args.micro_batches:
         if args.batch_size % micro_batches:
             sys.exit(f"error: --batch-size {args.batch_size} is not divisible by {micro_batches} micro-batches.")
-    print(f"ResNet-50 ({args.stem} stem), 32x32 synthetic images, batch {args.batch_size}, CPU, 1 thread per process, "
-          f"{args.warmup} warm-up + {args.steps} timed steps, {PROCESSES} processes", flush=True)
+    print(
+        f"ResNet-50 ({args.stem} stem), 32x32 synthetic images, batch {args.batch_size}, CPU, 1 thread per process, "
+        f"{args.warmup} warm-up + {args.steps} timed steps, {PROCESSES} processes",
+        flush=True,
+    )
     results, ceilings, references = [], {}, {}
     for m in args.micro_batches:
         accumulated = run(args, m, accumulate=m)["images_per_s"]
         ceilings[m] = run(args, m, accumulate=m, copies=PROCESSES)["images_per_s"] / (PROCESSES * accumulated)
         references[m] = accumulated
-        print(f"\n{m} micro-batches of {args.batch_size // m}: one process accumulating them {accumulated:.1f} img/s; "
-              f"two at once {ceilings[m]:.2f} of twice that (the ceiling); ideal pipeline {m / (m + PROCESSES - 1):.2f}")
-        print(f"{'schedule':>22}  {'img/s':>6}  {'efficiency':>10}  {'rank':>4}  "
-              + "  ".join(f"{part:>9}" for part in (*PARTS, "other")) + "   (s per step)")
+        print(
+            f"\n{m} micro-batches of {args.batch_size // m}: one process accumulating them {accumulated:.1f} img/s; "
+            f"two at once {ceilings[m]:.2f} of twice that (the ceiling); ideal pipeline {m / (m + PROCESSES - 1):.2f}"
+        )
+        print(
+            f"{'schedule':>22}  {'img/s':>6}  {'efficiency':>10}  {'rank':>4}  "
+            + "  ".join(f"{part:>9}" for part in (*PARTS, "other"))
+            + "   (s per step)"
+        )
         for schedule in args.schedules:
             figures = run(args, m, schedule=schedule)
-            row = {"schedule": schedule, "micro_batches": m, **figures,
-                   "efficiency": figures["images_per_s"] / (PROCESSES * accumulated)}
+            row = {
+                "schedule": schedule,
+                "micro_batches": m,
+                **figures,
+                "efficiency": figures["images_per_s"] / (PROCESSES * accumulated),
+            }
             results.append(row)
             for rank, clock in enumerate(row["clocks"]):
-                lead = f"{schedule:>22}  {row['images_per_s']:>6.1f}  {row['efficiency']:>10.2f}" if rank == 0 else " " * 42
-                print(f"{lead}  {rank:>4}  " + "  ".join(f"{clock[part]:>9.2f}" for part in (*PARTS, "other")), flush=True)
+                lead = (
+                    f"{schedule:>22}  {row['images_per_s']:>6.1f}  {row['efficiency']:>10.2f}"
+                    if rank == 0
+                    else " " * 42
+                )
+                print(
+                    f"{lead}  {rank:>4}  " + "  ".join(f"{clock[part]:>9.2f}" for part in (*PARTS, "other")), flush=True
+                )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "pipeline_efficiency.json").write_text(json.dumps(
-        {"args": vars(args), "accumulated_images_per_s": references, "ceilings": ceilings, "results": results}, indent=1))
+    (out / "pipeline_efficiency.json").write_text(
+        json.dumps(
+            {"args": vars(args), "accumulated_images_per_s": references, "ceilings": ceilings, "results": results},
+            indent=1,
+        )
+    )
     write_chart(results, ceilings, out / "pipeline_efficiency.png")
     print(f"\nwrote {out / 'pipeline_efficiency.json'} and {out / 'pipeline_efficiency.png'}")
 

@@ -27,8 +27,10 @@ def batches(data: str, batch_size: int, count: int, device: torch.device, worker
     generator = torch.Generator().manual_seed(0)
     if data == "synthetic":
         pool = [
-            (torch.randn(batch_size, 3, 32, 32, generator=generator).to(device),
-             torch.randint(10, (batch_size,), generator=generator).to(device))
+            (
+                torch.randn(batch_size, 3, 32, 32, generator=generator).to(device),
+                torch.randint(10, (batch_size,), generator=generator).to(device),
+            )
             for _ in range(min(count, 4))
         ]
         yield from (pool[i % len(pool)] for i in range(count))
@@ -36,8 +38,12 @@ def batches(data: str, batch_size: int, count: int, device: torch.device, worker
     images = torch.randint(256, (batch_size * count, 3, 32, 32), dtype=torch.uint8, generator=generator)
     labels = torch.randint(10, (batch_size * count,), generator=generator)
     loader = DataLoader(
-        ImageTensorDataset(images, labels, train_transform()), batch_size=batch_size, shuffle=True,
-        num_workers=workers, pin_memory=device.type == "cuda", drop_last=True,
+        ImageTensorDataset(images, labels, train_transform()),
+        batch_size=batch_size,
+        shuffle=True,
+        num_workers=workers,
+        pin_memory=device.type == "cuda",
+        drop_last=True,
     )
     for x, y in loader:
         yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)

@@ -13,10 +13,10 @@ from functools import wraps
 from pathlib import Path
 from typing import Any
 
-import torch.distributed.pipelining.schedules as schedules
 from lightning.pytorch import Callback
-from torch.distributed.pipelining.stage import _PipelineStageBase
 from typing_extensions import override
+
+from multigpu.compat import time_pipeline_parts
 
 __all__ = ["PARTS", "StageClock"]
 
@@ -34,12 +34,7 @@ class StageClock(Callback):
         self.seconds = dict.fromkeys(PARTS, 0.0)
         self.timing = False
         self._start = self._end = 0.0
-        stage = _PipelineStageBase
-        stage.forward_one_chunk = self._timed("forward", stage.forward_one_chunk)
-        stage.backward_one_chunk = self._timed("backward", stage.backward_one_chunk)
-        stage.backward_weight_one_chunk = self._timed("backward", stage.backward_weight_one_chunk)
-        schedules._batch_p2p = self._timed("send/recv", schedules._batch_p2p)
-        schedules._wait_batch_p2p = self._timed("wait", schedules._wait_batch_p2p)
+        time_pipeline_parts(self._timed)
 
     def _timed(self, part: str, function: Callable) -> Callable:
         @wraps(function)

@@ -57,20 +57,44 @@ def configs(processes: int) -> dict[str, Config]:
     spread = [f"--trainer.devices={processes}"]
     every = [
         Config("plain", "plain PyTorch loop, synthetic batches on the device", plain=[]),
-        Config("plain-torchvision", "plain loop, torchvision augmentations in CPU workers", plain=["--data=torchvision"]),
+        Config(
+            "plain-torchvision", "plain loop, torchvision augmentations in CPU workers", plain=["--data=torchvision"]
+        ),
         Config("app", "main.py fit, one process", app=[]),
-        Config("ddp", f"main.py fit, ddp, {processes} processes", app=["--trainer.strategy=ddp", *spread], multi_process=True),
-        Config("pipeline", f"main.py fit, pipeline, {processes} stages, 4 micro-batches",
-               app=["--trainer.strategy=pipeline", *spread], multi_process=True),
+        Config(
+            "ddp",
+            f"main.py fit, ddp, {processes} processes",
+            app=["--trainer.strategy=ddp", *spread],
+            multi_process=True,
+        ),
+        Config(
+            "pipeline",
+            f"main.py fit, pipeline, {processes} stages, 4 micro-batches",
+            app=["--trainer.strategy=pipeline", *spread],
+            multi_process=True,
+        ),
         Config("dp", f"main.py fit, dp over {processes} devices", app=["--trainer.strategy=dp", *spread]),
-        Config("manual_model_parallel", f"main.py fit, manual_model_parallel over {processes} devices",
-               app=["--trainer.strategy=manual_model_parallel", *spread]),
+        Config(
+            "manual_model_parallel",
+            f"main.py fit, manual_model_parallel over {processes} devices",
+            app=["--trainer.strategy=manual_model_parallel", *spread],
+        ),
         Config("plain-fast", "plain loop, bf16 + channels_last", plain=["--channels-last"], fast=True),
         Config("fast", "main.py fit, bf16 + channels_last", app=[], fast=True, reference="plain-fast"),
-        Config("fast-compiled", "main.py fit, bf16 + channels_last + torch.compile",
-               app=["--model.compile=true"], fast=True, reference="plain-fast"),
-        Config("fast-on-device", "configs/fast.yaml: bf16 + channels_last + compile + data on the GPU",
-               app=["--config", str(REPO / "configs" / "fast.yaml")], fast=True, reference="plain-fast"),
+        Config(
+            "fast-compiled",
+            "main.py fit, bf16 + channels_last + torch.compile",
+            app=["--model.compile=true"],
+            fast=True,
+            reference="plain-fast",
+        ),
+        Config(
+            "fast-on-device",
+            "configs/fast.yaml: bf16 + channels_last + compile + data on the GPU",
+            app=["--config", str(REPO / "configs" / "fast.yaml")],
+            fast=True,
+            reference="plain-fast",
+        ),
     ]
     return {config.name: config for config in every}
 
@@ -94,25 +118,60 @@ def command(config: Config, args: argparse.Namespace, folder: Path) -> list[str]
     out = folder / f"{config.name}.json"
     precision = "bf16-mixed" if config.fast else args.precision
     if config.plain is not None:
-        return [sys.executable, str(HERE / "plain_loop.py"), f"--device={'cuda' if args.cuda else 'cpu'}",
-                f"--batch-size={args.batch_size}", f"--steps={args.steps}",
-                f"--warmup={args.warmup}", f"--precision={precision}", f"--stem={args.stem}", f"--out={out}",
-                f"--workers={args.workers}", *config.plain]
+        return [
+            sys.executable,
+            str(HERE / "plain_loop.py"),
+            f"--device={'cuda' if args.cuda else 'cpu'}",
+            f"--batch-size={args.batch_size}",
+            f"--steps={args.steps}",
+            f"--warmup={args.warmup}",
+            f"--precision={precision}",
+            f"--stem={args.stem}",
+            f"--out={out}",
+            f"--workers={args.workers}",
+            *config.plain,
+        ]
     options = [*(FAST if config.fast else []), *config.app]
-    return fit_command(config.name, folder, args, args.warmup + args.steps, args.processes, precision, options,
-                       step_timer(args.warmup, out))
+    return fit_command(
+        config.name,
+        folder,
+        args,
+        args.warmup + args.steps,
+        args.processes,
+        precision,
+        options,
+        step_timer(args.warmup, out),
+    )
 
 
-def fit_command(name: str, folder: Path, args: argparse.Namespace, steps: int, processes: int, precision: str,
-                options: list[str], callbacks: list[str]) -> list[str]:
+def fit_command(
+    name: str,
+    folder: Path,
+    args: argparse.Namespace,
+    steps: int,
+    processes: int,
+    precision: str,
+    options: list[str],
+    callbacks: list[str],
+) -> list[str]:
     """``main.py fit`` for ``steps`` optimizer steps on synthetic data, with ``options`` and ``callbacks``."""
     benchmark = [
-        f"--data.batch_size={args.batch_size}", f"--trainer.accelerator={'cuda' if args.cuda else 'cpu'}",
-        f"--data.num_workers={args.workers if args.cuda else 0}", f"--trainer.precision={precision}",
-        f"--model.stem={args.stem}", "--model.warmup_epochs=0",
+        f"--data.batch_size={args.batch_size}",
+        f"--trainer.accelerator={'cuda' if args.cuda else 'cpu'}",
+        f"--data.num_workers={args.workers if args.cuda else 0}",
+        f"--trainer.precision={precision}",
+        f"--model.stem={args.stem}",
+        "--model.warmup_epochs=0",
     ]
-    return timed_fit_command(REPO / "main.py", [*benchmark, *options], folder, f"bench-{name}", steps,
-                             args.batch_size * processes * (steps + 1), callbacks)
+    return timed_fit_command(
+        REPO / "main.py",
+        [*benchmark, *options],
+        folder,
+        f"bench-{name}",
+        steps,
+        args.batch_size * processes * (steps + 1),
+        callbacks,
+    )
 
 
 def measure(names: list[str], args: argparse.Namespace) -> list[dict]:
@@ -123,13 +182,17 @@ def measure(names: list[str], args: argparse.Namespace) -> list[dict]:
         for name in names:
             config = table[name]
             threads = None if args.cuda else args.threads
-            figures = run_config(command(config, args, folder), folder / f"{name}.json", threads, folder / f"{name}.log")
+            figures = run_config(
+                command(config, args, folder), folder / f"{name}.json", threads, folder / f"{name}.log"
+            )
             rows[name] = {"name": name, "description": config.description, **figures}
             print(f"  {name}: {figures['images_per_s']:.1f} img/s", flush=True)
     for name, row in rows.items():
         config = table[name]
         reference = rows.get(config.reference)
-        row["vs_plain"] = row["images_per_s"] / reference["images_per_s"] if reference and name != config.reference else None
+        row["vs_plain"] = (
+            row["images_per_s"] / reference["images_per_s"] if reference and name != config.reference else None
+        )
         single = rows.get(config.one_process)
         row["efficiency"] = (
             row["images_per_s"] / (args.processes * single["images_per_s"]) if config.multi_process and single else None
@@ -143,8 +206,10 @@ def print_table(rows: list[dict]) -> None:
         memory = "/".join(f"{value / 2**20:.0f}" for value in row["peak_memory_bytes"])
         ratio = f"{row['vs_plain']:.3f}" if row["vs_plain"] is not None else "-"
         efficiency = f"{row['efficiency']:.3f}" if row["efficiency"] is not None else "-"
-        print(f"{row['name']:<22} {row['images_per_s']:>9.1f} {row['step_time_s'] * 1000:>9.1f} {memory:>16} "
-              f"{ratio:>9} {efficiency:>10}")
+        print(
+            f"{row['name']:<22} {row['images_per_s']:>9.1f} {row['step_time_s'] * 1000:>9.1f} {memory:>16} "
+            f"{ratio:>9} {efficiency:>10}"
+        )
 
 
 def write_chart(rows: list[dict], title: str, path: Path) -> None:
@@ -153,14 +218,24 @@ def write_chart(rows: list[dict], title: str, path: Path) -> None:
         parts = [f"{row['vs_plain']:.2f}x plain"] if row["vs_plain"] is not None else []
         parts += [f"eff. {row['efficiency']:.2f}"] if row["efficiency"] is not None else []
         notes.append(", ".join(parts))
-    write_bar_chart([row["name"] for row in rows], [row["images_per_s"] for row in rows], notes, title, path,
-                    grey=[row["name"].startswith("plain") for row in rows])
+    write_bar_chart(
+        [row["name"] for row in rows],
+        [row["images_per_s"] for row in rows],
+        notes,
+        title,
+        path,
+        grey=[row["name"].startswith("plain") for row in rows],
+    )
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     """The options of how each configuration runs, shared with ``memory.py``."""
-    parser.add_argument("--accelerator", choices=["auto", "cpu", "cuda"], default="auto",
-                        help="where to train (auto: CUDA when it is visible)")
+    parser.add_argument(
+        "--accelerator",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="where to train (auto: CUDA when it is visible)",
+    )
     parser.add_argument("--precision", choices=["32-true", "bf16-mixed"], default="32-true")
     parser.add_argument("--stem", choices=["cifar", "imagenet"], default="cifar")
     parser.add_argument("--threads", type=int, default=1, help="threads per process on the CPU")
@@ -178,8 +253,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", nargs="+", help="configurations to run, in order (default: see --list)")
     parser.add_argument("--list", action="store_true", help="list the configurations and exit")
-    parser.add_argument("--processes", type=int, help="processes (devices) of the multi-process configurations "
-                        "(default: every GPU, at least 2; on the CPU 2)")
+    parser.add_argument(
+        "--processes",
+        type=int,
+        help="processes (devices) of the multi-process configurations (default: every GPU, at least 2; on the CPU 2)",
+    )
     # On the CPU: the recipe's batch; the first steps from a fresh initialisation run slower there.
     parser.add_argument("--batch-size", type=int, help="per process (default: 512 on GPUs, 128 on the CPU)")
     parser.add_argument("--steps", type=int, help="timed steps (default: 30 on GPUs, 3 on the CPU)")
@@ -187,8 +265,12 @@ def main() -> None:
     add_run_options(parser)
     args = parser.parse_args()
     device = where(args)
-    gpu_or_cpu = {"processes": (max(2, torch.cuda.device_count()), 2), "batch_size": (512, 128), "steps": (30, 3),
-                  "warmup": (10, 3)}
+    gpu_or_cpu = {
+        "processes": (max(2, torch.cuda.device_count()), 2),
+        "batch_size": (512, 128),
+        "steps": (30, 3),
+        "warmup": (10, 3),
+    }
     for name, (gpu, cpu) in gpu_or_cpu.items():
         if getattr(args, name) is None:
             setattr(args, name, gpu if args.cuda else cpu)
@@ -200,15 +282,19 @@ def main() -> None:
     names = args.configs or default_configs(args.cuda)
     if unknown := [name for name in names if name not in table]:
         sys.exit(f"error: unknown configuration {unknown[0]!r}; --list shows them all.")
-    title = (f"ResNet-50 ({args.stem} stem), batch {args.batch_size} per process, {args.precision}, {device}, "
-             f"{args.warmup} warm-up + {args.steps} timed steps")
+    title = (
+        f"ResNet-50 ({args.stem} stem), batch {args.batch_size} per process, {args.precision}, {device}, "
+        f"{args.warmup} warm-up + {args.steps} timed steps"
+    )
     print(title, flush=True)
     rows = measure(names, args)
     print_table(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
     machine = {"device": device, "torch": torch.__version__, "python": platform.python_version()}
-    (args.out / "throughput.json").write_text(json.dumps({"machine": machine, "settings": settings, "results": rows}, indent=2))
+    (args.out / "throughput.json").write_text(
+        json.dumps({"machine": machine, "settings": settings, "results": rows}, indent=2)
+    )
     write_chart(rows, title, args.out / "throughput.png")
     print(f"\nwrote {args.out / 'throughput.json'} and {args.out / 'throughput.png'}")
 

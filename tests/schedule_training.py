@@ -18,8 +18,9 @@ from lightning.pytorch import Trainer, seed_everything
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
 
+from multigpu.process_groups import end_process_groups
 from multigpu.strategies import PipelineStrategy
-from multigpu.strategies.pipeline_layout import SCHEDULES, natural_stages_per_process
+from multigpu.strategies.pipeline.layout import SCHEDULES, natural_stages_per_process
 from strategy_training import TinyBlocks
 
 STEPS, MICRO_BATCHES, MICRO_BATCH = 3, 8, 2
@@ -95,6 +96,7 @@ def main(layout: str, out: str) -> None:
             results[schedule] = _fit(strategy, devices, data, BATCH)
     if all(results.values()):
         torch.save(results, out)
+    end_process_groups()
 
 
 if __name__ == "__main__":

@@ -25,8 +25,9 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from multigpu.datasets import SyntheticCIFAR10
 from multigpu.deferred_batch_norm import defer_batch_norm
-from multigpu.deferred_blocks import DeferredBlocks, is_materialized
+from multigpu.lazy_blocks import LazyBlocks, is_materialized
 from multigpu.model import ResNet50Classifier
+from multigpu.process_groups import end_process_groups
 from multigpu.strategies import DataParallelStrategy, ManualModelParallelStrategy, PipelineStrategy
 
 STEPS = 4
@@ -93,11 +94,11 @@ def _factory_block(index: int) -> nn.Module:
 
 
 class FactoryBlocks(TinyBlocks):
-    """Eight blocks built by a factory (``DeferredBlocks``), each only where the strategy places it."""
+    """Eight blocks built by a factory (``LazyBlocks``), each only where the strategy places it."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.net = DeferredBlocks([partial(_factory_block, index) for index in range(8)])
+        self.net = LazyBlocks([partial(_factory_block, index) for index in range(8)])
 
     def configure_model(self) -> None:
         self.net.materialize()
@@ -249,6 +250,7 @@ def main(name: str, out: str) -> None:
         state["loss_scales"] = torch.stack(scales)
     if trainer.is_global_zero:
         torch.save({key: value.cpu() for key, value in state.items()}, out)
+    end_process_groups()
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The private torch hooks ``multigpu.compat`` relies on, named, and the maths they keep on every supported torch."""
+"""The private torch and Lightning hooks ``multigpu.compat`` relies on, each by name, and the maths they keep on every
+supported torch."""
 
 import inspect
 
@@ -9,9 +10,25 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
 from conftest import free_port
-from multigpu.compat import STAGE_HOOKS_OF_TORCH_211, _StageOfTorch211, pipeline_stage
+from multigpu.compat import PRIVATE_HOOKS, STAGE_HOOKS_OF_TORCH_211, _StageOfTorch211, pipeline_stage
 
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
+
+
+@pytest.mark.parametrize("hook", PRIVATE_HOOKS, ids=lambda hook: hook.name)
+def test_each_private_hook_is_where_compat_uses_it_and_takes_the_same_arguments(hook):
+    owner = getattr(hook.owner, "__name__", str(hook.owner))
+    where = hook.instance() if hook.instance else hook.owner
+    if not hasattr(where, hook.name):
+        assert hook.optional, (
+            f"{owner}.{hook.name} is gone from this torch/Lightning release, and multigpu/compat.py relies on it: "
+            "find what replaced it, and update compat.py")
+        return
+    if hook.parameters is not None:
+        takes = tuple(inspect.signature(getattr(where, hook.name)).parameters)
+        assert takes == hook.parameters, (
+            f"{owner}.{hook.name} now takes {takes}, not {hook.parameters} as multigpu/compat.py expects: see what "
+            "this release changed, and update compat.py")
 
 
 def test_each_torch_211_stage_hook_is_gone_or_takes_what_compat_overrides_it_with():

@@ -1,6 +1,6 @@
 """Model and pipeline parallel split the memory: each block is built only where it is trained.
 
-A network built by a factory (``DeferredBlocks``) trains under ``pipeline`` and
+A network built by a factory (``LazyBlocks``) trains under ``pipeline`` and
 ``manual_model_parallel`` like one device, while a callback records at every hook which
 blocks each process holds, and the factory records which blocks each process built.
 """

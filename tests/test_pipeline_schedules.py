@@ -6,9 +6,9 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import ABORTED_AT_EXIT, REPO
 from multigpu.errors import UsageError
-from multigpu.strategies.pipeline_layout import SCHEDULES, PipelineLayout
+from multigpu.strategies.pipeline.layout import SCHEDULES, PipelineLayout
 
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
 
@@ -27,7 +27,8 @@ def trained(tmp_path_factory):
             out = folder / f"{layout}.pt"
             result = subprocess.run([sys.executable, str(REPO / "tests" / "schedule_training.py"), layout, str(out)],
                                     capture_output=True, text=True, timeout=600)
-            assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+            assert result.returncode == 0 and ABORTED_AT_EXIT not in result.stderr, \
+                result.stdout[-3000:] + result.stderr[-3000:]
             results[layout] = torch.load(out)
         return results[layout]
 

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from conftest import SMOKE, cli_main, run_args, run_cli
-from multigpu.planning.command import Setting, _choose
+from multigpu.planning.selection import Setting, choose
 from multigpu.planning.layouts import candidate_layouts
 from multigpu.planning.memory_estimate import block_memory, estimate
 
@@ -90,12 +90,12 @@ def test_layouts_that_would_not_fit_are_left_out_and_tried_with_activation_check
     layouts, _ = candidate_layouts(devices=2, cuda=True, batch_size=128, compiled=False, strategies=["ddp"])
     (one_device, ddp) = layouts
     limit = (setting.estimated_peaks(one_device)[0] + setting.estimated_peaks(ddp)[0]) // 2
-    chosen, refusals = _choose(layouts, setting, (limit, True), "auto", compiled=False)
+    chosen, refusals = choose(layouts, setting, (limit, True), "auto", compiled=False)
     assert [layout.label for layout in chosen] == ["1 device", "ddp +ckpt"]
     reasons = {refusal.what: refusal.why for refusal in refusals}
     assert reasons["ddp"].startswith("would need about ") and reasons["ddp"].endswith(" MiB per device free")
     assert "+ckpt (activation checkpointing) of 1 layouts" in reasons  # the one that fits without it
-    chosen, refusals = _choose(layouts, setting, (1, True), "auto", compiled=False)
+    chosen, refusals = choose(layouts, setting, (1, True), "auto", compiled=False)
     assert chosen == [] and len(refusals) == 4  # each layout, with and without checkpointing
 
 

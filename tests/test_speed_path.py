@@ -12,7 +12,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import nn
 
 from conftest import REPO, SMOKE, cli_error, cli_main, run_args, run_cli
-from multigpu.deferred_blocks import DeferredBlocks
+from multigpu.lazy_blocks import LazyBlocks
 from multigpu.model import ResNet50Classifier
 from multigpu.network import resnet50_block_factories
 
@@ -36,7 +36,7 @@ def _last(tmp_path) -> dict:
 
 
 def test_flops_per_training_image_count_the_forward_and_backward_passes():
-    net = nn.Sequential(*DeferredBlocks(resnet50_block_factories(10, "cifar"), seed=0))  # on the meta device
+    net = nn.Sequential(*LazyBlocks(resnet50_block_factories(10, "cifar"), seed=0))  # on the meta device
     with torch.device("meta"):
         forward = measure_flops(net, lambda: net(torch.zeros(2, 3, 32, 32))) // 2
     training = ResNet50Classifier().training_flops_per_image()

@@ -23,9 +23,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 from typing_extensions import override
+
+from multigpu.compat import BatchNormBase
 
 __all__ = ["checkpoint_blocks", "is_checkpointed", "is_recomputing"]
 
@@ -46,7 +47,7 @@ def _recomputation(module: nn.Module) -> Iterator[None]:
     The buffers are written through ``.data``: autograd keeps them for the backward pass,
     which in training mode does not read them, and must not see a new version.
     """
-    buffers = [buffer for norm in module.modules() if isinstance(norm, _BatchNorm) for buffer in norm.buffers()]
+    buffers = [buffer for norm in module.modules() if isinstance(norm, BatchNormBase) for buffer in norm.buffers()]
     kept = [buffer.clone() for buffer in buffers]
     token = _recomputing.set(True)
     try:
@@ -65,9 +66,7 @@ class _Checkpointed(nn.Module):
         forward = super().forward
         if not torch.is_grad_enabled():
             return forward(*args)
-        return checkpoint(
-            forward, *args, use_reentrant=False, context_fn=lambda: (nullcontext(), _recomputation(self))
-        )
+        return checkpoint(forward, *args, use_reentrant=False, context_fn=lambda: (nullcontext(), _recomputation(self)))
 
     def __reduce_ex__(self, protocol: int) -> tuple:
         # The class is made at run time, so pickle (torch.save of a module, spawned processes) rebuilds it.

@@ -7,7 +7,11 @@ __all__ = ["write_bar_chart"]
 
 
 def write_bar_chart(
-    names: Sequence[str], values: Sequence[float], notes: Sequence[str], title: str, path: Path,
+    names: Sequence[str],
+    values: Sequence[float],
+    notes: Sequence[str],
+    title: str,
+    path: Path,
     grey: Sequence[bool] | None = None,
 ) -> None:
     """Bars of ``values`` (images per second) top to bottom in the given order, each labelled with its
@@ -19,8 +23,9 @@ def write_bar_chart(
 
     grey = list(grey) if grey is not None else [False] * len(names)
     figure, axes = plt.subplots(figsize=(8, 0.5 * len(names) + 1.5))
-    bars = axes.barh(list(names)[::-1], list(values)[::-1],
-                     color=["#999999" if reference else "#3b75af" for reference in grey[::-1]])
+    bars = axes.barh(
+        list(names)[::-1], list(values)[::-1], color=["#999999" if reference else "#3b75af" for reference in grey[::-1]]
+    )
     for bar, value, note in zip(bars, list(values)[::-1], list(notes)[::-1]):
         label = f"{value:.1f}" + (f", {note}" if note else "")
         axes.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, "  " + label, va="center", fontsize=8)

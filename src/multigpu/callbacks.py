@@ -10,12 +10,17 @@ import torch.distributed as dist
 from lightning.fabric.utilities.throughput import get_available_flops
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
+from multigpu.compat import (
+    launches_subprocesses,
+    save_last_checkpoint,
+    should_skip_saving,
+    stop_after_this_step_as_on_sigterm,
+)
 from multigpu.errors import UsageError
 from multigpu.replicas import data_parallel_size
 
@@ -52,7 +57,9 @@ class ThroughputSummary(Callback):
         # Once per run, and the FLOPs only where there is a peak to divide them by.
         peak = self.peak_flops
         if peak is None:
-            dtype = {"bf16": torch.bfloat16, "16": torch.float16}.get(str(trainer.precision).split("-")[0], torch.float32)
+            dtype = {"bf16": torch.bfloat16, "16": torch.float16}.get(
+                str(trainer.precision).split("-")[0], torch.float32
+            )
             peak = get_available_flops(trainer.strategy.root_device, dtype)
         self._peak = peak * trainer.num_devices * trainer.num_nodes if peak else None
         count = getattr(pl_module, "training_flops_per_image", None)
@@ -107,9 +114,12 @@ class RunMetadata(Callback):
         # Who started the processes: Lightning itself, or torchrun or SLURM (creates_processes_externally).
         environment = getattr(trainer.strategy, "cluster_environment", None)
         if environment is not None:
-            started = "started outside Lightning" if environment.creates_processes_externally else "started by Lightning"
+            started = (
+                "started outside Lightning" if environment.creates_processes_externally else "started by Lightning"
+            )
             rank_zero_info(
-                f"{type(environment).__name__}: {trainer.world_size} process(es) on {trainer.num_nodes} node(s), {started}."
+                f"{type(environment).__name__}: {trainer.world_size} process(es) on {trainer.num_nodes} node(s), "
+                f"{started}."
             )
 
     @staticmethod
@@ -143,7 +153,9 @@ class RunMetadata(Callback):
         if before == after:
             batch = f"the global batch stays {after}"
         else:
-            batch = f"the global batch changes {before} -> {after}, and the learning rate keeps the checkpoint's scaling"
+            batch = (
+                f"the global batch changes {before} -> {after}, and the learning rate keeps the checkpoint's scaling"
+            )
         rank_zero_info(f"Resuming with {layout}: {batch}.")
 
 
@@ -165,10 +177,11 @@ class LastCheckpoint(ModelCheckpoint):
         # epoch's end; after the last epoch, the run would not be seen as finished. An epoch cut short by
         # max_steps keeps the step's checkpoint, which resumes inside the epoch.
         epoch_complete = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
-        if not self._should_skip_saving_checkpoint(trainer) or (
-            epoch_complete and not (trainer.fast_dev_run or trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING)
+        if not should_skip_saving(self, trainer) or (
+            epoch_complete
+            and not (trainer.fast_dev_run or trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING)
         ):
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+            save_last_checkpoint(self, trainer)
 
 
 class CheckpointOnSigterm(Callback):
@@ -214,7 +227,7 @@ class CheckpointOnSigterm(Callback):
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             signalled = bool(flag.item())
         if signalled:
-            trainer._signal_connector.received_sigterm = True  # Lightning stops after this step
+            stop_after_this_step_as_on_sigterm(trainer)
 
     @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
@@ -224,7 +237,7 @@ class CheckpointOnSigterm(Callback):
         # so that the resumed run goes on rewriting the same file.
         keeper = next((callback for callback in trainer.checkpoint_callbacks if callback.save_last), None)
         if keeper is not None and keeper.dirpath:
-            keeper._save_last_checkpoint(trainer, keeper._monitor_candidates(trainer))
+            save_last_checkpoint(keeper, trainer)
             rank_zero_info(
                 f"Received SIGTERM: saved {keeper.last_model_path} at step {trainer.global_step}; "
                 "resume with --ckpt_path last."
@@ -241,6 +254,5 @@ class StopAllProcessesOnError(Callback):
 
     @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        launcher = trainer.strategy.launcher
-        if isinstance(launcher, _SubprocessScriptLauncher) and not isinstance(exception, SIGTERMException):
-            launcher.kill(signal.SIGKILL)
+        if launches_subprocesses(trainer.strategy) and not isinstance(exception, SIGTERMException):
+            trainer.strategy.launcher.kill(signal.SIGKILL)

@@ -13,7 +13,11 @@ from lightning.pytorch.utilities import rank_zero_info
 from multigpu.errors import UsageError
 
 __all__ = [
-    "check_checkpoint", "check_model_options", "find_last_checkpoint", "finished_training", "next_position",
+    "check_checkpoint",
+    "check_model_options",
+    "find_last_checkpoint",
+    "finished_training",
+    "next_position",
     "resolve_ckpt_path",
 ]
 
@@ -44,8 +48,8 @@ def check_checkpoint(path: str | Path) -> dict[str, Any]:
         if found is None:
             raise _unreadable(path, error) from None
         raise UsageError(
-            f"checkpoint {path} holds objects other than tensors and plain values ({found.group(1)}); loading it could run "
-            f"code, so it is refused. Pass a checkpoint written by this application with --ckpt_path."
+            f"checkpoint {path} holds objects other than tensors and plain values ({found.group(1)}); loading it could "
+            f"run code, so it is refused. Pass a checkpoint written by this application with --ckpt_path."
         ) from None
     except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError) as error:
         raise _unreadable(path, error) from None

@@ -1,24 +1,22 @@
 """The command line: LightningCLI with our model, data, run naming and checkpoints.
 
-    python main.py fit                                   # the recipe in configs/default.yaml
-    python main.py fit --config configs/smoke.yaml       # presets stack on the recipe
-    python main.py fit --config configs/smoke.yaml --ckpt_path last   # start or resume
+python main.py fit                                   # the recipe in configs/default.yaml
+python main.py fit --config configs/smoke.yaml       # presets stack on the recipe
+python main.py fit --config configs/smoke.yaml --ckpt_path last   # start or resume
 """
 
 import inspect
 import os
 import re
 import sys
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
 from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
@@ -32,14 +30,14 @@ from multigpu.callbacks import (
 )
 from multigpu.checkpoint_io import AtomicCheckpointIO
 from multigpu.checkpoints import check_model_options, finished_training, resolve_ckpt_path
+from multigpu.compat import CheckpointPathCLI
 from multigpu.data import CIFAR10DataModule
-from multigpu.elastic import separate_restart_attempts
 from multigpu.errors import RunFinished, UsageError, check_at_least
 from multigpu.model import ResNet50Classifier, check_recipe
 from multigpu.strategies import name_to_class_path
 from multigpu.trainer_options import check_trainer_options
 
-__all__ = ["MultiGPUCLI", "main"]
+__all__ = ["MultiGPUCLI"]
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
@@ -63,7 +61,7 @@ class OneLineErrorParser(LightningArgumentParser):
         sys.exit(2)
 
 
-class MultiGPUCLI(LightningCLI):
+class MultiGPUCLI(CheckpointPathCLI):
     """LightningCLI for ``ResNet50Classifier`` on ``CIFAR10DataModule``.
 
     Adds ``--run_name`` and ``--checkpoint_root``: checkpoints go to
@@ -81,9 +79,7 @@ class MultiGPUCLI(LightningCLI):
             ResNet50Classifier,
             CIFAR10DataModule,
             save_config_kwargs={"overwrite": True},
-            trainer_defaults={
-                "callbacks": [RunMetadata(), CheckpointOnSigterm(), StopAllProcessesOnError()]
-            },
+            trainer_defaults={"callbacks": [RunMetadata(), CheckpointOnSigterm(), StopAllProcessesOnError()]},
             parser_kwargs=parser_kwargs,
             parser_class=OneLineErrorParser,
             auto_configure_optimizers=False,
@@ -92,10 +88,19 @@ class MultiGPUCLI(LightningCLI):
 
     @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.add_argument("--run_name", type=str, default="resnet50-cifar10", help="Name of the run: its checkpoint and log folder.")
-        parser.add_argument("--checkpoint_root", type=str, default="checkpoints", help="Folder that holds one checkpoint folder per run.")
         parser.add_argument(
-            "--save_every_n_steps", type=int, default=0,
+            "--run_name", type=str, default="resnet50-cifar10", help="Name of the run: its checkpoint and log folder."
+        )
+        parser.add_argument(
+            "--checkpoint_root",
+            type=str,
+            default="checkpoints",
+            help="Folder that holds one checkpoint folder per run.",
+        )
+        parser.add_argument(
+            "--save_every_n_steps",
+            type=int,
+            default=0,
             help="Also write last.ckpt every N optimizer steps, so a killed run loses at most N steps "
             "(0: only at the end of each epoch).",
         )
@@ -129,8 +134,8 @@ class MultiGPUCLI(LightningCLI):
         return self.config[subcommand] if subcommand else self.config
 
     @override
-    def _parse_ckpt_path(self) -> None:
-        # Replaces Lightning's version, which loads the whole checkpoint once more and silently
+    def resolve_checkpoint_path(self) -> None:
+        # Replaces Lightning's reading of --ckpt_path, which loads the whole checkpoint once more and silently
         # puts its model hyperparameters over the command line. Here the command line decides:
         # `last` is resolved, the file checked, and changed model options reported, before
         # anything is built.
@@ -138,7 +143,9 @@ class MultiGPUCLI(LightningCLI):
         if config.get("ckpt_path") is None:
             return
         if config.get("weights_only") is False:
-            raise UsageError("--weights_only=false would let a checkpoint run code: drop it, checkpoints are read safely.")
+            raise UsageError(
+                "--weights_only=false would let a checkpoint run code: drop it, checkpoints are read safely."
+            )
         if "weights_only" in config:
             config["weights_only"] = True  # Lightning's own read too, remote files included
         dirpath = _checkpoint_dir(config["checkpoint_root"], config["run_name"])
@@ -222,26 +229,3 @@ class MultiGPUCLI(LightningCLI):
         if config["trainer"].get("sync_batchnorm") and not isinstance(trainer.accelerator, CUDAAccelerator):
             raise UsageError("--trainer.sync_batchnorm=true needs CUDA devices (SyncBatchNorm); drop it on the CPU.")
         return trainer
-
-
-def main(args: list[str] | None = None, default_config_files: Sequence[str | Path] = ()) -> None:
-    """Run the CLI (``plan`` too: ``multigpu.planning``); a bad request ends with one ``error: ...`` line and
-    exit status 2."""
-    separate_restart_attempts()
-    # Lightning warns that a loader without state of its own resumes mid-epoch unreliably; the data
-    # module's state makes the resumed epoch skip exactly the batches the checkpoint trained on.
-    warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
-    argv = sys.argv[1:] if args is None else list(args)
-    try:
-        if argv[:1] == ["plan"]:
-            from multigpu.planning.command import plan  # it builds on this module's CLI
-
-            plan(argv[1:], default_config_files)
-        else:
-            MultiGPUCLI(default_config_files=default_config_files, args=args)
-    except RunFinished as finished:
-        rank_zero_info(str(finished))
-    except (UsageError, MisconfigurationException) as error:
-        message = " ".join(str(error).split())  # one line, whatever the message's own layout
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)

@@ -1,16 +1,60 @@
-"""What differs between the torch releases we support (``pyproject.toml``: 2.11 to 2.15), in one place.
+"""Every private torch and Lightning name the project relies on, in one place.
 
-Each switch names the release behaviour it works around, and ``tests/test_compat.py`` names
-each private hook it relies on, so that a release which moves one fails there, by name.
+Nothing outside this module touches a private name of torch, torchvision or Lightning
+(``tests/test_compat.py`` fails if something does). Each use says why no public API serves,
+and ``PRIVATE_HOOKS`` lists them, so that the same test fails by name, with the hook's
+owner, when a torch or Lightning release removes one or changes its arguments. The
+versions we support are in ``pyproject.toml`` (torch 2.11 to 2.15); the differences
+between them are here too.
 """
 
-from typing import Any
+import importlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
+import torch.distributed.pipelining.schedules as pipeline_schedules
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.strategies import DDPStrategy, ParallelStrategy, Strategy
+from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
+from torch import Tensor, nn
 from torch.distributed.pipelining import PipelineStage
+from torch.nn.modules.batchnorm import _BatchNorm
 
-__all__ = ["STAGE_HOOKS_OF_TORCH_211", "pipeline_stage"]
+__all__ = [
+    "BatchNormBase",
+    "BuiltBlocksMove",
+    "CheckpointPathCLI",
+    "PRIVATE_HOOKS",
+    "STAGE_HOOKS_OF_TORCH_211",
+    "found_inf_flags",
+    "launches_subprocesses",
+    "layer_sync",
+    "pipeline_stage",
+    "rendezvous_handlers",
+    "save_last_checkpoint",
+    "should_skip_saving",
+    "stop_after_this_step_as_on_sigterm",
+    "time_pipeline_parts",
+    "without_child",
+]
+
+
+class PrivateHook(NamedTuple):
+    """A private name we use: ``name`` on ``owner`` (a class or module) or, for an attribute set at construction, on
+    ``instance()``; a function taking ``parameters`` (None: not a function). ``optional``: only some supported
+    releases have it, and the code here checks for it."""
+
+    owner: Any
+    name: str
+    parameters: tuple[str, ...] | None = None
+    instance: Callable[[], Any] | None = None
+    optional: bool = False
+
 
 STAGE_HOOKS_OF_TORCH_211 = ("_shape_inference", "_get_init_p2p_neighbors_ops")
 """torch 2.11's two ``PipelineStage`` steps that change a run, each overridden below where torch has it:
@@ -23,6 +67,9 @@ STAGE_HOOKS_OF_TORCH_211 = ("_shape_inference", "_get_init_p2p_neighbors_ops")
   is not connected".
 
 2.15 has neither step."""
+
+
+# --- torch.distributed.pipelining -------------------------------------------------------------------------------
 
 
 class _StageOfTorch211(PipelineStage):
@@ -45,10 +92,161 @@ class _StageOfTorch211(PipelineStage):
         return [op for op in super()._get_init_p2p_neighbors_ops() if op.group_peer != self.group_rank]
 
 
-def pipeline_stage(module: torch.nn.Module, stage_index: int, num_stages: int, device: torch.device,
-                   group: dist.ProcessGroup) -> PipelineStage:
+def pipeline_stage(
+    module: nn.Module, stage_index: int, num_stages: int, device: torch.device, group: dist.ProcessGroup
+) -> PipelineStage:
     """``PipelineStage(module, stage_index, num_stages, device, group=group)``, with the same maths on every
     supported torch."""
     # An override of a step this torch lacks is never called.
-    stage_class = _StageOfTorch211 if any(hasattr(PipelineStage, hook) for hook in STAGE_HOOKS_OF_TORCH_211) else PipelineStage
-    return stage_class(module, stage_index, num_stages, device, group=group)
+    torch_211 = any(hasattr(PipelineStage, hook) for hook in STAGE_HOOKS_OF_TORCH_211)
+    return (_StageOfTorch211 if torch_211 else PipelineStage)(module, stage_index, num_stages, device, group=group)
+
+
+def time_pipeline_parts(wrap: Callable[[str, Callable], Callable]) -> None:
+    """Replace what every pipeline schedule calls for its actions and its point-to-point communication with
+    ``wrap(part, function)``: parts ``forward``, ``backward``, ``send/recv`` (posting) and ``wait``. For the
+    benchmarks' clocks; for the rest of the process."""
+    stage = PipelineStage
+    stage.forward_one_chunk = wrap("forward", stage.forward_one_chunk)
+    stage.backward_one_chunk = wrap("backward", stage.backward_one_chunk)
+    stage.backward_weight_one_chunk = wrap("backward", stage.backward_weight_one_chunk)
+    # The schedules post and wait for their sends and receives through these two module functions, which
+    # have no public counterpart or hook.
+    pipeline_schedules._batch_p2p = wrap("send/recv", pipeline_schedules._batch_p2p)
+    pipeline_schedules._wait_batch_p2p = wrap("wait", pipeline_schedules._wait_batch_p2p)
+
+
+# --- torch: modules, mixed precision, rendezvous ---------------------------------------------------------------
+
+# The module, which the function `torch.distributed.rendezvous` hides as an attribute.
+_rendezvous = importlib.import_module("torch.distributed.rendezvous")
+
+BatchNormBase = _BatchNorm
+"""The base of every BatchNorm layer (1d, 2d, 3d, lazy, ``SyncBatchNorm``). torch exports each layer but not
+their base, which also holds the running statistics' update that ``DeferredBatchNorm`` builds on."""
+
+
+class AnyDimBatchNorm(_BatchNorm):
+    """BatchNorm of any input with a channel dimension: ``(N, C)``, ``(N, C, L)``, ``(N, C, H, W)``..."""
+
+    def _check_input_dim(self, input: Tensor) -> None:
+        # The one hook by which BatchNorm1d/2d/3d differ; no public way to accept every dimension.
+        if input.dim() < 2:
+            raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
+
+
+class BuiltBlocksMove(nn.Sequential):
+    """``nn.Sequential`` whose moves and casts (``.to``, ``.cpu``, ``.half``...) reach only the blocks that
+    ``is_built`` accepts: the others are placeholders, which stay as they are."""
+
+    def is_built(self, block: nn.Module) -> bool:
+        raise NotImplementedError
+
+    def _apply(self, fn: Callable, recurse: bool = True) -> "BuiltBlocksMove":
+        # Every move and cast of nn.Module goes through _apply, for which torch has no public hook.
+        if recurse:
+            for block in self:
+                if self.is_built(block):
+                    block._apply(fn)
+        return self
+
+
+@contextmanager
+def without_child(module: nn.Module, name: str) -> Iterator[nn.Module]:
+    """``module`` without its child ``name``, which the context yields, then puts back in its place.
+
+    ``delattr`` and ``setattr`` would put it back last, reordering the module's parameters (and so its optimizer's
+    state and its checkpoints); only the private ``_modules`` keeps the place.
+    """
+    children = list(module._modules)
+    child = module._modules.pop(name)
+    try:
+        yield child
+    finally:
+        module._modules[name] = child
+        for key in children[children.index(name) + 1 :]:
+            module._modules[key] = module._modules.pop(key)
+
+
+def found_inf_flags(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> dict[torch.device, Tensor]:
+    """The overflow flags per device that ``GradScaler.unscale_`` found for ``optimizer``, which ``step`` reads.
+
+    GradScaler has no public way to read or set them; a pipeline sets them on every stage when one overflowed.
+    """
+    return scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+
+
+def rendezvous_handlers() -> dict[str, Callable]:
+    """torch's registry of ``init_method`` schemes (``env://``, ``tcp://``...), by scheme.
+
+    ``register_rendezvous_handler`` is public but refuses to replace one; the registry itself is private.
+    """
+    return _rendezvous._rendezvous_handlers
+
+
+# --- Lightning ----------------------------------------------------------------------------------------------------
+
+
+def layer_sync(strategy: ParallelStrategy) -> Any:
+    """The strategy's layer sync (``SyncBatchNorm`` under ``--trainer.sync_batchnorm=true``), or None.
+
+    Lightning hands it to the strategy and keeps no public accessor.
+    """
+    return strategy._layer_sync
+
+
+def launches_subprocesses(strategy: Strategy) -> bool:
+    """Whether this process started the others with Lightning's subprocess launcher (``ddp`` without torchrun
+    or SLURM), and so must stop them itself. The launcher's class is private; its ``kill`` is not."""
+    return isinstance(strategy.launcher, _SubprocessScriptLauncher)
+
+
+def stop_after_this_step_as_on_sigterm(trainer: Trainer) -> None:
+    """Make Lightning stop after the current training step as it does on SIGTERM: it raises ``SIGTERMException``,
+    which callbacks see in ``on_exception``. ``trainer.should_stop`` would stop without that exception."""
+    trainer._signal_connector.received_sigterm = True
+
+
+def should_skip_saving(callback: ModelCheckpoint, trainer: Trainer) -> bool:
+    """ModelCheckpoint's own test of whether this moment may not write a checkpoint (sanity check, fast_dev_run,
+    not fitting, the same step written already). It has no public counterpart."""
+    return callback._should_skip_saving_checkpoint(trainer)
+
+
+def save_last_checkpoint(callback: ModelCheckpoint, trainer: Trainer) -> None:
+    """Write ``callback``'s ``last.ckpt`` now, recording it in its own state as its own saves do. ModelCheckpoint's
+    public hooks save only at its own intervals."""
+    callback._save_last_checkpoint(trainer, callback._monitor_candidates(trainer))
+
+
+class CheckpointPathCLI(LightningCLI):
+    """``LightningCLI`` where ``resolve_checkpoint_path`` replaces Lightning's reading of ``--ckpt_path``."""
+
+    def resolve_checkpoint_path(self) -> None:
+        raise NotImplementedError
+
+    def _parse_ckpt_path(self) -> None:
+        # Lightning reads the checkpoint here, before the model is built, and puts its hyperparameters over the
+        # command line; it has no public switch for that.
+        self.resolve_checkpoint_path()
+
+
+PRIVATE_HOOKS = (
+    PrivateHook(PipelineStage, "_shape_inference", ("self", "args", "kwargs"), optional=True),
+    PrivateHook(PipelineStage, "_get_init_p2p_neighbors_ops", ("self",), optional=True),
+    PrivateHook(pipeline_schedules, "_batch_p2p", ("p2p_ops", "desc")),
+    PrivateHook(pipeline_schedules, "_wait_batch_p2p", ("work",)),
+    PrivateHook(torch.nn.modules.batchnorm, "_BatchNorm"),
+    PrivateHook(_BatchNorm, "_check_input_dim", ("self", "input")),
+    PrivateHook(nn.Module, "_apply", ("self", "fn", "recurse")),
+    PrivateHook(nn.Module, "_modules", instance=nn.Module),
+    PrivateHook(torch.amp.GradScaler, "_per_optimizer_states", instance=lambda: torch.amp.GradScaler("cpu")),
+    PrivateHook(_rendezvous, "_rendezvous_handlers"),
+    PrivateHook(ParallelStrategy, "_layer_sync", instance=DDPStrategy),
+    PrivateHook(importlib.import_module("lightning.pytorch.strategies.launchers"), "_SubprocessScriptLauncher"),
+    PrivateHook(Trainer, "_signal_connector", instance=lambda: Trainer(accelerator="cpu", logger=False)),
+    PrivateHook(ModelCheckpoint, "_should_skip_saving_checkpoint", ("self", "trainer")),
+    PrivateHook(ModelCheckpoint, "_save_last_checkpoint", ("self", "trainer", "monitor_candidates")),
+    PrivateHook(ModelCheckpoint, "_monitor_candidates", ("self", "trainer")),
+    PrivateHook(LightningCLI, "_parse_ckpt_path", ("self",)),
+)

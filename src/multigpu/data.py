@@ -163,7 +163,9 @@ class CIFAR10DataModule(LightningDataModule):
     @override
     def train_dataloader(self) -> DataLoader | DeviceBatches:
         replicas, rank = self._shard()
-        sampler = ResumableSampler(self.datasets["train"], replicas, rank, self.batch_size, seed=self.hparams.shuffle_seed)
+        sampler = ResumableSampler(
+            self.datasets["train"], replicas, rank, self.batch_size, seed=self.hparams.shuffle_seed
+        )
         if self._resume is not None:
             sampler.resume_at(*self._resume)
             self._resume = None

@@ -1,6 +1,6 @@
 """CIFAR-10 as in-memory tensors, and a synthetic stand-in of the same shape.
 
-The official files are read once with torchvision into one uint8 tensor
+The official files are read once, in torchvision's layout, into one uint8 tensor
 (N, 3, 32, 32); augmentation runs per sample on that tensor with
 ``torchvision.transforms.v2``, which avoids a round trip through PIL.
 """
@@ -139,24 +139,17 @@ def ensure_cifar10(data_dir: str, download: bool, verify_checksums: bool) -> Non
         )
 
 
-class _UncheckedCIFAR10(CIFAR10):
-    """torchvision's reader, with its md5 check replaced by a presence check.
-
-    ``ensure_cifar10`` verifies the checksums once, before the model is built;
-    reading the files again here would only repeat that work.
-    """
-
-    def _check_integrity(self) -> bool:
-        return not _missing_files(Path(self.root))
-
-    def _load_meta(self) -> None:
-        with open(Path(self.root) / self.base_folder / self.meta["filename"], "rb") as file:
-            self.classes = pickle.load(file, encoding="latin1")[self.meta["key"]]
-        self.class_to_idx = {name: index for index, name in enumerate(self.classes)}
-
-
 def load_cifar10_split(data_dir: str, train: bool) -> tuple[Tensor, Tensor]:
-    """The official training or test split as uint8 images (N, 3, 32, 32) and int64 labels."""
-    dataset = _UncheckedCIFAR10(os.fspath(data_dir), train=train, download=False)
-    images = torch.from_numpy(dataset.data).permute(0, 3, 1, 2).contiguous()
-    return images, torch.tensor(dataset.targets, dtype=torch.int64)
+    """The official training or test split as uint8 images (N, 3, 32, 32) and int64 labels.
+
+    The batches are read as torchvision's ``CIFAR10`` reads them, without its md5 check: ``ensure_cifar10``
+    has checked the files once, before the model was built, and a subset is read without one.
+    """
+    folder = Path(os.fspath(data_dir)) / CIFAR10.base_folder
+    images, labels = [], []
+    for name, _ in CIFAR10.train_list if train else CIFAR10.test_list:
+        with open(folder / name, "rb") as file:
+            batch = pickle.load(file, encoding="latin1")
+        images.append(torch.from_numpy(batch["data"]).view(-1, 3, 32, 32))  # rows of 3 x 32 x 32, channel first
+        labels.extend(batch["labels"])
+    return torch.cat(images), torch.tensor(labels, dtype=torch.int64)

@@ -17,19 +17,20 @@ interchangeable with every other strategy.
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.modules.batchnorm import _BatchNorm
 from typing_extensions import override
 
 from multigpu.activation_checkpointing import is_recomputing
+from multigpu.compat import AnyDimBatchNorm, BatchNormBase
 
 __all__ = ["DeferredBatchNorm", "defer_batch_norm"]
 
 
-class DeferredBatchNorm(_BatchNorm):
+class DeferredBatchNorm(AnyDimBatchNorm):
     """A BatchNorm layer that updates its running statistics once per ``chunks`` training micro-batches."""
 
-    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
-                 chunks: int = 1) -> None:
+    def __init__(
+        self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True, chunks: int = 1
+    ) -> None:
         super().__init__(num_features, eps, momentum, affine, track_running_stats=True)
         self.chunks = chunks
         # Micro-batches so far, elements per feature, their mean, and their sum of squared deviations from it:
@@ -37,11 +38,6 @@ class DeferredBatchNorm(_BatchNorm):
         self.register_buffer("_tracked", torch.zeros((), dtype=torch.long), persistent=False)
         for name in ("_count", "_mean", "_squares"):
             self.register_buffer(name, torch.zeros(num_features, dtype=torch.float64), persistent=False)
-
-    @override
-    def _check_input_dim(self, input: Tensor) -> None:
-        if input.dim() < 2:
-            raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
 
     def _track(self, input: Tensor) -> None:
         dims = [0, *range(2, input.dim())]
@@ -87,7 +83,7 @@ def defer_batch_norm(module: nn.Module, chunks: int) -> nn.Module:
     that commits every ``chunks`` micro-batches, in place; the new layers hold the same parameters and
     buffers (the optimizer's parameters stay the ones it has). Returns ``module``."""
     for name, child in module.named_children():
-        if isinstance(child, _BatchNorm) and child.track_running_stats and not isinstance(child, DeferredBatchNorm):
+        if isinstance(child, BatchNormBase) and child.track_running_stats and not isinstance(child, DeferredBatchNorm):
             deferred = DeferredBatchNorm(child.num_features, child.eps, child.momentum, child.affine, chunks)
             deferred.to(child.running_mean.device).train(child.training)
             deferred.weight, deferred.bias = child.weight, child.bias

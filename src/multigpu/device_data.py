@@ -57,7 +57,9 @@ class DeviceBatches:
     ``self.sampler`` as it does a DataLoader's, and passes the batches on unchanged.
     """
 
-    def __init__(self, dataset: ImageTensorDataset, sampler: DistributedSampler, batch_size: int, augment: bool) -> None:
+    def __init__(
+        self, dataset: ImageTensorDataset, sampler: DistributedSampler, batch_size: int, augment: bool
+    ) -> None:
         self.images, self.labels = dataset.images, dataset.labels
         self.sampler, self.batch_size, self.augment = sampler, batch_size, augment
         self.batch_sampler = None  # as a DataLoader built with a sampler: Lightning inspects both

@@ -8,14 +8,13 @@ hangs (pytorch/pytorch#167288; seen here with torch 2.15 and gloo, with both sta
 c10d rendezvous). ``separate_restart_attempts()`` puts the attempt back into the keys.
 """
 
-import importlib
 import os
 from datetime import timedelta
 
 from torch.distributed import PrefixStore
+from torch.distributed.constants import default_pg_timeout
 
-# The module, which `torch.distributed.rendezvous` (the function of the same name) hides.
-rendezvous = importlib.import_module("torch.distributed.rendezvous")
+from multigpu.compat import rendezvous_handlers
 
 __all__ = ["separate_restart_attempts"]
 
@@ -25,12 +24,12 @@ _ATTEMPT = "TORCHELASTIC_RESTART_COUNT"
 def separate_restart_attempts() -> None:
     """Under torchrun, make ``env://`` process groups use keys of this restart attempt only."""
     attempt = os.environ.get(_ATTEMPT)
-    handlers = rendezvous._rendezvous_handlers
+    handlers = rendezvous_handlers()
     if attempt is None or getattr(handlers["env"], "separates_attempts", False):
         return
     env_handler = handlers["env"]
 
-    def env_handler_of_this_attempt(url: str, timeout: timedelta = rendezvous.default_pg_timeout, **kwargs):
+    def env_handler_of_this_attempt(url: str, timeout: timedelta = default_pg_timeout, **kwargs):
         store, rank, world_size = next(env_handler(url, timeout=timeout, **kwargs))
         yield PrefixStore(f"multigpu/attempt_{attempt}/", store), rank, world_size
         raise RuntimeError("Unable to perform re-rendezvous using env:// method")

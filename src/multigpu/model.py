@@ -18,12 +18,12 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
-from multigpu.errors import UsageError, check_at_least
 from multigpu.activation_checkpointing import checkpoint_blocks
-from multigpu.deferred_blocks import DeferredBlocks
+from multigpu.errors import UsageError, check_at_least
+from multigpu.lazy_blocks import LazyBlocks
+from multigpu.lr_schedule import scaled_lr, warmup_cosine
 from multigpu.network import Stem, resnet50_block_factories
 from multigpu.replicas import data_parallel_size
-from multigpu.schedule import scaled_lr, warmup_cosine
 
 __all__ = ["IMAGE_SHAPE", "SCHEDULE_NEEDS_AN_END", "ResNet50Classifier", "check_recipe"]
 
@@ -32,13 +32,23 @@ SCHEDULE_NEEDS_AN_END = "the cosine schedule needs an end: set --trainer.max_epo
 
 
 def check_recipe(
-    base_lr: float, momentum: float, nesterov: bool, weight_decay: float, warmup_epochs: float, label_smoothing: float,
-    activation_checkpointing: bool, compile: bool | dict[str, Any],
+    base_lr: float,
+    momentum: float,
+    nesterov: bool,
+    weight_decay: float,
+    warmup_epochs: float,
+    label_smoothing: float,
+    activation_checkpointing: bool,
+    compile: bool | dict[str, Any],
 ) -> None:
     """Refuse optimizer and loss settings that mean nothing, in one line each (the CLI calls it before it
     builds anything, the model when it is built)."""
-    for option, value in (("base_lr", base_lr), ("momentum", momentum), ("weight_decay", weight_decay),
-                          ("warmup_epochs", warmup_epochs)):
+    for option, value in (
+        ("base_lr", base_lr),
+        ("momentum", momentum),
+        ("weight_decay", weight_decay),
+        ("warmup_epochs", warmup_epochs),
+    ):
         check_at_least(f"model.{option}", value, 0)
     check_at_least("model.label_smoothing", label_smoothing, 0, below=1)
     if nesterov and momentum == 0:
@@ -92,11 +102,12 @@ class ResNet50Classifier(LightningModule):
         compile: bool | dict[str, Any] = False,
     ) -> None:
         super().__init__()
-        check_recipe(base_lr, momentum, nesterov, weight_decay, warmup_epochs, label_smoothing,
-                     activation_checkpointing, compile)
+        check_recipe(
+            base_lr, momentum, nesterov, weight_decay, warmup_epochs, label_smoothing, activation_checkpointing, compile
+        )
         self.save_hyperparameters()
-        # On the meta device until configure_model, where the strategy places each block (deferred_blocks).
-        self.net = DeferredBlocks(resnet50_block_factories(num_classes, stem))
+        # On the meta device until configure_model, where the strategy places each block (lazy_blocks).
+        self.net = LazyBlocks(resnet50_block_factories(num_classes, stem))
         if not compile:
             # Two CIFAR-sized images: the model summary shows sizes, and strategies time the blocks with
             # them. The summary's forward would make a compiled network compile once more, for 2 images.
@@ -123,7 +134,7 @@ class ResNet50Classifier(LightningModule):
     def training_flops_per_image(self) -> int:
         """FLOPs of the forward and backward pass of one training image, counted with torch's flop
         counter on a copy of the network on the meta device (nothing is computed)."""
-        net = nn.Sequential(*DeferredBlocks(resnet50_block_factories(self.hparams.num_classes, self.hparams.stem), seed=0))
+        net = nn.Sequential(*LazyBlocks(resnet50_block_factories(self.hparams.num_classes, self.hparams.stem), seed=0))
         with torch.device("meta"):
             images = torch.zeros(2, *IMAGE_SHAPE)  # BatchNorm in training mode needs two
         return measure_flops(net, lambda: net(images), lambda logits: logits.sum()) // 2

@@ -16,8 +16,8 @@ quarter of its parameters each. Parameter names follow the index (``0.0.weight``
 ``5.conv1.weight``, ...), so a state dict is the same whichever strategy trained it.
 
 The blocks are built by ``resnet50_block_factories()``, one function per block, so
-that a strategy can build each block alone where it goes (see ``deferred_blocks``):
-``ResNet50Classifier`` holds them as ``DeferredBlocks`` on the meta device until
+that a strategy can build each block alone where it goes (see ``lazy_blocks``):
+``ResNet50Classifier`` holds them as ``LazyBlocks`` on the meta device until
 ``configure_model``. The layers are torchvision's own (its ``conv1x1``, ``conv3x3``),
 computed in the order of its ``Bottleneck``, with torchvision's initialisation.
 """
@@ -29,7 +29,7 @@ from typing import Literal
 from torch import Tensor, nn
 from torchvision.models.resnet import Bottleneck, conv1x1, conv3x3
 
-from multigpu.deferred_blocks import BlockFactory, DeferredBlocks
+from multigpu.lazy_blocks import BlockFactory, LazyBlocks
 
 __all__ = ["NUM_BLOCKS", "BottleneckEntry", "BottleneckExit", "Stem", "resnet50_block_factories", "resnet50_blocks"]
 
@@ -52,9 +52,13 @@ def _init_like_torchvision(build: Callable[[], nn.Module]) -> nn.Module:
 
 def _stem(stem: Stem) -> nn.Module:
     if stem == "cifar":
-        return nn.Sequential(nn.Conv2d(3, 64, 3, stride=1, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True))
+        return nn.Sequential(
+            nn.Conv2d(3, 64, 3, stride=1, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True)
+        )
     return nn.Sequential(
-        nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True),
+        nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False),
+        nn.BatchNorm2d(64),
+        nn.ReLU(inplace=True),
         nn.MaxPool2d(kernel_size=3, stride=2, padding=1),
     )
 
@@ -101,7 +105,9 @@ class BottleneckExit(nn.Module):
 
 
 def _head(num_classes: int) -> nn.Module:
-    return nn.Sequential(nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(1), nn.Linear(512 * Bottleneck.expansion, num_classes))
+    return nn.Sequential(
+        nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(1), nn.Linear(512 * Bottleneck.expansion, num_classes)
+    )
 
 
 def resnet50_block_factories(num_classes: int = 10, stem: Stem = "cifar") -> list[BlockFactory]:
@@ -127,8 +133,8 @@ def resnet50_block_factories(num_classes: int = 10, stem: Stem = "cifar") -> lis
     return [partial(_init_like_torchvision, build) for build in builds]
 
 
-def resnet50_blocks(num_classes: int = 10, stem: Stem = "cifar") -> DeferredBlocks:
+def resnet50_blocks(num_classes: int = 10, stem: Stem = "cifar") -> LazyBlocks:
     """ResNet-50 as ``nn.Sequential(stem, *bottleneck_halves, head)``, every block built now on the default device."""
-    net = DeferredBlocks(resnet50_block_factories(num_classes, stem))
+    net = LazyBlocks(resnet50_block_factories(num_classes, stem))
     net.materialize()
     return net

@@ -14,8 +14,8 @@ import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor, nn
 
-from multigpu.deferred_blocks import DeferredBlocks
 from multigpu.errors import UsageError
+from multigpu.lazy_blocks import LazyBlocks
 
 __all__ = [
     "BalanceBy",
@@ -104,11 +104,11 @@ def block_times(
 
     Each block is timed on a copy of its own, so the network's parameters and BatchNorm
     statistics stay as they are and only one block's copy is on the device at a time; the
-    copy of a block of ``DeferredBlocks`` is built anew, so the network itself may still be on
+    copy of a block of ``LazyBlocks`` is built anew, so the network itself may still be on
     the meta device. One warm-up pass comes before the ``repeats`` that are timed, and the
     fastest counts (the others were slowed by something else).
     """
-    fresh = blocks.build if isinstance(blocks, DeferredBlocks) else lambda index: copy.deepcopy(blocks[index])
+    fresh = blocks.build if isinstance(blocks, LazyBlocks) else lambda index: copy.deepcopy(blocks[index])
     times, x = [], example.to(device)
     for index in range(len(blocks)):
         block = fresh(index).to(device).train()

@@ -25,7 +25,15 @@ from multigpu.replicas import data_parallel_size
 from multigpu.strategies import DataParallelStrategy
 
 __all__ = [
-    "RunFailed", "StepTimer", "fit_command", "launch", "peak_memory_bytes", "result", "run", "step_timer", "synchronize",
+    "RunFailed",
+    "StepTimer",
+    "fit_command",
+    "launch",
+    "peak_memory_bytes",
+    "result",
+    "run",
+    "step_timer",
+    "synchronize",
 ]
 
 
@@ -117,27 +125,47 @@ class StepTimer(Callback):
 
 def step_timer(warmup: int, out: Path) -> list[str]:
     """The ``fit`` options that add a ``StepTimer``."""
-    return ["--trainer.callbacks+=multigpu.timed_runs.StepTimer", f"--trainer.callbacks.warmup={warmup}",
-            f"--trainer.callbacks.out={out}"]
+    return [
+        "--trainer.callbacks+=multigpu.timed_runs.StepTimer",
+        f"--trainer.callbacks.warmup={warmup}",
+        f"--trainer.callbacks.out={out}",
+    ]
 
 
 def fit_command(
     entry: Path, options: Sequence[str], folder: Path, name: str, steps: int, images: int, callbacks: Sequence[str] = ()
 ) -> list[str]:
     """``python <entry> fit <options>`` for ``steps`` optimizer steps on ``images`` synthetic images, without
-    validation or extra checkpoints, its checkpoints and logs in ``folder``; ``callbacks`` (``--trainer.callbacks+=...`` options, such
-    as ``step_timer``'s) come last, so that those of a config file among ``options`` stay."""
+    validation or extra checkpoints, its checkpoints and logs in ``folder``; ``callbacks``
+    (``--trainer.callbacks+=...`` options, such as ``step_timer``'s) come last, so that those of a config file
+    among ``options`` stay."""
     return [
-        sys.executable, str(entry), "fit", *options, "--data.synthetic=true", f"--data.synthetic_size={images}",
-        f"--trainer.max_steps={steps}", "--trainer.limit_val_batches=0", "--save_every_n_steps=0",
-        "--checkpoint.save_last=false", "--checkpoint.save_top_k=0", f"--run_name={name}",
-        f"--checkpoint_root={folder / 'checkpoints'}", f"--trainer.default_root_dir={folder / 'logs'}", *callbacks,
+        sys.executable,
+        str(entry),
+        "fit",
+        *options,
+        "--data.synthetic=true",
+        f"--data.synthetic_size={images}",
+        f"--trainer.max_steps={steps}",
+        "--trainer.limit_val_batches=0",
+        "--save_every_n_steps=0",
+        "--checkpoint.save_last=false",
+        "--checkpoint.save_top_k=0",
+        f"--run_name={name}",
+        f"--checkpoint_root={folder / 'checkpoints'}",
+        f"--trainer.default_root_dir={folder / 'logs'}",
+        *callbacks,
     ]
 
 
 def launch(
-    command: Sequence[str], out: Path, log: Path, threads: int | None = None, pythonpath: Sequence[Path] = (),
-    cwd: Path | None = None, timeout: float | None = None,
+    command: Sequence[str],
+    out: Path,
+    log: Path,
+    threads: int | None = None,
+    pythonpath: Sequence[Path] = (),
+    cwd: Path | None = None,
+    timeout: float | None = None,
 ) -> list:
     """Run ``command`` (``pythonpath`` importable; ``threads`` threads per process when given), its output
     in ``log``; return what its ranks wrote to ``out.rankN``, in rank order. A ``RunFailed`` says why not,
@@ -146,8 +174,9 @@ def launch(
     if threads is not None:  # the CPU
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     with open(log, "w") as file:
-        process = subprocess.Popen(list(command), cwd=cwd, env=env, stdout=file, stderr=subprocess.STDOUT,
-                                   start_new_session=True)  # its own process group: the launcher's children too
+        process = subprocess.Popen(
+            list(command), cwd=cwd, env=env, stdout=file, stderr=subprocess.STDOUT, start_new_session=True
+        )  # its own process group: the launcher's children too
         try:
             returncode = process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -156,19 +185,28 @@ def launch(
             raise RunFailed(f"{' '.join(command)} was still running after {timeout:.0f} s, and was stopped") from None
     ranks = sorted(out.parent.glob(out.name + ".rank*"), key=lambda path: int(path.name.rsplit("rank", 1)[1]))
     if returncode or not (ranks or out.exists()):
-        raise RunFailed(f"{' '.join(command)} failed (exit {returncode}); the end of its output:\n{log.read_text()[-3000:]}")
+        raise RunFailed(
+            f"{' '.join(command)} failed (exit {returncode}); the end of its output:\n{log.read_text()[-3000:]}"
+        )
     return [json.loads(path.read_text()) for path in ranks]
 
 
 def run(
-    command: Sequence[str], out: Path, log: Path, threads: int | None = None, pythonpath: Sequence[Path] = (),
-    cwd: Path | None = None, timeout: float | None = None,
+    command: Sequence[str],
+    out: Path,
+    log: Path,
+    threads: int | None = None,
+    pythonpath: Sequence[Path] = (),
+    cwd: Path | None = None,
+    timeout: float | None = None,
 ) -> dict:
     """Run a command timed by ``StepTimer(out=out)``: its figures, with the peak of each device of each rank
     (rank order) in ``peak_memory_bytes``."""
     peaks = launch(command, out, log, threads, pythonpath, cwd, timeout)
     if not out.exists():
-        raise RunFailed(f"{' '.join(command)} wrote no figures to {out}; the end of its output:\n{log.read_text()[-3000:]}")
+        raise RunFailed(
+            f"{' '.join(command)} wrote no figures to {out}; the end of its output:\n{log.read_text()[-3000:]}"
+        )
     figures = json.loads(out.read_text())
     figures["peak_memory_bytes"] += [peak for rank in peaks for peak in (rank if isinstance(rank, list) else [rank])]
     return figures

@@ -8,8 +8,7 @@ lines (more GPUs than the machine has). These say in one line what to pass inste
 from collections.abc import Mapping
 from typing import Any
 
-from lightning.fabric.utilities.device_parser import _select_auto_accelerator
-from lightning.pytorch.accelerators import AcceleratorRegistry, MPSAccelerator
+from lightning.pytorch.accelerators import AcceleratorRegistry, CUDAAccelerator, MPSAccelerator, XLAAccelerator
 from lightning.pytorch.strategies import StrategyRegistry
 
 from multigpu.errors import UsageError, check_at_least
@@ -54,13 +53,21 @@ def _check_strategy(strategy: Any) -> None:
     raise UsageError(f"--trainer.strategy={strategy} is not a strategy: use one of {names}.")
 
 
+def auto_accelerator() -> str:
+    """The accelerator ``auto`` selects, in Lightning's order: TPU, then MPS, then CUDA, else the CPU."""
+    for name, accelerator in (("tpu", XLAAccelerator), ("mps", MPSAccelerator), ("cuda", CUDAAccelerator)):
+        if accelerator.is_available():
+            return name
+    return "cpu"
+
+
 def accelerator_name(accelerator: Any) -> str | None:
     """The registered accelerator that ``accelerator`` selects, checked to be usable here."""
     if not isinstance(accelerator, str):
         return None  # an Accelerator object: Lightning checks it
     name = accelerator.lower()
     if name == "auto":
-        return _select_auto_accelerator()
+        return auto_accelerator()
     if name == "gpu":
         name = "mps" if MPSAccelerator.is_available() else "cuda"
     if name not in AcceleratorRegistry:
@@ -74,7 +81,7 @@ def accelerator_name(accelerator: Any) -> str | None:
     if not available:
         raise UsageError(
             f"--trainer.accelerator={accelerator}: {accelerator_class.__name__} is not available on this "
-            f"machine; use --trainer.accelerator={_select_auto_accelerator()}, or auto."
+            f"machine; use --trainer.accelerator={auto_accelerator()}, or auto."
         )
     return name
 

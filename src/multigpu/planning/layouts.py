@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 
 from multigpu.errors import UsageError
 from multigpu.strategies import CLASS_PATHS
-from multigpu.strategies.pipeline_layout import SCHEDULES, PipelineLayout, natural_stages_per_process
+from multigpu.strategies.pipeline.layout import SCHEDULES, PipelineLayout, natural_stages_per_process
 
-__all__ = ["STRATEGIES", "Layout", "Refusal", "candidate_layouts"]
+__all__ = ["PLANNED_STRATEGIES", "Layout", "Refusal", "candidate_layouts"]
 
-STRATEGIES = ("ddp", "dp", "fsdp", "manual_model_parallel", "pipeline")
+PLANNED_STRATEGIES = ("ddp", "dp", "fsdp", "manual_model_parallel", "pipeline")
 """The strategies ``plan`` tries besides one device, in the order it lists them."""
 
 DEVICES_PER_REPLICA = (2, 4)  # manual_model_parallel
@@ -63,8 +63,11 @@ class Layout:
 
     @property
     def pipeline(self) -> PipelineLayout:
-        return PipelineLayout(self.schedule, self.options["num_stages"] // self.options["stages_per_process"],
-                              self.options["stages_per_process"])
+        return PipelineLayout(
+            self.schedule,
+            self.options["num_stages"] // self.options["stages_per_process"],
+            self.options["stages_per_process"],
+        )
 
     @property
     def init_args(self) -> dict:
@@ -83,14 +86,20 @@ class Layout:
 
     def config(self, device_ids: Sequence[int] | None = None) -> dict:
         """The part of a config file that selects this layout."""
-        return {"trainer": {"strategy": self.strategy_config(), "devices": self.device_request(device_ids)},
-                "model": {"activation_checkpointing": self.checkpointing}, "data": {"batch_size": self.batch_size}}
+        return {
+            "trainer": {"strategy": self.strategy_config(), "devices": self.device_request(device_ids)},
+            "model": {"activation_checkpointing": self.checkpointing},
+            "data": {"batch_size": self.batch_size},
+        }
 
     def fit_options(self, device_ids: Sequence[int] | None = None) -> list[str]:
         """The ``python main.py fit`` options that select this layout."""
         options = [f"--trainer.strategy={self.strategy}", f"--trainer.devices={_text(self.device_request(device_ids))}"]
         options += [f"--trainer.strategy.{key}={_text(value)}" for key, value in self.init_args.items()]
-        return options + [f"--model.activation_checkpointing={_text(self.checkpointing)}", f"--data.batch_size={self.batch_size}"]
+        return options + [
+            f"--model.activation_checkpointing={_text(self.checkpointing)}",
+            f"--data.batch_size={self.batch_size}",
+        ]
 
 
 def _text(value) -> str:
@@ -113,8 +122,13 @@ class Refusal:
 
 
 def candidate_layouts(
-    devices: int, cuda: bool, batch_size: int, compiled: bool, strategies: Sequence[str] = STRATEGIES,
-    schedules: Sequence[str] = SCHEDULES, micro_batches: Sequence[int] | None = None,
+    devices: int,
+    cuda: bool,
+    batch_size: int,
+    compiled: bool,
+    strategies: Sequence[str] = PLANNED_STRATEGIES,
+    schedules: Sequence[str] = SCHEDULES,
+    micro_batches: Sequence[int] | None = None,
 ) -> tuple[list[Layout], list[Refusal]]:
     """The layouts without activation checkpointing that can train on ``devices`` devices (one device first),
     and a ``Refusal`` for each one that cannot.
@@ -136,7 +150,10 @@ def candidate_layouts(
     for strategy in strategies:
         if strategy in ("ddp", "dp", "fsdp"):
             if strategy in ("dp", "fsdp") and not cuda:
-                refuse(strategy, "needs CUDA devices" + (" (without them dp trains on one device)" if strategy == "dp" else ""))
+                refuse(
+                    strategy,
+                    "needs CUDA devices" + (" (without them dp trains on one device)" if strategy == "dp" else ""),
+                )
             elif devices < 2:
                 refuse(strategy, several)
             elif strategy == "dp":
@@ -153,12 +170,20 @@ def candidate_layouts(
                 else:
                     replicas = devices // per_replica
                     name = f"model parallel {per_replica}" + (f" x{replicas}" if replicas > 1 else "")
-                    layouts.append(Layout(name, strategy, devices, replicas, batch_size * per_replica,
-                                          options={"devices_per_replica": per_replica}))
+                    layouts.append(
+                        Layout(
+                            name,
+                            strategy,
+                            devices,
+                            replicas,
+                            batch_size * per_replica,
+                            options={"devices_per_replica": per_replica},
+                        )
+                    )
         elif strategy == "pipeline":
             layouts += _pipelines(devices, batch_size, compiled, schedules, micro_batches, refuse)
         else:
-            raise UsageError(f"plan.strategies: {strategy!r} is not one of {', '.join(STRATEGIES)}.")
+            raise UsageError(f"plan.strategies: {strategy!r} is not one of {', '.join(PLANNED_STRATEGIES)}.")
     return layouts, refusals
 
 
@@ -181,19 +206,40 @@ def _pipelines(devices, batch_size, compiled, schedules, micro_batches, refuse) 
                 layout = PipelineLayout(schedule, processes, per_process)
                 what = f"pipeline {stages} stages {schedule.lower()} m{count}"
                 if batch % count:
-                    refuse(what, f"its batch of {batch} images ({processes} x --data.batch_size) is not divisible by "
-                                 f"{count} micro-batches")
+                    refuse(
+                        what,
+                        f"its batch of {batch} images ({processes} x --data.batch_size) is not divisible by "
+                        f"{count} micro-batches",
+                    )
                     continue
                 try:
                     layout.check(count)
                 except UsageError as error:
                     refuse(what, str(error).rstrip("."))
                     continue
-                options = {"num_stages": stages, "stages_per_process": per_process, "schedule": schedule.lower(),
-                           "micro_batches": count}
+                options = {
+                    "num_stages": stages,
+                    "stages_per_process": per_process,
+                    "schedule": schedule.lower(),
+                    "micro_batches": count,
+                }
                 replicas = devices // processes
-                name = f"pipeline {stages}" + (f"/{processes}p" if per_process > 1 else "") + \
-                    (f" x{replicas}" if replicas > 1 else "") + f" {schedule.lower()} m{count}"
-                layouts.append(Layout(name, "pipeline", devices, devices, batch, options=options,
-                                      schedule=schedule.lower(), micro_batches=count))
+                name = (
+                    f"pipeline {stages}"
+                    + (f"/{processes}p" if per_process > 1 else "")
+                    + (f" x{replicas}" if replicas > 1 else "")
+                    + f" {schedule.lower()} m{count}"
+                )
+                layouts.append(
+                    Layout(
+                        name,
+                        "pipeline",
+                        devices,
+                        devices,
+                        batch,
+                        options=options,
+                        schedule=schedule.lower(),
+                        micro_batches=count,
+                    )
+                )
     return layouts

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from multigpu.deferred_blocks import DeferredBlocks
+from multigpu.lazy_blocks import LazyBlocks
 from multigpu.model import IMAGE_SHAPE
 from multigpu.network import Stem, resnet50_block_factories
 from multigpu.partition import stage_ranges
@@ -51,7 +51,7 @@ def _bytes(tensors) -> int:
 
 def block_memory(num_classes: int, stem: Stem, half_activations: bool) -> BlockMemory:
     """Count, on the meta device, what each block of ResNet-50 holds (see the module's docstring)."""
-    blocks = DeferredBlocks(resnet50_block_factories(num_classes, stem), seed=0).train()
+    blocks = LazyBlocks(resnet50_block_factories(num_classes, stem), seed=0).train()
     images = 2  # BatchNorm in training mode needs two
     x: Tensor | tuple[Tensor, ...] = torch.zeros(images, *IMAGE_SHAPE, device="meta")
     scale = 0.5 if half_activations else 1.0
@@ -110,8 +110,10 @@ def estimate(layout: Layout, memory: BlockMemory, optimizer_states: int) -> list
     stages = stage_ranges(layout.balance)
     if layout.strategy == "manual_model_parallel":
         replicated = layout.replicas > 1
-        devices = [int(state(blocks) + (held(blocks) if replicated else 0) + _activations(memory, blocks, batch_size, ckpt))
-                   for blocks in stages]
+        devices = [
+            int(state(blocks) + (held(blocks) if replicated else 0) + _activations(memory, blocks, batch_size, ckpt))
+            for blocks in stages
+        ]
         return [devices for _ in range(layout.processes)]
     pipeline, micro_batch = layout.pipeline, batch_size / layout.micro_batches
     per_process = []

@@ -23,10 +23,10 @@ from multigpu.strategies.pipeline import PipelineStrategy
 
 __all__ = ["DataParallelStrategy", "ManualModelParallelStrategy", "PipelineStrategy", "name_to_class_path"]
 
-_STRATEGIES = (DataParallelStrategy, ManualModelParallelStrategy, PipelineStrategy)
-CLASS_PATHS = {strategy.strategy_name: f"{__name__}.{strategy.__name__}" for strategy in _STRATEGIES}
+_OUR_STRATEGY_CLASSES = (DataParallelStrategy, ManualModelParallelStrategy, PipelineStrategy)
+CLASS_PATHS = {strategy.strategy_name: f"{__name__}.{strategy.__name__}" for strategy in _OUR_STRATEGY_CLASSES}
 
-for _strategy in _STRATEGIES:
+for _strategy in _OUR_STRATEGY_CLASSES:
     if _strategy.strategy_name not in StrategyRegistry:
         StrategyRegistry.register(_strategy.strategy_name, _strategy, description=_strategy.__doc__.splitlines()[0])
 

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DataParallel
 from typing_extensions import override
 
+from multigpu.compat import layer_sync
 from multigpu.errors import UsageError
 from multigpu.strategies.network_lookup import network
 
@@ -131,7 +132,7 @@ class DataParallelStrategy(ParallelStrategy):
                 f"dp runs in one process, but {type(environment).__name__} started {environment.world_size()}: "
                 "start one process per machine, or use ddp."
             )
-        if self._layer_sync is not None:
+        if layer_sync(self) is not None:
             raise UsageError("--trainer.sync_batchnorm=true needs one process per device: use ddp, not dp.")
         super().setup_environment()
 

@@ -4,7 +4,8 @@ Each stage's first block moves its input to the stage's device, and the network'
 output comes back to the first device, where the loss and the metrics live;
 autograd carries the gradients back across the devices. Each block is built or
 moved straight to its stage's device (``split_network``): the first device holds its
-own stage, not the whole network. Parameter names do not change, so a checkpoint is the plain full state dict every strategy loads.
+own stage, not the whole network. Parameter names do not change, so a checkpoint is the plain full state dict
+every strategy loads.
 
 With ``devices_per_replica: k`` the ``--trainer.devices`` of a node are cut into
 groups of ``k``: one process per group holds a copy of the network split over its
@@ -15,18 +16,17 @@ processes ("distributed model and data parallel").
 from typing import Any
 
 import torch
-from lightning.fabric.utilities.distributed import _init_dist_connection
-from lightning.fabric.utilities.seed import reset_seed
+from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import rank_zero_info
-from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
 from multigpu.errors import UsageError
 from multigpu.partition import BalanceBy, choose_balance, split_table, stage_ranges
-from multigpu.strategies.network_lookup import block_sequence, time_blocks
+from multigpu.strategies.block_measures import time_blocks
+from multigpu.strategies.network_lookup import block_sequence
 from multigpu.strategies.split_network import SplitNetworkStrategy
 
 __all__ = ["ManualModelParallelStrategy"]
@@ -82,6 +82,7 @@ class ManualModelParallelStrategy(SplitNetworkStrategy):
         self._hooks: list[RemovableHandle] = []
         self._balance: list[int] = []
         self._block_devices: list[torch.device] | None = None
+        self._unbound_group = False  # root_device reads as the CPU while the process group is created
 
     @property
     def stages_per_replica(self) -> int:
@@ -92,7 +93,8 @@ class ManualModelParallelStrategy(SplitNetworkStrategy):
         if devices % per_replica:
             raise UsageError(
                 f"--trainer.devices={devices} is not a multiple of the {per_replica} devices per replica "
-                f"of manual_model_parallel: use a multiple of {per_replica}, or change devices_per_replica (or balance)."
+                f"of manual_model_parallel: use a multiple of {per_replica}, or change devices_per_replica "
+                "(or balance)."
             )
         return per_replica
 
@@ -111,18 +113,19 @@ class ManualModelParallelStrategy(SplitNetworkStrategy):
     @property
     @override
     def root_device(self) -> torch.device:
-        return self.stage_devices[0]
+        return torch.device("cpu") if self._unbound_group else self.stage_devices[0]
 
     @override
     def setup_distributed(self) -> None:
         if self.stages_per_replica == 1:
             return super().setup_distributed()
-        # Lightning binds the process group to the root device; NCCL then refuses the collectives
+        # Lightning binds the process group to the root device (not a CPU); NCCL then refuses the collectives
         # (DDP's parameter broadcast and all-reduce) on the other stages' devices. Same steps, unbound.
-        reset_seed()
-        self.set_world_ranks()
-        self._process_group_backend = self._get_process_group_backend()
-        _init_dist_connection(self.cluster_environment, self._process_group_backend, timeout=self._timeout)
+        self._unbound_group = True
+        try:
+            super().setup_distributed()
+        finally:
+            self._unbound_group = False
 
     def check_model(self, pl_module: LightningModule) -> nn.Sequential:
         """Refuse a LightningModule this strategy cannot split, before training; return its blocks."""
@@ -138,7 +141,9 @@ class ManualModelParallelStrategy(SplitNetworkStrategy):
             # (every replica splits the same way, as DDP's buckets need)
             rank_zero_info(
                 f"manual_model_parallel: {len(devices)} stages per replica, {self.num_nodes * self.num_processes} "
-                f"replica(s), balance {self._balance}" + ("" if self.balance else f" (by {self.balance_by})") + "\n"
+                f"replica(s), balance {self._balance}"
+                + ("" if self.balance else f" (by {self.balance_by})")
+                + "\n"
                 + split_table(blocks, self._balance, devices, times)
             )
             self._block_devices = [device for count, device in zip(self._balance, devices) for _ in range(count)]

@@ -1,8 +1,8 @@
 """What the strategies that split the network into stages share (``manual_model_parallel``, ``pipeline``).
 
 Each block of ``pl_module.net`` goes straight to the device of its stage, or to none in
-a process that does not hold its stage: a network built as ``DeferredBlocks`` is
-materialised block by block in ``configure_model`` (see ``multigpu.deferred_blocks``),
+a process that does not hold its stage: a network built as ``LazyBlocks`` is
+materialised block by block in ``configure_model`` (see ``multigpu.lazy_blocks``),
 and any other network is moved block by block, its foreign blocks to the meta device.
 The whole network is never on one device, and optimizer state exists only for the
 parameters a process holds.
@@ -13,28 +13,18 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from lightning.pytorch import LightningModule
 from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from multigpu.deferred_blocks import is_materialized, placed
+from multigpu.compat import without_child
+from multigpu.lazy_blocks import is_materialized, placed
 from multigpu.strategies.network_lookup import block_sequence
 
 __all__ = ["SplitNetworkStrategy"]
 
 META = torch.device("meta")
-
-
-@contextmanager
-def _net_set_aside(pl_module: LightningModule) -> Iterator[nn.Module]:
-    """The LightningModule without its network, which the context yields."""
-    net = pl_module._modules.pop("net")
-    try:
-        yield net
-    finally:
-        pl_module._modules["net"] = net
 
 
 class SplitNetworkStrategy(DDPStrategy):
@@ -56,7 +46,7 @@ class SplitNetworkStrategy(DDPStrategy):
         pl_module = self.lightning_module
         blocks = block_sequence(pl_module, self.strategy_name)
         devices = self.block_devices()
-        with _net_set_aside(pl_module):
+        with without_child(pl_module, "net"):
             pl_module.to(self.root_device)  # metrics, loss and any other state: where the step runs
         for block, device in zip(blocks, devices, strict=True):
             block.to(META if device is None else device)
@@ -66,7 +56,9 @@ class SplitNetworkStrategy(DDPStrategy):
         # Only the entries of the blocks this process holds: loading into the meta device would do nothing,
         # with a warning per tensor.
         pl_module = self.lightning_module
-        unbuilt = {name for name, tensor in (*pl_module.named_parameters(), *pl_module.named_buffers()) if tensor.is_meta}
+        unbuilt = {
+            name for name, tensor in (*pl_module.named_parameters(), *pl_module.named_buffers()) if tensor.is_meta
+        }
         held = {name: value for name, value in checkpoint["state_dict"].items() if name not in unbuilt}
         missing, unexpected = pl_module.load_state_dict(held, strict=False)
         missing = [name for name in missing if name not in unbuilt]
@@ -90,7 +82,7 @@ class SplitNetworkStrategy(DDPStrategy):
         net = getattr(pl_module, "net", None)
         if not isinstance(net, nn.Sequential) or all(is_materialized(block) for block in net):
             return super().teardown()
-        with _net_set_aside(pl_module) as net:  # Lightning moves the module to the CPU, which meta blocks refuse
+        with without_child(pl_module, "net") as net:  # Lightning moves the module to the CPU, which meta blocks refuse
             super().teardown()
         for block in net:
             if is_materialized(block):

@@ -9,13 +9,13 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.plugins import Precision
 from torch import Tensor, nn
-from torch.distributed.pipelining.schedules import _PipelineSchedule
+from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle
 from typing_extensions import override
 
 from multigpu.compat import pipeline_stage
 from multigpu.errors import UsageError
-from multigpu.strategies.pipeline_forward import ForwardOnly
-from multigpu.strategies.pipeline_layout import PipelineLayout, schedule_class
+from multigpu.strategies.pipeline.forward import ForwardOnly
+from multigpu.strategies.pipeline.layout import PipelineLayout, schedule_class
 
 __all__ = ["StageBlocks", "StageRunner", "create_groups", "network_returns"]
 
@@ -92,7 +92,7 @@ class StageRunner:
 
     def __init__(
         self,
-        schedule: _PipelineSchedule,
+        schedule: PipelineScheduleSingle | PipelineScheduleMulti,
         forward_only: ForwardOnly,
         stage_module: nn.Module,
         is_first: bool,
@@ -115,18 +115,31 @@ class StageRunner:
         self._held_grads: list[tuple[nn.Parameter, Tensor | None]] = []
 
     @classmethod
-    def build(cls, modules: nn.ModuleList, layout: PipelineLayout, pipe_index: int, rank_of: Callable[[int], int],
-              micro_batches: int, loss_fn: Callable[[Tensor, Tensor], Tensor], group: dist.ProcessGroup,
-              device: torch.device, precision_plugin: Precision) -> "StageRunner":
+    def build(
+        cls,
+        modules: nn.ModuleList,
+        layout: PipelineLayout,
+        pipe_index: int,
+        rank_of: Callable[[int], int],
+        micro_batches: int,
+        loss_fn: Callable[[Tensor, Tensor], Tensor],
+        group: dist.ProcessGroup,
+        device: torch.device,
+        precision_plugin: Precision,
+    ) -> "StageRunner":
         """The runner of this process's stages (``modules``, placed by ``layout``) under the layout's schedule."""
         held = layout.stages_of(pipe_index)
-        stages = [pipeline_stage(module, stage, layout.num_stages, device, group) for module, stage in zip(modules, held)]
+        stages = [
+            pipeline_stage(module, stage, layout.num_stages, device, group) for module, stage in zip(modules, held)
+        ]
         schedule = schedule_class(layout.schedule)(
             stages[0] if layout.is_single else stages, micro_batches, loss_fn=loss_fn, scale_grads=False
         )
         forward_only = ForwardOnly(modules, held, rank_of, layout.num_stages, micro_batches, device)
         last = layout.num_stages - 1
-        return cls(schedule, forward_only, modules, 0 in held, last in held, rank_of(last), group, device, precision_plugin)
+        return cls(
+            schedule, forward_only, modules, 0 in held, last in held, rank_of(last), group, device, precision_plugin
+        )
 
     def run(self, batch: Any, train: bool) -> Tensor:
         """Run the batch through the pipeline; every stage gets the last stage's output."""

@@ -10,12 +10,12 @@ holds stages ``p`` and ``2S - 1 - p``: ``ZBVZeroBubble``, ``DualPipeV``, which n
 
 from dataclasses import dataclass
 
-from torch.distributed.pipelining.schedules import PipelineScheduleSingle, _PipelineSchedule, get_schedule_class
+from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle, get_schedule_class
 
 from multigpu.errors import UsageError
 from multigpu.partition import stage_ranges
 
-__all__ = ["SCHEDULES", "PipelineLayout", "natural_stages_per_process", "schedule_class"]
+__all__ = ["SCHEDULES", "PipelineLayout", "check_options", "natural_stages_per_process", "schedule_class"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "loopedbfs", "interleavedzerobubble", "zbvzerobubble", "dualpipev")
 """The schedule names ``pipeline`` accepts, case-insensitive: every schedule of ``get_schedule_class``."""
@@ -25,7 +25,7 @@ _ROUNDS = ("interleaved1f1b", "interleavedzerobubble")  # micro-batches in whole
 _ENOUGH_MICRO_BATCHES = ("1f1b", "dualpipev")  # at least as many micro-batches as stages
 
 
-def schedule_class(name: str) -> type[_PipelineSchedule]:
+def schedule_class(name: str) -> type[PipelineScheduleSingle | PipelineScheduleMulti]:
     """PyTorch's schedule class for ``name``; a ``UsageError`` lists the names otherwise."""
     if name.lower() not in SCHEDULES:
         raise UsageError(f"schedule must be one of {', '.join(SCHEDULES)} (any case), not {name!r}.")
@@ -36,6 +36,17 @@ def natural_stages_per_process(schedule: str) -> int:
     """The stages each process holds under ``schedule`` when nothing else asks: 1 for GPipe and 1F1B, 2 for the
     multi-stage schedules (the V-shaped ones need exactly 2)."""
     return 1 if issubclass(schedule_class(schedule), PipelineScheduleSingle) else 2
+
+
+def check_options(num_stages: int | None, micro_batches: int, schedule: str, stages_per_process: int) -> None:
+    """Refuse a pipeline option that no layout can take: a count below 1, a schedule torch does not know."""
+    if micro_batches < 1:
+        raise UsageError(f"micro_batches must be at least 1, not {micro_batches}.")
+    if num_stages is not None and num_stages < 1:
+        raise UsageError(f"num_stages must be at least 1, not {num_stages}.")
+    schedule_class(schedule)  # a known name
+    if stages_per_process < 1:
+        raise UsageError(f"stages_per_process must be at least 1, not {stages_per_process}.")
 
 
 @dataclass(frozen=True)
@@ -102,8 +113,9 @@ class PipelineLayout:
         name, stages, processes = self.schedule.lower(), self.num_stages, self.processes
         if self.is_single and self.stages_per_process != 1:
             raise UsageError(
-                f"schedule {self.schedule} runs one stage per process, not stages_per_process={self.stages_per_process}: "
-                "use Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble or DualPipeV, or drop stages_per_process."
+                f"schedule {self.schedule} runs one stage per process, not "
+                f"stages_per_process={self.stages_per_process}: use Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, "
+                "ZBVZeroBubble or DualPipeV, or drop stages_per_process."
             )
         if self.is_v_shaped and self.stages_per_process != 2:
             raise UsageError(
@@ -112,12 +124,14 @@ class PipelineLayout:
             )
         if name in _ENOUGH_MICRO_BATCHES and micro_batches < stages:
             raise UsageError(
-                f"schedule {self.schedule} needs at least as many micro-batches as stages: micro_batches={micro_batches} "
-                f"< {stages} stages. Raise micro_batches" + (" or use schedule gpipe." if self.is_single else ".")
+                f"schedule {self.schedule} needs at least as many micro-batches as stages: "
+                f"micro_batches={micro_batches} < {stages} stages. Raise micro_batches"
+                + (" or use schedule gpipe." if self.is_single else ".")
             )
         rounds = max(1, micro_batches // processes)
         if name in _ROUNDS and micro_batches % rounds:
             raise UsageError(
                 f"schedule {self.schedule} runs micro-batches in rounds of the {processes} processes: micro_batches="
-                f"{micro_batches} is not a multiple of its {rounds} rounds. Use a multiple of {processes} micro-batches."
+                f"{micro_batches} is not a multiple of its {rounds} rounds. Use a multiple of {processes} "
+                "micro-batches."
             )

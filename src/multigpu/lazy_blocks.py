@@ -1,6 +1,6 @@
 """A network whose blocks are built later, one at a time, each where the strategy in charge wants it.
 
-``DeferredBlocks(factories)`` is an ``nn.Sequential`` whose block ``i`` is
+``LazyBlocks(factories)`` is an ``nn.Sequential`` whose block ``i`` is
 ``factories[i]()``. It starts on the meta device: names, shapes and parameter
 counts are there, but no memory. ``materialize()`` then builds each block for real,
 alone, from its own seed, and moves it where ``placed()`` says: a strategy that
@@ -25,7 +25,9 @@ import torch
 from torch import Tensor, nn
 from typing_extensions import override
 
-__all__ = ["BlockFactory", "DeferredBlocks", "Placement", "is_materialized", "placed"]
+from multigpu.compat import BuiltBlocksMove
+
+__all__ = ["BlockFactory", "LazyBlocks", "Placement", "is_materialized", "placed"]
 
 BlockFactory = Callable[[], nn.Module]
 Placement = Callable[[int], torch.device | None]
@@ -36,7 +38,7 @@ _placement: ContextVar[Placement | None] = ContextVar("placement", default=None)
 
 @contextmanager
 def placed(where: Placement) -> Iterator[None]:
-    """Within this context, ``DeferredBlocks.materialize()`` puts block ``i`` on ``where(i)``."""
+    """Within this context, ``LazyBlocks.materialize()`` puts block ``i`` on ``where(i)``."""
     token = _placement.set(where)
     try:
         yield
@@ -49,7 +51,7 @@ def is_materialized(module: nn.Module) -> bool:
     return not any(tensor.is_meta for tensor in (*module.parameters(), *module.buffers()))
 
 
-class DeferredBlocks(nn.Sequential):
+class LazyBlocks(BuiltBlocksMove):
     """An ``nn.Sequential`` of blocks built by ``factories``, on the meta device until materialised.
 
     Args:
@@ -65,6 +67,7 @@ class DeferredBlocks(nn.Sequential):
         self.seed = int(torch.randint(0, 2**62, (), device="cpu").item()) if seed is None else seed
         self._complete = False  # every block built: checked in forward, where a loop over tensors would cost
         self._materialized = False  # materialize() has run (else a state dict loaded into it builds it first)
+        self.register_load_state_dict_pre_hook(_build_before_loading)
 
     def build(self, index: int) -> nn.Module:
         """A new copy of block ``index`` with its initial weights, on the CPU (whatever the default device)."""
@@ -97,26 +100,14 @@ class DeferredBlocks(nn.Sequential):
     @override
     def __getitem__(self, index: int | slice) -> nn.Module:
         if isinstance(index, slice):  # a stage: a plain Sequential that shares the blocks
-            return nn.Sequential(OrderedDict(list(self._modules.items())[index]))
+            return nn.Sequential(OrderedDict(list(self.named_children())[index]))
         return super().__getitem__(index)
 
     @override
-    def _apply(self, fn: Callable, recurse: bool = True) -> "DeferredBlocks":
+    def is_built(self, block: nn.Module) -> bool:
         # Blocks not built (yet, or in this process) are placeholders: moves to a device or dtype pass them
         # by, so that Lightning may move the module (to the CPU at teardown, say) whatever is built.
-        if recurse:
-            for block in self:
-                if is_materialized(block):
-                    block._apply(fn)
-        return self
-
-    @override
-    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
-        # A network never materialised (in the main process of ddp_spawn, which gets the workers' weights
-        # back) is built before the weights land; a stage of a split run keeps its other blocks unbuilt.
-        if not self._materialized:
-            self.materialize()
-        super()._load_from_state_dict(state_dict, prefix, *args)
+        return is_materialized(block)
 
     @override
     def forward(self, x: Tensor) -> Tensor:
@@ -126,3 +117,10 @@ class DeferredBlocks(nn.Sequential):
                 "configure_model() first (a Trainer does)."
             )
         return super().forward(x)
+
+
+def _build_before_loading(module: LazyBlocks, *args: Any) -> None:
+    """A network never materialised (in the main process of ddp_spawn, which gets the workers' weights back) is
+    built before the weights land; a stage of a split run keeps its other blocks unbuilt."""
+    if not module._materialized:
+        module.materialize()

@@ -21,8 +21,9 @@ def _gather_stages(local: dict[str, Any], processes: int, first_replica: bool, i
     return gathered[:processes]
 
 
-def gather_state_dict(state: dict[str, Any], stage_blocks: Collection[int], processes: int, first_replica: bool,
-                      is_global_zero: bool) -> dict[str, Any]:
+def gather_state_dict(
+    state: dict[str, Any], stage_blocks: Collection[int], processes: int, first_replica: bool, is_global_zero: bool
+) -> dict[str, Any]:
     """``state`` (a LightningModule's state dict) with every block's entries from the process that trains it."""
     prefixes = tuple(f"net.{index}." for index in stage_blocks)
     mine = {key: value.cpu() for key, value in state.items() if key.startswith(prefixes)}
@@ -31,8 +32,14 @@ def gather_state_dict(state: dict[str, Any], stage_blocks: Collection[int], proc
     return state
 
 
-def gather_optimizer_state(optimizer: Optimizer, full: dict[str, Any], stage: nn.Module, processes: int,
-                           first_replica: bool, is_global_zero: bool) -> dict[str, Any]:
+def gather_optimizer_state(
+    optimizer: Optimizer,
+    full: dict[str, Any],
+    stage: nn.Module,
+    processes: int,
+    first_replica: bool,
+    is_global_zero: bool,
+) -> dict[str, Any]:
     """``full`` (``optimizer.state_dict()``) with the state of every stage's parameters."""
     owned = {id(param) for param in stage.parameters()}
     params = [param for group in optimizer.param_groups for param in group["params"]]

@@ -22,8 +22,15 @@ class ForwardOnly:
     header of shapes and dtypes (evaluation may come before any training step has shown them).
     """
 
-    def __init__(self, modules: Sequence[nn.Module], stages: Sequence[int], rank_of: Callable[[int], int],
-                 num_stages: int, micro_batches: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        modules: Sequence[nn.Module],
+        stages: Sequence[int],
+        rank_of: Callable[[int], int],
+        num_stages: int,
+        micro_batches: int,
+        device: torch.device,
+    ) -> None:
         self.modules, self.stages = list(modules), list(stages)
         self.num_stages, self.micro_batches, self.device = num_stages, micro_batches, device
         self.ranks = [rank_of(stage) for stage in range(num_stages)]  # global rank of each stage's process

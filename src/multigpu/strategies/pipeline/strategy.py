@@ -1,26 +1,4 @@
-"""``pipeline``: one process per stage, micro-batches through the stages on ``torch.distributed.pipelining``.
-
-Processes are launched as Lightning launches DDP (so ``--trainer.devices``,
-``--trainer.num_nodes``, torchrun and SLURM all work). Ranks ``r*S .. r*S+S-1``
-form replica ``r`` of a pipeline of ``S`` processes; each holds ``V`` stages
-(``stages_per_process``) of consecutive blocks of ``pl_module.net``, placed as the
-schedule expects (``pipeline_layout``). With ``R`` replicas the processes that hold
-the same stages average their gradients, as DDP does.
-
-In each step the batch is cut into micro-batches that flow through the stages
-under one of PyTorch's schedules; the last stage computes the loss with the
-LightningModule's ``criterion`` and the backward passes run inside the schedule.
-The last stage's logits are then broadcast to the other stages of the pipeline,
-and every process runs the LightningModule's own ``training_step`` (or
-``validation_step`` ...) on them, so loss, metrics and logging are those of DDP.
-
-Each process materialises only its own stages (``split_network``): the other stages'
-parameters, gradients and optimizer state are never allocated in it. Checkpoints
-gather each stage from the process that trained it (``pipeline_checkpoints``).
-The files beside this one hold the rest: ``pipeline_layout`` (schedules, which process holds
-which stage), ``pipeline_runner`` (process groups, a batch through the schedule),
-``pipeline_gradients`` (clipping, overflow, replicas), ``pipeline_checkpoints``.
-"""
+"""``PipelineStrategy``: the Lightning strategy that runs a pipeline (the package's docstring tells how)."""
 
 from typing import Any
 
@@ -28,20 +6,23 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch import LightningModule
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import GradClipAlgorithmType, rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import Tensor, nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from multigpu.compat import layer_sync
 from multigpu.deferred_batch_norm import defer_batch_norm
 from multigpu.errors import UsageError
-from multigpu.partition import BalanceBy, check_stage_count, choose_balance, split_table
-from multigpu.strategies.network_lookup import block_sequence, micro_batch_refusal, time_blocks
-from multigpu.strategies.pipeline_checkpoints import gather_optimizer_state, gather_state_dict
-from multigpu.strategies.pipeline_gradients import average_between_replicas, clip_over_stages
-from multigpu.strategies.pipeline_layout import PipelineLayout, schedule_class
-from multigpu.strategies.pipeline_runner import StageBlocks, StageRunner, create_groups, network_returns
+from multigpu.partition import BalanceBy, choose_balance, split_table
+from multigpu.strategies.block_measures import time_blocks
+from multigpu.strategies.network_lookup import block_sequence
+from multigpu.strategies.pipeline.checkpoints import gather_optimizer_state, gather_state_dict
+from multigpu.strategies.pipeline.gradients import average_between_replicas, micro_batch_loss, over_stages
+from multigpu.strategies.pipeline.layout import PipelineLayout, check_options
+from multigpu.strategies.pipeline.model_checks import pipeline_blocks, refuse_untrainable_micro_batches
+from multigpu.strategies.pipeline.runner import StageBlocks, StageRunner, create_groups, network_returns
 from multigpu.strategies.split_network import SplitNetworkStrategy
 
 __all__ = ["PipelineStrategy"]
@@ -84,13 +65,7 @@ class PipelineStrategy(SplitNetworkStrategy):
         process_group_backend: str | None = None,
     ) -> None:
         super().__init__(process_group_backend=process_group_backend)
-        if micro_batches < 1:
-            raise UsageError(f"micro_batches must be at least 1, not {micro_batches}.")
-        if num_stages is not None and num_stages < 1:
-            raise UsageError(f"num_stages must be at least 1, not {num_stages}.")
-        schedule_class(schedule)  # a known name
-        if stages_per_process < 1:
-            raise UsageError(f"stages_per_process must be at least 1, not {stages_per_process}.")
+        check_options(num_stages, micro_batches, schedule, stages_per_process)
         self.num_stages_option = num_stages
         self.micro_batches = micro_batches
         self.schedule_name = schedule
@@ -111,7 +86,9 @@ class PipelineStrategy(SplitNetworkStrategy):
     def layout(self) -> PipelineLayout:
         """The schedule, the processes of one pipeline and the stages of each."""
         stages = self.num_stages_option or (len(self.balance) if self.balance else None)
-        return PipelineLayout.of(self.schedule_name, self.num_nodes * self.num_processes, stages, self.stages_per_process)
+        return PipelineLayout.of(
+            self.schedule_name, self.num_nodes * self.num_processes, stages, self.stages_per_process
+        )
 
     @property
     def num_stages(self) -> int:
@@ -172,39 +149,16 @@ class PipelineStrategy(SplitNetworkStrategy):
 
     def check_model(self, pl_module: LightningModule) -> nn.Sequential:
         """Refuse a LightningModule this pipeline cannot run, before any process is launched; return its blocks."""
-        blocks = block_sequence(pl_module, self.strategy_name)
-        if self._layer_sync is not None:
-            raise UsageError("--trainer.sync_batchnorm=true does not work under pipeline, whose stages hold different "
-                             "layers: drop it (deferred_batch_norm gives statistics of the whole batch).")
-        if not isinstance(getattr(pl_module, "criterion", None), nn.Module):
+        if layer_sync(self) is not None:
             raise UsageError(
-                f"strategy pipeline computes the loss on the last stage with the LightningModule's `criterion`; "
-                f"{type(pl_module).__name__} has none."
+                "--trainer.sync_batchnorm=true does not work under pipeline, whose stages hold different "
+                "layers: drop it (deferred_batch_norm gives statistics of the whole batch)."
             )
-        batch_size = pl_module.hparams.get("batch_size")
-        if batch_size is not None and batch_size % self.micro_batches:
-            raise UsageError(
-                f"the batch of {batch_size} images cannot be cut into micro_batches={self.micro_batches} equal parts: "
-                "choose a batch size that is a multiple of micro_batches."
-            )
-        check_stage_count(self.num_stages, len(blocks))
-        if self.balance is not None:
-            choose_balance(blocks, self.num_stages, self.balance, self.balance_by, None)
-        return blocks
+        return pipeline_blocks(pl_module, self.micro_batches, self.num_stages, self.balance, self.balance_by)
 
     def check_training(self, pl_module: LightningModule) -> None:
-        """Refuse, before launch, micro-batches too small to train (evaluation runs them in eval mode, where they can):
-        BatchNorm given one value per channel, say (``micro_batch_refusal``, the check ``plan`` makes)."""
-        blocks, batch_size = self.check_model(pl_module), pl_module.hparams.get("batch_size")
-        example = pl_module.example_input_array
-        if batch_size is None or not isinstance(example, Tensor):
-            return
-        images = batch_size // self.micro_batches
-        if why := micro_batch_refusal(blocks, example.shape[1:], images):
-            raise UsageError(
-                f"a micro-batch of {images} image(s) (a batch of {batch_size} in micro_batches={self.micro_batches}) "
-                f"cannot train: {why}. Use fewer micro-batches or a larger --data.batch_size."
-            )
+        """Refuse, before launch, micro-batches too small to train (``refuse_untrainable_micro_batches``)."""
+        refuse_untrainable_micro_batches(self.check_model(pl_module), pl_module, self.micro_batches)
 
     @override
     def block_devices(self) -> list[torch.device | None]:
@@ -215,8 +169,11 @@ class PipelineStrategy(SplitNetworkStrategy):
             fitting = self.lightning_module.trainer.state.fn == TrainerFn.FITTING
             if fitting:  # as the CLI does before launch, for a Trainer built without it
                 self.check_training(self.lightning_module)
-            times = self.broadcast(time_blocks(self, blocks, self.micro_batches) if self.global_rank == 0 else None) \
-                if fitting else None
+            times = (
+                self.broadcast(time_blocks(self, blocks, self.micro_batches) if self.global_rank == 0 else None)
+                if fitting
+                else None
+            )
             balance_by = self.balance_by if fitting else "params"
             layout = self.layout
             balance = choose_balance(blocks, layout.num_stages, self.balance, balance_by, times)
@@ -224,7 +181,9 @@ class PipelineStrategy(SplitNetworkStrategy):
             devices = [f"rank {self._rank_of(stage)}" for stage in range(layout.num_stages)]
             rank_zero_info(
                 f"pipeline: {layout}, {self.data_parallel_size} replica(s), {self.micro_batches} micro-batches, "
-                f"balance {balance}" + ("" if self.balance else f" (by {balance_by})") + "\n"
+                f"balance {balance}"
+                + ("" if self.balance else f" (by {balance_by})")
+                + "\n"
                 + split_table(blocks, balance, devices, times)
             )
         held = set(self._held_blocks)
@@ -244,22 +203,27 @@ class PipelineStrategy(SplitNetworkStrategy):
                 defer_batch_norm(module, self.micro_batches)
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)
+        # Lightning clips (and 16-mixed skips an overflow) between unscaling and the step: over every stage here.
+        self.precision_plugin = over_stages(
+            self.precision_plugin, lambda: list(self._stage_module.parameters()), self._pipe_group, self.root_device
+        )
         self.setup_precision_plugin()
         # Processes that hold the same stages start from the same weights.
         for tensor in self._stage_module.state_dict().values():
             dist.broadcast(tensor, src=self.pipe_index, group=self._stage_group)
-        self._runner = StageRunner.build(self._stage_module, self.layout, self.pipe_index, self._rank_of, self.micro_batches,
-                                         self._micro_batch_loss, self._pipe_group, self.root_device, self.precision_plugin)
-        self.precision_plugin.clip_gradients = self._clip_gradients  # the norm is global over the stages
+        self._runner = StageRunner.build(
+            self._stage_module,
+            self.layout,
+            self.pipe_index,
+            self._rank_of,
+            self.micro_batches,
+            micro_batch_loss(self.lightning_module, self.micro_batches, self.precision_plugin),
+            self._pipe_group,
+            self.root_device,
+            self.precision_plugin,
+        )
         # The model summary's forward pass would need every block in this process.
         self._example_input, pl_module.example_input_array = pl_module.example_input_array, None
-
-    def _micro_batch_loss(self, logits: Tensor, target: Tensor) -> Tensor:
-        """Each micro-batch's share of the mean loss over the batch and the accumulated batches."""
-        trainer = self.lightning_module.trainer
-        loss = self.lightning_module.criterion(logits, target) / (self.micro_batches * trainer.accumulate_grad_batches)
-        scaler = getattr(self.precision_plugin, "scaler", None)
-        return scaler.scale(loss) if scaler is not None else loss
 
     # --- steps --------------------------------------------------------------------------------
 
@@ -304,22 +268,28 @@ class PipelineStrategy(SplitNetworkStrategy):
 
         return super().optimizer_step(optimizer, closure_then_average, model, **kwargs)
 
-    def _clip_gradients(self, optimizer: Optimizer, clip_val: float = 0.0,
-                        gradient_clip_algorithm: GradClipAlgorithmType = GradClipAlgorithmType.NORM) -> None:
-        clip_over_stages(self.precision_plugin, optimizer, clip_val, gradient_clip_algorithm,
-                         list(self._stage_module.parameters()), self._pipe_group, self.root_device)
-
     # --- checkpoints --------------------------------------------------------------------------
 
     @override
     def lightning_module_state_dict(self) -> dict[str, Any]:
-        return gather_state_dict(self.lightning_module.state_dict(), self._held_blocks, self.layout.processes,
-                                 self.replica_index == 0, self.is_global_zero)
+        return gather_state_dict(
+            self.lightning_module.state_dict(),
+            self._held_blocks,
+            self.layout.processes,
+            self.replica_index == 0,
+            self.is_global_zero,
+        )
 
     @override
     def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
-        return gather_optimizer_state(optimizer, super().optimizer_state(optimizer), self._stage_module,
-                                      self.layout.processes, self.replica_index == 0, self.is_global_zero)
+        return gather_optimizer_state(
+            optimizer,
+            super().optimizer_state(optimizer),
+            self._stage_module,
+            self.layout.processes,
+            self.replica_index == 0,
+            self.is_global_zero,
+        )
 
     @override
     def teardown(self) -> None:

@@ -1,0 +1,42 @@
+"""``main.py``'s commands: ``plan``, or one of the training CLI's, each with the same error handling.
+
+Both sides build on ``multigpu.cli``; neither imports the other.
+"""
+
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.utilities import rank_zero_info
+
+from multigpu.cli import MultiGPUCLI
+from multigpu.elastic import separate_restart_attempts
+from multigpu.errors import RunFinished, UsageError
+from multigpu.planning.command import plan
+from multigpu.process_groups import end_process_groups
+
+__all__ = ["main"]
+
+
+def main(args: list[str] | None = None, default_config_files: Sequence[str | Path] = ()) -> None:
+    """Run ``main.py``'s command: ``plan`` (``multigpu.planning``), or one of LightningCLI's (``fit``, ``validate``,
+    ``test``, ``predict``); a bad request ends with one ``error: ...`` line and exit status 2."""
+    separate_restart_attempts()
+    # Lightning warns that a loader without state of its own resumes mid-epoch unreliably; the data
+    # module's state makes the resumed epoch skip exactly the batches the checkpoint trained on.
+    warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
+    argv = sys.argv[1:] if args is None else list(args)
+    try:
+        if argv[:1] == ["plan"]:
+            plan(argv[1:], default_config_files)
+        else:
+            MultiGPUCLI(default_config_files=default_config_files, args=args)
+    except RunFinished as finished:
+        rank_zero_info(str(finished))
+    except (UsageError, MisconfigurationException) as error:
+        message = " ".join(str(error).split())  # one line, whatever the message's own layout
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+    end_process_groups()

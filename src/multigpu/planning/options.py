@@ -1,0 +1,85 @@
+"""What ``plan`` is asked: its ``--plan.*`` options, checked, and how they sit among ``fit``'s arguments."""
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+import yaml
+
+from multigpu.errors import UsageError, check_at_least
+from multigpu.planning.layouts import PLANNED_STRATEGIES
+from multigpu.strategies.pipeline.layout import SCHEDULES
+
+__all__ = ["PlanOptions", "check_no_plan_section", "without_plan_options"]
+
+
+class PlanOptions:
+    """What ``plan`` tries, and how long it trains each layout.
+
+    Args:
+        warmup: untimed optimizer steps first (default: 10 on GPUs, 2 on the CPU).
+        steps: timed optimizer steps (default: 20 on GPUs, 3 on the CPU).
+        strategies: the strategies to try besides one device, which is always measured (the reference).
+        schedules: the pipeline schedules to try.
+        micro_batches: the micro-batch counts a pipeline of P processes tries (default P, 2P and 4P).
+        activation_checkpointing: ``auto`` tries it only for the layouts that would not fit without it
+            (it adds a forward pass per step and saves only memory); ``both``, ``no`` or ``yes``.
+        memory_per_device: GiB each device may use (on the CPU: each process), instead of the free memory.
+        dry_run: list the layouts, the ones left out and the memory estimates, and train none.
+    """
+
+    def __init__(
+        self,
+        warmup: int | None = None,
+        steps: int | None = None,
+        strategies: list[str] = list(PLANNED_STRATEGIES),
+        schedules: list[str] = list(SCHEDULES),
+        micro_batches: list[int] | None = None,
+        activation_checkpointing: Literal["auto", "both", "no", "yes"] = "auto",
+        memory_per_device: float | None = None,
+        dry_run: bool = False,
+    ) -> None:
+        for option, value in (("warmup", warmup), ("steps", steps)):
+            if value is not None:
+                check_at_least(f"--plan.{option}", value, 1 if option == "steps" else 0)
+        if memory_per_device is not None and memory_per_device <= 0:
+            raise UsageError(f"--plan.memory_per_device must be more than 0 GiB, not {memory_per_device}.")
+        for count in micro_batches or ():
+            check_at_least("--plan.micro_batches", count, 1)
+        if unknown := [name for name in schedules if name.lower() not in SCHEDULES]:
+            raise UsageError(f"--plan.schedules: {unknown[0]!r} is not one of {', '.join(SCHEDULES)}.")
+        if unknown := [name for name in strategies if name not in PLANNED_STRATEGIES]:
+            raise UsageError(f"--plan.strategies: {unknown[0]!r} is not one of {', '.join(PLANNED_STRATEGIES)}.")
+        self.warmup, self.steps, self.strategies, self.schedules = warmup, steps, strategies, schedules
+        self.micro_batches, self.checkpointing = micro_batches, activation_checkpointing
+        self.memory_per_device, self.dry_run = memory_per_device, dry_run
+
+
+def check_no_plan_section(args: Sequence[str]) -> None:
+    """Refuse a config file with a ``plan`` section: each layout's ``fit`` reads the same files, and has no such
+    section."""
+    for index, arg in enumerate(args):
+        path = arg.partition("=")[2] if arg.startswith("--config=") else args[index + 1] if arg == "--config" else None
+        if (
+            path
+            and Path(path).is_file()
+            and isinstance(loaded := yaml.safe_load(Path(path).read_text()), dict)
+            and "plan" in loaded
+        ):
+            raise UsageError(
+                f"{path} has a plan section, which fit (run for each layout) refuses: give the "
+                "--plan.* options on the command line instead."
+            )
+
+
+def without_plan_options(args: Sequence[str]) -> list[str]:
+    """``args`` without ``--plan.*`` options and their values."""
+    kept, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg.startswith("--plan."):
+            skip = "=" not in arg
+        else:
+            kept.append(arg)
+    return kept

@@ -1,0 +1,104 @@
+"""Which layouts ``plan`` runs: what every layout shares (``Setting``), and the memory-fit policy that leaves out,
+saying why, the layouts that would not fit, with or without activation recomputation."""
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from multigpu.data import CIFAR10DataModule
+from multigpu.planning.layouts import Layout, Refusal
+from multigpu.planning.memory_estimate import BlockMemory, block_memory, estimate
+from multigpu.planning.resources import resident_bytes
+from multigpu.trainer_options import accelerator_name, device_request
+
+__all__ = ["MIB", "Setting", "choose", "fits", "setting_of"]
+
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What every layout shares: where, how many devices, the batch and the network."""
+
+    cuda: bool
+    devices: int
+    device_ids: list[int] | None  # GPU indices, when the user listed them
+    batch_size: int  # per device, as ddp reads --data.batch_size
+    precision: str
+    memory: BlockMemory
+    optimizer_states: int
+    overhead: int  # CPU: what a process holds before the network (Python, torch, Lightning)
+
+    def estimated_peaks(self, layout: Layout) -> list[int]:
+        """Estimated peak of each device (CUDA), or of each process (CPU), in the order the runs report them."""
+        processes = estimate(layout, self.memory, self.optimizer_states)
+        if self.cuda:
+            return [device for process in processes for device in process]
+        return [sum(process) + self.overhead for process in processes]
+
+
+def setting_of(config) -> Setting:
+    trainer, model = config["trainer"], config["model"]
+    cuda = accelerator_name(trainer.get("accelerator", "auto")) == "cuda"
+    request = device_request(trainer.get("devices", "auto"))
+    device_ids = request if isinstance(request, list) else None
+    if request == "auto" or request == -1:
+        devices = torch.cuda.device_count() if cuda else 1
+    else:
+        devices = len(request) if device_ids else request
+    precision = str(trainer.get("precision") or "32-true")
+    return Setting(
+        cuda=cuda,
+        devices=devices,
+        device_ids=device_ids,
+        batch_size=config["data"]["batch_size"],
+        precision=precision,
+        memory=block_memory(CIFAR10DataModule.num_classes, model["stem"], half_activations="16" in precision),
+        optimizer_states=1 if model["momentum"] > 0 else 0,
+        overhead=0 if cuda else resident_bytes(),
+    )
+
+
+def fits(peaks: list[int], budget: tuple[int, bool]) -> bool:
+    limit, per_device = budget
+    return max(peaks) <= limit if per_device else sum(peaks) <= limit
+
+
+def choose(
+    layouts: list[Layout], setting: Setting, budget: tuple[int, bool], checkpointing: str, compiled: bool
+) -> tuple[list[Layout], list[Refusal]]:
+    """The layouts to run, with or without activation checkpointing as asked, and why the others are left out."""
+    chosen, refusals, fitting = [], [], 0
+    limit, per_device = budget
+    room = f"{limit / MIB:,.0f} MiB {'per device' if per_device else 'for all processes'}"
+    for layout in layouts:
+        variants = {"no": [layout], "yes": [], "both": [layout], "auto": [layout]}[checkpointing]
+        if checkpointing in ("yes", "both") or (
+            checkpointing == "auto" and not fits(setting.estimated_peaks(layout), budget)
+        ):
+            if compiled:
+                refusals.append(
+                    Refusal(f"{layout.label} +ckpt", "activation checkpointing does not run under --model.compile")
+                )
+            else:
+                variants.append(replace(layout, checkpointing=True))
+        elif checkpointing == "auto":
+            fitting += 1
+        for variant in variants:
+            peaks = setting.estimated_peaks(variant)
+            if fits(peaks, budget):
+                chosen.append(variant)
+            else:
+                need = max(peaks) if per_device else sum(peaks)
+                refusals.append(
+                    Refusal(variant.label, f"would need about {need / MIB:,.0f} MiB, more than the {room} free")
+                )
+    if fitting:
+        refusals.append(
+            Refusal(
+                f"+ckpt (activation checkpointing) of {fitting} layouts",
+                "they fit without it, and it only adds a forward pass per step; --plan.activation_checkpointing=both "
+                "measures them too",
+            )
+        )
+    return chosen, refusals

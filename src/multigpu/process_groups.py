@@ -1,0 +1,19 @@
+"""The end of a run's process groups: torch.distributed torn down before the interpreter.
+
+Lightning leaves the process groups up when training ends. gloo's worker threads still
+hold the tensors of the last collectives, and letting go of them takes the GIL; when the
+interpreter is already shutting down, that thread exits inside C++ and the process
+aborts ("terminate called without an active exception", exit status -6), after a run
+that succeeded. Seen with torch 2.11 and gloo (pytorch/pytorch#190489). Destroying the
+groups first waits for those threads while Python is still whole.
+"""
+
+import torch.distributed as dist
+
+__all__ = ["end_process_groups"]
+
+
+def end_process_groups() -> None:
+    """Destroy every process group of this process, once its work is done (a no-op without any)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

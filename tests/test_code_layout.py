@@ -1,0 +1,142 @@
+"""The code's layout, as docs/code-layout.md promises it: no import cycle, small files, no private name outside compat."""
+
+import ast
+import importlib
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+SOURCE = REPO / "src" / "multigpu"
+MAX_LINES = 300
+FOREIGN = ("torch", "torchvision", "lightning")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SOURCE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(path): path for path in sorted(SOURCE.rglob("*.py"))}
+
+
+def _imports(path: Path) -> set[str]:
+    """Our modules that ``path`` imports, anywhere in it (inside functions too), with the packages that run first."""
+    this = _module_name(path)
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in MODULES else node.module
+                     for alias in node.names]
+        for name in names:
+            parts = name.split(".")
+            for end in range(1, len(parts) + 1):  # importing a.b.c runs a and a.b first
+                module = ".".join(parts[:end])
+                if module in MODULES and not (this == module or this.startswith(module + ".")):
+                    found.add(module)
+    return found
+
+
+def test_no_module_imports_itself_through_others():
+    graph = {module: _imports(path) for module, path in MODULES.items()}
+    cycles = []
+
+    def visit(module: str, trail: list[str]) -> None:
+        for imported in sorted(graph[module]):
+            if imported in trail:
+                cycles.append(" -> ".join([*trail[trail.index(imported):], imported]))
+            elif imported not in done:
+                visit(imported, [*trail, imported])
+        done.add(module)
+
+    done: set[str] = set()
+    for module in MODULES:
+        if module not in done:
+            visit(module, [module])
+    assert not cycles, "import cycles:\n" + "\n".join(sorted(set(cycles)))
+
+
+def test_no_source_file_is_over_300_lines():
+    long = {str(path.relative_to(REPO)): n for path in MODULES.values() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"split these files (at most {MAX_LINES} lines each): {long}"
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.endswith("__")
+
+
+def _foreign_names(cls: type) -> set[str]:
+    """The private names the torch or Lightning classes that ``cls`` derives from define or set on ``self``."""
+    names = set()
+    for base in cls.__mro__:
+        if base.__module__.split(".")[0] in FOREIGN:
+            names |= {name for name in vars(base) if _private(name)}
+            try:
+                names |= set(re.findall(r"self\.(_\w+)", inspect.getsource(base)))
+            except (OSError, TypeError):
+                pass
+    return names
+
+
+def private_names_used(paths: list[Path]) -> list[str]:
+    """``file:line: what`` for each private torch, torchvision or Lightning name the files use: imported, read on an
+    object, or overridden or read on ``self`` in a class derived from theirs."""
+    trees = {path: ast.parse(path.read_text()) for path in paths}
+    ours, found = set(), []
+    for path, tree in trees.items():
+        module = importlib.import_module(_module_name(path)) if path.is_relative_to(SOURCE) else None
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and _private(node.name):
+                ours.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and _private(node.id):
+                ours.add(node.id)
+            elif isinstance(node, ast.ClassDef):
+                cls = getattr(module, node.name, None)
+                foreign = _foreign_names(cls) if isinstance(cls, type) else set()
+                for inner in ast.walk(node):
+                    name = inner.name if isinstance(inner, ast.FunctionDef) else (
+                        inner.attr if isinstance(inner, ast.Attribute) and isinstance(inner.value, ast.Name)
+                        and inner.value.id == "self" else None)
+                    if name and _private(name):
+                        if name in foreign:
+                            found.append(f"{path.relative_to(REPO)}:{inner.lineno}: {name}, of {cls.__mro__[1].__name__}")
+                        else:
+                            ours.add(name)
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in FOREIGN:
+                names = [part for part in node.module.split(".") if _private(part)]
+                names += [alias.name for alias in node.names if _private(alias.name)]
+                found += [f"{path.relative_to(REPO)}:{node.lineno}: {name}, from {node.module}" for name in names]
+            elif isinstance(node, ast.Import):
+                found += [f"{path.relative_to(REPO)}:{node.lineno}: {alias.name}" for alias in node.names
+                          if alias.name.split(".")[0] in FOREIGN and any(map(_private, alias.name.split(".")))]
+            elif isinstance(node, ast.Attribute) and _private(node.attr) and node.attr not in ours:
+                if not (isinstance(node.value, ast.Name) and node.value.id == "self"):
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno}: .{node.attr}")
+    return sorted(set(found))
+
+
+def test_no_private_torch_or_lightning_name_outside_the_compat_module():
+    paths = [path for path in MODULES.values() if path.name != "compat.py"]
+    paths += [*sorted((REPO / "benchmarks").glob("*.py")), REPO / "main.py"]
+    used = private_names_used(paths)
+    assert not used, "private torch/Lightning names outside multigpu/compat.py (put them there):\n" + "\n".join(used)
+
+
+def test_the_private_name_check_finds_one():
+    """The check above, on a file that reads a private Lightning attribute and overrides a private torch method."""
+    path = SOURCE / "_private_name_probe.py"
+    path.write_text("from torch import nn\n\nclass Probe(nn.Module):\n    def _apply(self, fn, recurse=True):\n"
+                    "        return self\n\ndef stop(trainer):\n    trainer._signal_connector.received_sigterm = True\n")
+    try:
+        used = private_names_used([path])
+    finally:
+        path.unlink()
+    assert [entry.split(": ", 1)[1] for entry in used] == ["_apply, of Module", "._signal_connector"]
