@@ -20,7 +20,9 @@ DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
 def pytest_configure(config):
     config.addinivalue_line("markers", "min_cuda_gpus(n): runs only where at least n CUDA devices are visible")
     config.addinivalue_line(
-        "markers", "internals: relies on torch's or Lightning's internals; CI runs these on the lowest torch we declare too")
+        "markers",
+        "internals: relies on torch's or Lightning's internals; CI runs these on the lowest torch we declare too",
+    )
 
 
 def pytest_runtest_setup(item):
@@ -78,7 +80,9 @@ def train_setup(tmp_path_factory):
             out = folder / f"{setup}.pt"
             result = subprocess.run(
                 [sys.executable, str(REPO / "tests" / "strategy_training.py"), setup, str(out)],
-                capture_output=True, text=True, timeout=300,
+                capture_output=True,
+                text=True,
+                timeout=300,
             )
             assert result.returncode == 0 and ABORTED_AT_EXIT not in result.stderr, result.stdout + result.stderr
             trained[setup] = torch.load(out)

@@ -15,13 +15,13 @@ import sys
 
 import torch
 from lightning.pytorch import Trainer, seed_everything
+from strategy_training import TinyBlocks
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
 
 from multigpu.process_groups import end_process_groups
 from multigpu.strategies import PipelineStrategy
 from multigpu.strategies.pipeline.layout import SCHEDULES, natural_stages_per_process
-from strategy_training import TinyBlocks
 
 STEPS, MICRO_BATCHES, MICRO_BATCH = 3, 8, 2
 BATCH = MICRO_BATCHES * MICRO_BATCH
@@ -33,10 +33,12 @@ class NormBlocks(TinyBlocks):
     def __init__(self) -> None:
         super().__init__()
         widths = [8, 16, 16, 16, 16, 16, 16, 16, 4]
-        self.net = nn.Sequential(*(
-            nn.Sequential(nn.Linear(widths[index], widths[index + 1]), nn.BatchNorm1d(widths[index + 1]), nn.Tanh())
-            for index in range(8)
-        ))
+        self.net = nn.Sequential(
+            *(
+                nn.Sequential(nn.Linear(widths[index], widths[index + 1]), nn.BatchNorm1d(widths[index + 1]), nn.Tanh())
+                for index in range(8)
+            )
+        )
         self.example_input_array = None  # split by parameters: no blocks to time (BatchNorm would need 2 rows)
 
 
@@ -50,13 +52,22 @@ def _fit(strategy, devices: int, data, batch_size: int, accumulate: int = 1) -> 
     seed_everything(0)
     model = NormBlocks()
     trainer = Trainer(
-        accelerator="cpu", devices=devices, strategy=strategy, max_steps=STEPS, accumulate_grad_batches=accumulate,
-        limit_val_batches=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, use_distributed_sampler=False,
+        accelerator="cpu",
+        devices=devices,
+        strategy=strategy,
+        max_steps=STEPS,
+        accumulate_grad_batches=accumulate,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        use_distributed_sampler=False,
     )
     replicas = trainer.strategy.distributed_sampler_kwargs if trainer.world_size > 1 else {}
-    shard = DistributedSampler(data, num_replicas=replicas.get("num_replicas", 1), rank=replicas.get("rank", 0),
-                               shuffle=False)
+    shard = DistributedSampler(
+        data, num_replicas=replicas.get("num_replicas", 1), rank=replicas.get("rank", 0), shuffle=False
+    )
     trainer.fit(model, DataLoader(data, batch_size=batch_size, sampler=shard))
     state = trainer.strategy.lightning_module_state_dict()  # on every rank: a pipeline gathers its stages
     optimizer = trainer.strategy.optimizer_state(trainer.optimizers[0])
@@ -83,16 +94,28 @@ def main(layout: str, out: str) -> None:
     data = _data()
     if layout.startswith("reference"):
         replicas = int(layout.split("-")[1]) // 2
-        results = {"reference": _fit("auto", 1, _replica_order(data) if replicas == 2 else data, MICRO_BATCH,
-                                     accumulate=MICRO_BATCHES * replicas)}
+        results = {
+            "reference": _fit(
+                "auto",
+                1,
+                _replica_order(data) if replicas == 2 else data,
+                MICRO_BATCH,
+                accumulate=MICRO_BATCHES * replicas,
+            )
+        }
     else:
         devices = 4 if layout in ("4", "2x2") else 2
         processes = 2 if layout == "2x2" else devices
         results = {}
         for schedule in SCHEDULES:
             per_process = natural_stages_per_process(schedule)
-            strategy = PipelineStrategy(num_stages=processes * per_process, micro_batches=MICRO_BATCHES,
-                                        schedule=schedule, stages_per_process=per_process, balance_by="params")
+            strategy = PipelineStrategy(
+                num_stages=processes * per_process,
+                micro_batches=MICRO_BATCHES,
+                schedule=schedule,
+                stages_per_process=per_process,
+                balance_by="params",
+            )
             results[schedule] = _fit(strategy, devices, data, BATCH)
     if all(results.values()):
         torch.save(results, out)

@@ -111,8 +111,18 @@ class HeldBlocks(Callback):
     if a gradient or an optimizer state ever belongs to a block this process does not hold.
     """
 
-    HOOKS = ("setup", "on_fit_start", "on_train_batch_start", "on_before_backward", "on_after_backward",
-             "on_before_optimizer_step", "on_train_batch_end", "on_train_epoch_end", "on_fit_end", "teardown")
+    HOOKS = (
+        "setup",
+        "on_fit_start",
+        "on_train_batch_start",
+        "on_before_backward",
+        "on_after_backward",
+        "on_before_optimizer_step",
+        "on_train_batch_end",
+        "on_train_epoch_end",
+        "on_fit_end",
+        "teardown",
+    )
 
     def __init__(self, out: str) -> None:
         self.out, self.seen = out, []
@@ -148,8 +158,9 @@ def overflowing(batch_size: int) -> tuple[LightningModule, TensorDataset]:
 
 def resnet(batch_size: int, activation_checkpointing: bool = False) -> tuple[LightningModule, SyntheticCIFAR10]:
     """ResNet-50 with BatchNorm; the ImageNet stem keeps it fast on a CPU."""
-    model = ResNet50Classifier(batch_size=batch_size, stem="imagenet", warmup_epochs=0,
-                               activation_checkpointing=activation_checkpointing)
+    model = ResNet50Classifier(
+        batch_size=batch_size, stem="imagenet", warmup_epochs=0, activation_checkpointing=activation_checkpointing
+    )
     return model, SyntheticCIFAR10(64, seed=1)
 
 
@@ -167,6 +178,8 @@ class DeferredStatistics(ResNet50Classifier):
 def deferred(batch_size: int) -> tuple[LightningModule, SyntheticCIFAR10]:
     model = DeferredStatistics(batch_size=batch_size, stem="imagenet", warmup_epochs=0)
     return model, SyntheticCIFAR10(64, seed=1)
+
+
 ACCUMULATED = {"accumulate_grad_batches": 2}
 
 
@@ -191,21 +204,48 @@ SETUPS = {
     "single_clipped": (tiny, "auto", 1, 8, CLIPPED),
     "pipe_clipped": (tiny, lambda: PipelineStrategy(micro_batches=2, schedule="gpipe", balance=[2, 2]), 2, 8, CLIPPED),
     "resnet_accumulated": (resnet, "auto", 1, 4, {"accumulate_grad_batches": 2}),
-    "resnet_pipe_gpipe": (resnet, lambda: PipelineStrategy(micro_batches=2, schedule="gpipe", balance=[12, 22]), 2, 8, {}),
-    "resnet_pipe_1f1b": (resnet, lambda: PipelineStrategy(micro_batches=2, schedule="1f1b", balance=[12, 22]), 2, 8, {}),
+    "resnet_pipe_gpipe": (
+        resnet,
+        lambda: PipelineStrategy(micro_batches=2, schedule="gpipe", balance=[12, 22]),
+        2,
+        8,
+        {},
+    ),
+    "resnet_pipe_1f1b": (
+        resnet,
+        lambda: PipelineStrategy(micro_batches=2, schedule="1f1b", balance=[12, 22]),
+        2,
+        8,
+        {},
+    ),
     # Activation checkpointing: against the same training without it.
     "resnet_accumulated_checkpointed": (checkpointed, "auto", 1, 4, ACCUMULATED),
     "resnet_dp_checkpointed": (checkpointed, DataParallelStrategy, 1, 4, ACCUMULATED),
     "resnet_mmp": (resnet, lambda: ManualModelParallelStrategy(balance=[12, 22]), 2, 4, ACCUMULATED),
     "resnet_mmp_checkpointed": (checkpointed, lambda: ManualModelParallelStrategy(balance=[12, 22]), 2, 4, ACCUMULATED),
     "resnet_pipe_1f1b_checkpointed": (
-        checkpointed, lambda: PipelineStrategy(micro_batches=2, schedule="1f1b", balance=[12, 22]), 2, 8, {}),
+        checkpointed,
+        lambda: PipelineStrategy(micro_batches=2, schedule="1f1b", balance=[12, 22]),
+        2,
+        8,
+        {},
+    ),
     # BatchNorm statistics of the whole batch: the pipeline against one device that defers them the same way.
     "resnet_accumulated_deferred": (deferred, "auto", 1, 4, ACCUMULATED),
-    "resnet_pipe_deferred": (resnet, lambda: PipelineStrategy(micro_batches=2, balance=[12, 22], deferred_batch_norm=True),
-                             2, 8, {}),
+    "resnet_pipe_deferred": (
+        resnet,
+        lambda: PipelineStrategy(micro_batches=2, balance=[12, 22], deferred_batch_norm=True),
+        2,
+        8,
+        {},
+    ),
     "resnet_pipe_deferred_checkpointed": (
-        checkpointed, lambda: PipelineStrategy(micro_batches=2, balance=[12, 22], deferred_batch_norm=True), 2, 8, {}),
+        checkpointed,
+        lambda: PipelineStrategy(micro_batches=2, balance=[12, 22], deferred_batch_norm=True),
+        2,
+        8,
+        {},
+    ),
     "resnet_ddp": (resnet, "ddp", 2, 2, ACCUMULATED),
     "resnet_ddp_checkpointed": (checkpointed, "ddp", 2, 2, ACCUMULATED),
     # 16-mixed with loss scaling; the second step overflows on one process only (one that holds the first block),
@@ -213,10 +253,20 @@ SETUPS = {
     "single_fp16": (overflowing, "auto", 1, 16, fp16((0,))),
     "ddp_fp16": (overflowing, "ddp", 2, 8, fp16((1,))),
     "mmp_fp16": (overflowing, lambda: ManualModelParallelStrategy(balance=[2, 2]), 2, 16, fp16((0,))),
-    "pipe_fp16": (overflowing, lambda: PipelineStrategy(micro_batches=4, schedule="gpipe", balance=[2, 2]), 2, 16,
-                  fp16((0,))),
-    "pipe_2x2_fp16": (overflowing, lambda: PipelineStrategy(num_stages=2, micro_batches=2, balance=[2, 2]), 4, 8,
-                      fp16((2,))),
+    "pipe_fp16": (
+        overflowing,
+        lambda: PipelineStrategy(micro_batches=4, schedule="gpipe", balance=[2, 2]),
+        2,
+        16,
+        fp16((0,)),
+    ),
+    "pipe_2x2_fp16": (
+        overflowing,
+        lambda: PipelineStrategy(num_stages=2, micro_batches=2, balance=[2, 2]),
+        4,
+        8,
+        fp16((2,)),
+    ),
     # A network built by a factory, block by block where the strategy places it.
     "factory_single": (factory, "auto", 1, 16, {}),
     "factory_mmp": (factory, lambda: ManualModelParallelStrategy(balance_by="params"), 2, 16, {}),
@@ -232,13 +282,23 @@ def main(name: str, out: str) -> None:
     seed_everything(0)
     model, data = build(batch_size)
     trainer = Trainer(
-        accelerator="cpu", devices=devices, strategy=strategy() if callable(strategy) else strategy,
-        max_steps=STEPS, limit_val_batches=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, use_distributed_sampler=False, callbacks=callbacks,
+        accelerator="cpu",
+        devices=devices,
+        strategy=strategy() if callable(strategy) else strategy,
+        max_steps=STEPS,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        use_distributed_sampler=False,
+        callbacks=callbacks,
         **trainer_arguments,
     )
     replicas = trainer.strategy.distributed_sampler_kwargs if trainer.world_size > 1 else {}
-    shard = DistributedSampler(data, num_replicas=replicas.get("num_replicas", 1), rank=replicas.get("rank", 0), shuffle=False)
+    shard = DistributedSampler(
+        data, num_replicas=replicas.get("num_replicas", 1), rank=replicas.get("rank", 0), shuffle=False
+    )
     trainer.fit(model, DataLoader(data, batch_size=batch_size, sampler=shard))
     state = trainer.strategy.lightning_module_state_dict()  # on every rank: a pipeline gathers its stages
     scaler = getattr(trainer.precision_plugin, "scaler", None)

@@ -8,8 +8,20 @@ from conftest import REPO
 
 
 def test_throughput_harness_prints_its_table_and_writes_json_and_chart(tmp_path):
-    command = [sys.executable, str(REPO / "benchmarks" / "throughput.py"), "--configs", "plain", "app", "ddp",
-               "--accelerator=cpu", "--steps=1", "--warmup=1", "--batch-size=2", "--stem=imagenet", f"--out={tmp_path}"]
+    command = [
+        sys.executable,
+        str(REPO / "benchmarks" / "throughput.py"),
+        "--configs",
+        "plain",
+        "app",
+        "ddp",
+        "--accelerator=cpu",
+        "--steps=1",
+        "--warmup=1",
+        "--batch-size=2",
+        "--stem=imagenet",
+        f"--out={tmp_path}",
+    ]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     table = result.stdout[result.stdout.index("config") :].splitlines()
@@ -31,8 +43,18 @@ def test_unknown_configuration_is_refused_with_the_way_out(tmp_path):
 
 
 def test_memory_harness_counts_what_each_pipeline_stage_holds(tmp_path):
-    command = [sys.executable, str(REPO / "benchmarks" / "memory.py"), "--layouts", "one-device", "pipeline-2",
-               "--checkpointing=no", "--accelerator=cpu", "--batch-size=8", "--stem=imagenet", f"--out={tmp_path}"]
+    command = [
+        sys.executable,
+        str(REPO / "benchmarks" / "memory.py"),
+        "--layouts",
+        "one-device",
+        "pipeline-2",
+        "--checkpointing=no",
+        "--accelerator=cpu",
+        "--batch-size=8",
+        "--stem=imagenet",
+        f"--out={tmp_path}",
+    ]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "| pipeline-2 | no | 1 | 28-33 |" in result.stdout  # split by parameters, inside layer4.0
@@ -46,8 +68,18 @@ def test_memory_harness_counts_what_each_pipeline_stage_holds(tmp_path):
 
 
 def test_pipeline_benchmark_prints_where_each_process_spends_its_time(tmp_path):
-    command = [sys.executable, str(REPO / "benchmarks" / "pipeline_efficiency.py"), "--schedules", "gpipe",
-               "ZBVZeroBubble", "--micro-batches=2", "--batch-size=4", "--steps=1", "--stem=imagenet", f"--out={tmp_path}"]
+    command = [
+        sys.executable,
+        str(REPO / "benchmarks" / "pipeline_efficiency.py"),
+        "--schedules",
+        "gpipe",
+        "ZBVZeroBubble",
+        "--micro-batches=2",
+        "--batch-size=4",
+        "--steps=1",
+        "--stem=imagenet",
+        f"--out={tmp_path}",
+    ]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     figures = json.loads((tmp_path / "pipeline_efficiency.json").read_text())

@@ -18,8 +18,14 @@ def _fit(tmp_path, precision: str, ckpt_path=None, max_steps: int = 2) -> Traine
     data = CIFAR10DataModule(synthetic=True, synthetic_size=16, batch_size=4, num_workers=0)
     model = ResNet50Classifier(batch_size=4, warmup_epochs=0)
     trainer = Trainer(
-        accelerator="cpu", precision=precision, max_steps=max_steps, limit_val_batches=1, logger=False,
-        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+        accelerator="cpu",
+        precision=precision,
+        max_steps=max_steps,
+        limit_val_batches=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
     )
     trainer.fit(model, data, ckpt_path=ckpt_path)
     return trainer

@@ -5,10 +5,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import SMOKE, cli_main, run_args, run_cli
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-
-from conftest import SMOKE, cli_main, run_cli, run_args
 
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
 
@@ -79,7 +77,10 @@ def _in_process(subcommand: str, tmp_path: Path, *args: str) -> None:
 
 def test_accumulation_clipping_and_16_mixed_then_validate_test_predict(tmp_path, capsys):
     _in_process(
-        "fit", tmp_path, "--trainer.accumulate_grad_batches=2", "--trainer.gradient_clip_val=1.0",
+        "fit",
+        tmp_path,
+        "--trainer.accumulate_grad_batches=2",
+        "--trainer.gradient_clip_val=1.0",
         "--trainer.precision=16-mixed",
     )
     checkpoint = torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt")

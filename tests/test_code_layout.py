@@ -1,12 +1,11 @@
-"""The code's layout, as docs/code-layout.md promises it: no import cycle, small files, no private name outside compat."""
+"""The code's layout, as docs/code-layout.md promises it: no import cycle, small files, and no private torch or
+Lightning name outside the compat module."""
 
 import ast
 import importlib
 import inspect
 import re
 from pathlib import Path
-
-import pytest
 
 from conftest import REPO
 
@@ -32,8 +31,10 @@ def _imports(path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in MODULES else node.module
-                     for alias in node.names]
+            names = [
+                f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in MODULES else node.module
+                for alias in node.names
+            ]
         for name in names:
             parts = name.split(".")
             for end in range(1, len(parts) + 1):  # importing a.b.c runs a and a.b first
@@ -50,7 +51,7 @@ def test_no_module_imports_itself_through_others():
     def visit(module: str, trail: list[str]) -> None:
         for imported in sorted(graph[module]):
             if imported in trail:
-                cycles.append(" -> ".join([*trail[trail.index(imported):], imported]))
+                cycles.append(" -> ".join([*trail[trail.index(imported) :], imported]))
             elif imported not in done:
                 visit(imported, [*trail, imported])
         done.add(module)
@@ -63,7 +64,11 @@ def test_no_module_imports_itself_through_others():
 
 
 def test_no_source_file_is_over_300_lines():
-    long = {str(path.relative_to(REPO)): n for path in MODULES.values() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    long = {
+        str(path.relative_to(REPO)): n
+        for path in MODULES.values()
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
     assert not long, f"split these files (at most {MAX_LINES} lines each): {long}"
 
 
@@ -100,12 +105,22 @@ def private_names_used(paths: list[Path]) -> list[str]:
                 cls = getattr(module, node.name, None)
                 foreign = _foreign_names(cls) if isinstance(cls, type) else set()
                 for inner in ast.walk(node):
-                    name = inner.name if isinstance(inner, ast.FunctionDef) else (
-                        inner.attr if isinstance(inner, ast.Attribute) and isinstance(inner.value, ast.Name)
-                        and inner.value.id == "self" else None)
+                    name = (
+                        inner.name
+                        if isinstance(inner, ast.FunctionDef)
+                        else (
+                            inner.attr
+                            if isinstance(inner, ast.Attribute)
+                            and isinstance(inner.value, ast.Name)
+                            and inner.value.id == "self"
+                            else None
+                        )
+                    )
                     if name and _private(name):
                         if name in foreign:
-                            found.append(f"{path.relative_to(REPO)}:{inner.lineno}: {name}, of {cls.__mro__[1].__name__}")
+                            found.append(
+                                f"{path.relative_to(REPO)}:{inner.lineno}: {name}, of {cls.__mro__[1].__name__}"
+                            )
                         else:
                             ours.add(name)
     for path, tree in trees.items():
@@ -115,8 +130,11 @@ def private_names_used(paths: list[Path]) -> list[str]:
                 names += [alias.name for alias in node.names if _private(alias.name)]
                 found += [f"{path.relative_to(REPO)}:{node.lineno}: {name}, from {node.module}" for name in names]
             elif isinstance(node, ast.Import):
-                found += [f"{path.relative_to(REPO)}:{node.lineno}: {alias.name}" for alias in node.names
-                          if alias.name.split(".")[0] in FOREIGN and any(map(_private, alias.name.split(".")))]
+                found += [
+                    f"{path.relative_to(REPO)}:{node.lineno}: {alias.name}"
+                    for alias in node.names
+                    if alias.name.split(".")[0] in FOREIGN and any(map(_private, alias.name.split(".")))
+                ]
             elif isinstance(node, ast.Attribute) and _private(node.attr) and node.attr not in ours:
                 if not (isinstance(node.value, ast.Name) and node.value.id == "self"):
                     found.append(f"{path.relative_to(REPO)}:{node.lineno}: .{node.attr}")
@@ -133,8 +151,10 @@ def test_no_private_torch_or_lightning_name_outside_the_compat_module():
 def test_the_private_name_check_finds_one():
     """The check above, on a file that reads a private Lightning attribute and overrides a private torch method."""
     path = SOURCE / "_private_name_probe.py"
-    path.write_text("from torch import nn\n\nclass Probe(nn.Module):\n    def _apply(self, fn, recurse=True):\n"
-                    "        return self\n\ndef stop(trainer):\n    trainer._signal_connector.received_sigterm = True\n")
+    path.write_text(
+        "from torch import nn\n\nclass Probe(nn.Module):\n    def _apply(self, fn, recurse=True):\n"
+        "        return self\n\ndef stop(trainer):\n    trainer._signal_connector.received_sigterm = True\n"
+    )
     try:
         used = private_names_used([path])
     finally:

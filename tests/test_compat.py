@@ -6,10 +6,10 @@ import inspect
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import free_port
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
-from conftest import free_port
 from multigpu.compat import PRIVATE_HOOKS, STAGE_HOOKS_OF_TORCH_211, _StageOfTorch211, pipeline_stage
 
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
@@ -22,13 +22,15 @@ def test_each_private_hook_is_where_compat_uses_it_and_takes_the_same_arguments(
     if not hasattr(where, hook.name):
         assert hook.optional, (
             f"{owner}.{hook.name} is gone from this torch/Lightning release, and multigpu/compat.py relies on it: "
-            "find what replaced it, and update compat.py")
+            "find what replaced it, and update compat.py"
+        )
         return
     if hook.parameters is not None:
         takes = tuple(inspect.signature(getattr(where, hook.name)).parameters)
         assert takes == hook.parameters, (
             f"{owner}.{hook.name} now takes {takes}, not {hook.parameters} as multigpu/compat.py expects: see what "
-            "this release changed, and update compat.py")
+            "this release changed, and update compat.py"
+        )
 
 
 def test_each_torch_211_stage_hook_is_gone_or_takes_what_compat_overrides_it_with():
@@ -38,7 +40,8 @@ def test_each_torch_211_stage_hook_is_gone_or_takes_what_compat_overrides_it_wit
             ours = list(inspect.signature(getattr(_StageOfTorch211, hook)).parameters)
             assert torch_takes == ours, (
                 f"torch.distributed.pipelining.PipelineStage.{hook} now takes {torch_takes}, and multigpu/compat.py's "
-                f"override takes {ours}: see what this torch's {hook} does, and update the override")
+                f"override takes {ours}: see what this torch's {hook} does, and update the override"
+            )
 
 
 def test_a_stage_trains_batch_norm_statistics_of_its_micro_batches_only():

@@ -6,13 +6,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import DEFAULT_CONFIG, REPO, cli_main, run_args
 from lightning.pytorch.strategies import DDPStrategy, Strategy, StrategyRegistry
 
 from multigpu.cli import MultiGPUCLI
 from multigpu.data import CIFAR10DataModule
 from multigpu.model import ResNet50Classifier
-
-from conftest import DEFAULT_CONFIG, REPO, cli_main, run_args
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
 # Lets a config that reads CIFAR-10 build without the dataset on this machine.
@@ -38,7 +37,9 @@ def test_config_builds_model_data_and_trainer(config, tmp_path):
 
 
 def test_ddp_config_builds_two_cpu_processes(tmp_path):
-    cli = _build(tmp_path, "--config", str(REPO / "configs" / "ddp.yaml"), "--trainer.accelerator=cpu", "--trainer.devices=2")
+    cli = _build(
+        tmp_path, "--config", str(REPO / "configs" / "ddp.yaml"), "--trainer.accelerator=cpu", "--trainer.devices=2"
+    )
     assert isinstance(cli.trainer.strategy, DDPStrategy) and cli.trainer.num_devices == 2
 
 

@@ -2,14 +2,14 @@
 
 import pytest
 import torch
+from conftest import SMOKE, cli_error, cli_main, run_args
 from lightning.pytorch import Trainer, seed_everything
+from strategy_training import TinyBlocks
 from torch.utils.data import DataLoader, TensorDataset
 
-from conftest import SMOKE, cli_error, cli_main, run_args
 from multigpu.model import ResNet50Classifier
 from multigpu.strategies import DataParallelStrategy
 from multigpu.strategies.data_parallel import TransparentDataParallel
-from strategy_training import TinyBlocks
 
 
 def test_wrapped_network_saves_and_loads_plain_state_dicts():
@@ -17,7 +17,9 @@ def test_wrapped_network_saves_and_loads_plain_state_dicts():
     model.configure_model()
     plain = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     # DataParallel takes no device list without CUDA, and needs one with it; nothing runs forward here.
-    model.net = TransparentDataParallel(model.net, device_ids=[0] if torch.cuda.is_available() else [], output_device=None)
+    model.net = TransparentDataParallel(
+        model.net, device_ids=[0] if torch.cuda.is_available() else [], output_device=None
+    )
     assert model.state_dict().keys() == plain.keys()
     with torch.no_grad():
         model.net.module[0][0].weight.zero_()
@@ -29,8 +31,13 @@ def test_dp_without_cuda_warns_trains_on_one_device_and_shares_checkpoints(tmp_p
     args = ["fit", "--config", SMOKE, *run_args(tmp_path)]
     last = tmp_path / "checkpoints" / "test" / "last.ckpt"
     with pytest.warns(UserWarning, match="strategy dp needs CUDA devices; it trains on one cpu device instead"):
-        cli_main(*args, "--trainer.strategy=dp", "--trainer.devices=2", "--trainer.precision=bf16-mixed",
-                 "--trainer.gradient_clip_val=1.0")
+        cli_main(
+            *args,
+            "--trainer.strategy=dp",
+            "--trainer.devices=2",
+            "--trainer.precision=bf16-mixed",
+            "--trainer.gradient_clip_val=1.0",
+        )
     checkpoint = torch.load(last)
     assert checkpoint["global_step"] == 4 and checkpoint["multigpu"]["strategy"] == "DataParallelStrategy"
     assert not [name for name in checkpoint["state_dict"] if "module." in name]
@@ -47,8 +54,15 @@ def _train_tiny_on_cuda(strategy, devices: int, dtypes: list) -> TinyBlocks:
     model = TinyBlocks()
     model.net[1].register_forward_hook(lambda module, args, output: dtypes.append(output.dtype))
     trainer = Trainer(
-        accelerator="cuda", devices=devices, strategy=strategy, precision="bf16-mixed", max_steps=4,
-        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        accelerator="cuda",
+        devices=devices,
+        strategy=strategy,
+        precision="bf16-mixed",
+        max_steps=4,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
     trainer.fit(model, DataLoader(data, batch_size=16))
     return model.cpu()
@@ -69,8 +83,14 @@ def test_dp_scatters_over_two_gpus_in_bf16_like_one_gpu():
 @pytest.mark.parametrize("strategy", ["dp", "manual_model_parallel"])
 def test_one_gpu_trains_in_bf16(strategy, tmp_path):
     cli_main(
-        "fit", "--config", SMOKE, "--trainer.accelerator=cuda", "--trainer.devices=1", "--trainer.precision=bf16-mixed",
-        f"--trainer.strategy={strategy}", *run_args(tmp_path),
+        "fit",
+        "--config",
+        SMOKE,
+        "--trainer.accelerator=cuda",
+        "--trainer.devices=1",
+        "--trainer.precision=bf16-mixed",
+        f"--trainer.strategy={strategy}",
+        *run_args(tmp_path),
     )
     assert torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt")["global_step"] == 4
 
@@ -79,9 +99,20 @@ def test_dp_refuses_several_processes_or_machines(capsys, tmp_path, monkeypatch)
     args = ["--trainer.strategy=dp", *run_args(tmp_path)]
     error = cli_error(capsys, *args, "--trainer.num_nodes=2")
     assert error == "error: dp runs in one process on one machine, not 2: use ddp across machines."
-    torchrun = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0", "LOCAL_WORLD_SIZE": "2",
-                "TORCHELASTIC_RUN_ID": "test", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555"}
+    torchrun = {
+        "WORLD_SIZE": "2",
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "GROUP_RANK": "0",
+        "LOCAL_WORLD_SIZE": "2",
+        "TORCHELASTIC_RUN_ID": "test",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29555",
+    }
     for name, value in torchrun.items():
         monkeypatch.setenv(name, value)
     error = cli_error(capsys, *args)
-    assert error == "error: dp runs in one process, but TorchElasticEnvironment started 2: start one process per machine, or use ddp."
+    assert error == (
+        "error: dp runs in one process, but TorchElasticEnvironment started 2: start one process per machine, "
+        "or use ddp."
+    )

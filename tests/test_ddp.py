@@ -7,8 +7,17 @@ def test_ddp_two_cpu_processes_train_on_disjoint_shards(tmp_path):
     record = tmp_path / "samples"
     extra = helper_callback(tmp_path, "RecordSamples", out_dir=record)
     result = run_cli(
-        "fit", "--config", SMOKE, "--config", str(REPO / "configs" / "ddp.yaml"), "--config", extra,
-        "--trainer.accelerator=cpu", "--trainer.devices=2", "--data.synthetic_size=64", *run_args(tmp_path),
+        "fit",
+        "--config",
+        SMOKE,
+        "--config",
+        str(REPO / "configs" / "ddp.yaml"),
+        "--config",
+        extra,
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=2",
+        "--data.synthetic_size=64",
+        *run_args(tmp_path),
         env=HELPERS_ENV,
     )
     assert result.returncode == 0, result.stdout

@@ -2,8 +2,8 @@
 
 import torch
 import torch.nn.functional as F
-
 from conftest import SMOKE, cli_main, run_args
+
 from multigpu.data import CIFAR10DataModule
 from multigpu.datasets import eval_transform
 from multigpu.device_data import DeviceBatches, cifar10_stats, normalize, random_crop_flip
@@ -22,8 +22,13 @@ def test_each_image_is_a_crop_of_its_padded_self_some_flipped():
     padded = F.pad(images, (4, 4, 4, 4))
     flipped = offsets = 0
     for image, result in zip(padded, out):
-        crops = {(dy, dx, flip) for dy in range(9) for dx in range(9) for flip in (False, True)
-                 if torch.equal(image[:, dy : dy + 32, dx : dx + 32].flip(2 if flip else ()), result)}
+        crops = {
+            (dy, dx, flip)
+            for dy in range(9)
+            for dx in range(9)
+            for flip in (False, True)
+            if torch.equal(image[:, dy : dy + 32, dx : dx + 32].flip(2 if flip else ()), result)
+        }
         assert crops, "an output image is no crop of its padded input"
         flipped += all(flip for _, _, flip in crops)
         offsets += any((dy, dx) != (4, 4) for dy, dx, _ in crops)
@@ -64,9 +69,19 @@ def test_ranks_read_the_distributed_samplers_shards_and_a_resumed_epoch_continue
 
 
 def test_fit_with_the_dataset_on_the_device(tmp_path, tiny_cifar10):
-    cli_main("fit", "--config", SMOKE, *run_args(tmp_path), "--data.on_device=true", "--data.synthetic=false",
-             f"--data.data_dir={tiny_cifar10}", "--data.download=false", "--data.verify_checksums=false",
-             "--model.stem=imagenet", "--trainer.max_steps=3")
+    cli_main(
+        "fit",
+        "--config",
+        SMOKE,
+        *run_args(tmp_path),
+        "--data.on_device=true",
+        "--data.synthetic=false",
+        f"--data.data_dir={tiny_cifar10}",
+        "--data.download=false",
+        "--data.verify_checksums=false",
+        "--model.stem=imagenet",
+        "--trainer.max_steps=3",
+    )
     last = torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt")
     assert last["global_step"] == 3
 

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from conftest import SMOKE, cli_error, cli_main, run_args
 
 
@@ -18,8 +17,10 @@ def test_impossible_device_count(capsys, tmp_path):
     visible = torch.cuda.device_count()
     error = cli_error(capsys, *["--trainer.accelerator=cuda", f"--trainer.devices={visible + 1}", *run_args(tmp_path)])
     if visible:
-        assert error == (f"error: --trainer.devices={visible + 1} asks for {visible + 1} cuda devices, but this "
-                         f"machine has {visible}: pass at most {visible}, or auto.")
+        assert error == (
+            f"error: --trainer.devices={visible + 1} asks for {visible + 1} cuda devices, but this "
+            f"machine has {visible}: pass at most {visible}, or auto."
+        )
     else:
         assert error.startswith("error: --trainer.accelerator=cuda: CUDAAccelerator is not available")
 

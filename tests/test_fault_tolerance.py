@@ -12,8 +12,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import (
+    HELPERS_ENV,
+    REPO,
+    SMOKE,
+    cli_main,
+    free_port,
+    helper_callback,
+    run_args,
+    run_cli,
+    write_tiny_cifar10,
+)
 
-from conftest import HELPERS_ENV, REPO, SMOKE, cli_main, free_port, helper_callback, run_args, run_cli, write_tiny_cifar10
 from multigpu.checkpoint_io import AtomicCheckpointIO
 
 
@@ -38,9 +48,16 @@ def test_last_checkpoint_every_n_steps_and_at_each_epoch_end(tmp_path):
     args = ["fit", "--config", SMOKE, *run_args(tmp_path), "--save_every_n_steps=3"]
     folder = tmp_path / "checkpoints" / "test"
     cli_main(*args, "--trainer.max_steps=3")  # stops in the middle of the 4-step epoch
-    assert torch.load(folder / "last.ckpt", )["global_step"] == 3
+    assert (
+        torch.load(
+            folder / "last.ckpt",
+        )["global_step"]
+        == 3
+    )
     cli_main(*args, "--ckpt_path=last", "--trainer.max_epochs=2")  # epoch ends at steps 4 and 8
-    last = torch.load(folder / "last.ckpt", )
+    last = torch.load(
+        folder / "last.ckpt",
+    )
     assert last["global_step"] == 8 and last["epoch"] == 1
     assert sorted(path.name for path in folder.glob("last*")) == ["last.ckpt"]  # one file, rewritten
 
@@ -49,8 +66,13 @@ def test_resuming_with_another_layout_says_what_changed(tmp_path, caplog):
     args = ["fit", "--config", SMOKE, *run_args(tmp_path)]
     cli_main(*args)
     with caplog.at_level(logging.INFO):
-        cli_main(*args, "--ckpt_path=last", "--trainer.max_epochs=2", "--trainer.strategy=manual_model_parallel",
-                 "--trainer.devices=2")
+        cli_main(
+            *args,
+            "--ckpt_path=last",
+            "--trainer.max_epochs=2",
+            "--trainer.strategy=manual_model_parallel",
+            "--trainer.devices=2",
+        )
     assert (
         "Resuming with another layout (strategy SingleDeviceStrategy -> ManualModelParallelStrategy): "
         "the global batch stays 8." in caplog.text
@@ -67,9 +89,16 @@ def test_resuming_with_another_layout_says_what_changed(tmp_path, caplog):
 def _resumable_run(cifar: Path) -> list[str]:
     """2 epochs on the tiny CIFAR files with their random augmentations, last.ckpt every 2 steps, and
     the recipe's loader settings: 2 persistent workers (the configurations below change the count)."""
-    data = [f"--data.data_dir={cifar}", "--data.synthetic=false", "--data.download=false",
-            "--data.verify_checksums=false", "--data.batch_size=4", "--model.stem=imagenet",
-            "--data.num_workers=2", "--data.persistent_workers=true"]
+    data = [
+        f"--data.data_dir={cifar}",
+        "--data.synthetic=false",
+        "--data.download=false",
+        "--data.verify_checksums=false",
+        "--data.batch_size=4",
+        "--model.stem=imagenet",
+        "--data.num_workers=2",
+        "--data.persistent_workers=true",
+    ]
     return ["fit", "--config", SMOKE, *data, "--save_every_n_steps=2", "--trainer.max_epochs=2"]
 
 
@@ -102,8 +131,12 @@ def _start(args: list[str], log: Path) -> subprocess.Popen:
     once), its output in ``log``."""
     with open(log, "w") as out:
         return subprocess.Popen(
-            [sys.executable, str(REPO / "main.py"), *args], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+            [sys.executable, str(REPO / "main.py"), *args],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
         )
 
 
@@ -183,8 +216,9 @@ def _run_killed_after(args: list[str], seconds: float, log: Path) -> tuple[str, 
     return log.read_text(), killed
 
 
-@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.internals) if name == "pipeline" else name
-                                  for name in KILLED])  # the pipeline's case runs on the lowest torch too
+@pytest.mark.parametrize(
+    "name", [pytest.param(name, marks=pytest.mark.internals) if name == "pipeline" else name for name in KILLED]
+)  # the pipeline's case runs on the lowest torch too
 def test_killed_at_random_moments_and_resumed_ends_bit_for_bit_like_an_uninterrupted_run(name, tmp_path, resumable):
     """SIGKILL at random wall-clock moments (2 kills, each drawn from the uninterrupted run's length), each
     followed by the same command with `--ckpt_path last`: every attempt resumes from the step on disk, and
@@ -204,8 +238,10 @@ def test_killed_at_random_moments_and_resumed_ends_bit_for_bit_like_an_uninterru
     for attempt, seconds in enumerate(moments):
         on_disk = _step_on_disk(tmp_path, "killed")
         output, killed = _run_killed_after(args, seconds, tmp_path / f"attempt{attempt}.log")
-        print(f"attempt {attempt}: from step {on_disk}, {'killed' if killed else 'ended'} after {seconds:.1f} s, "
-              f"left step {_step_on_disk(tmp_path, 'killed')}")
+        print(
+            f"attempt {attempt}: from step {on_disk}, {'killed' if killed else 'ended'} after {seconds:.1f} s, "
+            f"left step {_step_on_disk(tmp_path, 'killed')}"
+        )
         if on_disk != STEPS[name]:
             _assert_resumed_from(output, on_disk, f"{name}, attempt {attempt} (seed {seed})")
         assert (_step_on_disk(tmp_path, "killed") or 0) >= (on_disk or 0), f"{name}: a kill lost a checkpoint"
@@ -255,12 +291,25 @@ def test_torchrun_restarts_resume_from_the_last_checkpoint_on_their_own(tmp_path
 
     Static rendezvous on a free port, as the command in docs/fault-tolerance.md.
     """
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--max-restarts=1",
-                "--master-addr=127.0.0.1", f"--master-port={free_port()}", str(REPO / "main.py")]
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node=2",
+        "--max-restarts=1",
+        "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}",
+        str(REPO / "main.py"),
+    ]
     args = [*_resumable_run(resumable.cifar), *DDP, "--ckpt_path=last", "--config", _kill_config(tmp_path, 7)]
     result = subprocess.run(
-        [*torchrun, *args, *run_args(tmp_path, "restarted")], cwd=REPO, env={**os.environ, **HELPERS_ENV},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+        [*torchrun, *args, *run_args(tmp_path, "restarted")],
+        cwd=REPO,
+        env={**os.environ, **HELPERS_ENV},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout
     assert "Restored all states" in result.stdout, result.stdout
@@ -272,9 +321,18 @@ def test_a_failing_rank_ends_the_whole_job_quickly_with_its_error(rank, tmp_path
     fail = helper_callback(tmp_path, "FailOnRank", rank=rank, step=2)
     start = time.monotonic()
     result = run_cli(
-        "fit", "--config", SMOKE, "--config", str(fail), "--trainer.accelerator=cpu", "--trainer.devices=2",
-        "--trainer.strategy=ddp", "--data.synthetic_size=64", *run_args(tmp_path),
-        env=HELPERS_ENV, timeout=120,
+        "fit",
+        "--config",
+        SMOKE,
+        "--config",
+        str(fail),
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=2",
+        "--trainer.strategy=ddp",
+        "--data.synthetic_size=64",
+        *run_args(tmp_path),
+        env=HELPERS_ENV,
+        timeout=120,
     )
     assert result.returncode != 0
     assert time.monotonic() - start < 60

@@ -5,12 +5,12 @@ import re
 
 import pytest
 import torch
+from conftest import SMOKE, cli_error, cli_main, run_args, run_cli
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from torch import nn
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
-from conftest import SMOKE, cli_error, cli_main, run_args, run_cli
 from multigpu.datasets import SyntheticCIFAR10
 from multigpu.errors import UsageError
 from multigpu.model import ResNet50Classifier
@@ -40,10 +40,20 @@ def _train_resnet(strategy, devices: int, precision: str, accumulate: int, clip:
     seed_everything(0)
     model = ResNet50Classifier(batch_size=4, stem="imagenet", warmup_epochs=0)
     trainer = Trainer(
-        accelerator="cpu", devices=devices, strategy=strategy, precision=precision, max_steps=3,
-        accumulate_grad_batches=accumulate, gradient_clip_val=clip, limit_val_batches=0, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        use_distributed_sampler=False, callbacks=list(callbacks),
+        accelerator="cpu",
+        devices=devices,
+        strategy=strategy,
+        precision=precision,
+        max_steps=3,
+        accumulate_grad_batches=accumulate,
+        gradient_clip_val=clip,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        use_distributed_sampler=False,
+        callbacks=list(callbacks),
     )
     trainer.fit(model, DataLoader(SyntheticCIFAR10(24, seed=1), batch_size=4))
     return model
@@ -128,13 +138,18 @@ class _Unsplittable(LightningModule):
 
 def _fit_tiny(strategy, devices: int, module: LightningModule | None = None, precision: str = "32-true") -> None:
     if module is None:
-        module = _Unsplittable(
-            nn.Sequential(nn.Linear(4, 64), nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 2))
-        )
+        module = _Unsplittable(nn.Sequential(nn.Linear(4, 64), nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 2)))
         module.example_input_array = torch.zeros(2, 4)
     trainer = Trainer(
-        accelerator="cpu", devices=devices, strategy=strategy, precision=precision, max_steps=1, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        accelerator="cpu",
+        devices=devices,
+        strategy=strategy,
+        precision=precision,
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
     trainer.fit(module, DataLoader([(torch.zeros(4),)] * 4, batch_size=2))
 
@@ -167,7 +182,10 @@ def test_errors_in_the_network():
 @pytest.mark.parametrize("devices_per_replica", [2, 1])
 def test_stages_on_two_gpus_fit_then_validate(devices_per_replica, tmp_path):
     args = ["--config", SMOKE, "--trainer.accelerator=cuda", "--trainer.devices=2", *run_args(tmp_path)]
-    strategy = ["--trainer.strategy=manual_model_parallel", f"--trainer.strategy.devices_per_replica={devices_per_replica}"]
+    strategy = [
+        "--trainer.strategy=manual_model_parallel",
+        f"--trainer.strategy.devices_per_replica={devices_per_replica}",
+    ]
     fit = run_cli("fit", *args, *strategy, "--trainer.precision=16-mixed", "--trainer.gradient_clip_val=1.0")
     assert fit.returncode == 0, fit.stdout
     assert re.search(r"^1 +cuda:1 ", fit.stdout, re.MULTILINE) or devices_per_replica == 1
@@ -178,8 +196,15 @@ def test_stages_on_two_gpus_fit_then_validate(devices_per_replica, tmp_path):
 @pytest.mark.min_cuda_gpus(4)
 def test_two_replicas_of_two_gpus(tmp_path):
     result = run_cli(
-        "fit", "--config", SMOKE, "--trainer.accelerator=cuda", "--trainer.devices=4", *run_args(tmp_path),
-        "--trainer.strategy=manual_model_parallel", "--trainer.strategy.devices_per_replica=2", "--data.synthetic_size=64",
+        "fit",
+        "--config",
+        SMOKE,
+        "--trainer.accelerator=cuda",
+        "--trainer.devices=4",
+        *run_args(tmp_path),
+        "--trainer.strategy=manual_model_parallel",
+        "--trainer.strategy.devices_per_replica=2",
+        "--data.synthetic_size=64",
     )
     assert result.returncode == 0, result.stdout
     assert "2 stages per replica, 2 replica(s)" in result.stdout

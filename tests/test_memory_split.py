@@ -9,7 +9,6 @@ import json
 
 import pytest
 import torch
-
 from strategy_training import HeldBlocks
 
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too

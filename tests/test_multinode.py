@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import HELPERS_ENV, REPO, SMOKE, free_port, helper_callback, run_args
 
 TESTS = Path(__file__).parent
@@ -35,14 +34,36 @@ def test_two_torchrun_nodes_train_together(strategy, tmp_path):
     nodes = []
     for node in range(2):
         command = [
-            sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", f"--node-rank={node}",
-            "--master-addr=127.0.0.1", f"--master-port={port}", str(REPO / "main.py"),
-            "fit", "--config", SMOKE, "--config", _record_config(tmp_path), "--trainer.accelerator=cpu",
-            "--trainer.num_nodes=2", "--trainer.devices=1", f"--trainer.strategy={strategy}",
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=2",
+            "--nproc-per-node=1",
+            f"--node-rank={node}",
+            "--master-addr=127.0.0.1",
+            f"--master-port={port}",
+            str(REPO / "main.py"),
+            "fit",
+            "--config",
+            SMOKE,
+            "--config",
+            _record_config(tmp_path),
+            "--trainer.accelerator=cpu",
+            "--trainer.num_nodes=2",
+            "--trainer.devices=1",
+            f"--trainer.strategy={strategy}",
             *run_args(tmp_path / f"node{node}"),
         ]
-        nodes.append(subprocess.Popen(command, cwd=REPO, env={**os.environ, **HELPERS_ENV}, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        nodes.append(
+            subprocess.Popen(
+                command,
+                cwd=REPO,
+                env={**os.environ, **HELPERS_ENV},
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+        )
     outputs = [node.communicate(timeout=240)[0] for node in nodes]
     for node, output in zip(nodes, outputs):
         assert node.returncode == 0, output
@@ -59,15 +80,30 @@ def test_two_torchrun_nodes_train_together(strategy, tmp_path):
 def _sbatch(tmp_path: Path, *args: str) -> subprocess.Popen:
     """scripts/slurm/train.sbatch as Slurm would run it for 1 node x 2 tasks, with stand-ins for srun and scontrol."""
     env = {
-        **os.environ, **HELPERS_ENV,
+        **os.environ,
+        **HELPERS_ENV,
         "PATH": f"{TESTS / 'slurm'}{os.pathsep}{os.environ['PATH']}",
-        "SHARED": str(tmp_path / "shared"), "SCONTROL_LOG": str(tmp_path / "scontrol.log"),
-        "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "resnet50-cifar10", "SLURM_JOB_NODELIST": "localhost",
-        "SLURM_NODELIST": "localhost", "SLURM_NNODES": "1", "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2",
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+        "SHARED": str(tmp_path / "shared"),
+        "SCONTROL_LOG": str(tmp_path / "scontrol.log"),
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NAME": "resnet50-cifar10",
+        "SLURM_JOB_NODELIST": "localhost",
+        "SLURM_NODELIST": "localhost",
+        "SLURM_NNODES": "1",
+        "SLURM_NTASKS": "2",
+        "SLURM_NTASKS_PER_NODE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
     }
-    command = ["bash", str(REPO / "scripts" / "slurm" / "train.sbatch"), "--config", SMOKE,
-               "--trainer.accelerator=cpu", "--run_name=slurm", *args]
+    command = [
+        "bash",
+        str(REPO / "scripts" / "slurm" / "train.sbatch"),
+        "--config",
+        SMOKE,
+        "--trainer.accelerator=cpu",
+        "--run_name=slurm",
+        *args,
+    ]
     return subprocess.Popen(command, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 

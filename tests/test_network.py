@@ -12,8 +12,10 @@ def test_network_is_stem_sixteen_bottlenecks_in_halves_and_head():
     assert isinstance(net, nn.Sequential) and len(net) == NUM_BLOCKS == 34
     assert [type(block).__name__ for block in net[1:33]] == ["BottleneckEntry", "BottleneckExit"] * 16
     assert isinstance(net[-1][-1], nn.Linear) and net[-1][-1].out_features == 10
-    assert sum(p.numel() for p in net.parameters()) == sum(p.numel() for p in torchvision.models.resnet50().parameters()) - (
-        7 * 7 - 3 * 3) * 3 * 64 - 990 * 2049  # torchvision's: its 7x7 stem and 1000 classes
+    assert (
+        sum(p.numel() for p in net.parameters())
+        == sum(p.numel() for p in torchvision.models.resnet50().parameters()) - (7 * 7 - 3 * 3) * 3 * 64 - 990 * 2049
+    )  # torchvision's: its 7x7 stem and 1000 classes
 
 
 @pytest.mark.parametrize("index", [1, 3, 31])  # with a downsampling shortcut, without, the last

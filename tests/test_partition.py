@@ -47,7 +47,9 @@ def test_more_stages_than_blocks_is_refused():
         balance_by_cost([1, 1], 3)
 
 
-@pytest.mark.parametrize(("balance", "message"), [([5, 5], "sums to 10, but the network has 34"), ([34, 0], "at least one block")])
+@pytest.mark.parametrize(
+    ("balance", "message"), [([5, 5], "sums to 10, but the network has 34"), ([34, 0], "at least one block")]
+)
 def test_bad_balance_is_refused(balance, message):
     with pytest.raises(UsageError, match=message):
         check_balance(balance, 34)

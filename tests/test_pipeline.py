@@ -4,8 +4,8 @@ import re
 
 import pytest
 import torch
-
 from conftest import SMOKE, cli_error, cli_main, run_args, run_cli
+
 from multigpu.deferred_batch_norm import defer_batch_norm
 
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
@@ -45,16 +45,27 @@ def test_cli_trains_evaluates_and_shares_checkpoints_with_ddp_and_one_device(tmp
     assert re.search(r"^stage +device +blocks +params +time$", first.stdout, re.MULTILINE)
     checkpoint = torch.load(last)
     # The gathered optimizer state holds every parameter's momentum, from both stages.
-    assert len(checkpoint["optimizer_states"][0]["state"]) == len([k for k in checkpoint["state_dict"] if "running" not in k and "num_batches" not in k])
-    resumed = run_cli("fit", *args, "--trainer.strategy=ddp", "--trainer.devices=2", "--ckpt_path=last", "--trainer.max_epochs=2")
+    assert len(checkpoint["optimizer_states"][0]["state"]) == len(
+        [k for k in checkpoint["state_dict"] if "running" not in k and "num_batches" not in k]
+    )
+    resumed = run_cli(
+        "fit", *args, "--trainer.strategy=ddp", "--trainer.devices=2", "--ckpt_path=last", "--trainer.max_epochs=2"
+    )
     assert resumed.returncode == 0 and "Restored all states" in resumed.stdout, resumed.stdout
     back = run_cli("fit", *args, *pipeline, "--ckpt_path=last", "--trainer.max_epochs=3")
     assert back.returncode == 0 and "epoch 2 | step 10" in back.stdout, back.stdout
     # Micro-batches of one image, too small to train and not to evaluate; 11 images: the last batch of 3 is
     # smaller than the 4 micro-batches.
     for subcommand in ("validate", "test", "predict"):
-        result = run_cli(subcommand, *args, *pipeline, "--ckpt_path=last", "--data.batch_size=4",
-                         "--trainer.strategy.micro_batches=4", "--data.synthetic_size=44")
+        result = run_cli(
+            subcommand,
+            *args,
+            *pipeline,
+            "--ckpt_path=last",
+            "--data.batch_size=4",
+            "--trainer.strategy.micro_batches=4",
+            "--data.synthetic_size=44",
+        )
         assert result.returncode == 0, result.stdout
         assert "balance [28, 6] (by params)" in result.stdout  # evaluation trains nothing: no training step timed
     cli_main("fit", *args, "--ckpt_path=last", "--trainer.max_epochs=4")  # and on one device
@@ -66,14 +77,27 @@ def test_two_stages_per_process_train_and_evaluate_from_the_command_line(tmp_pat
     with the fast path's options: channels_last activations are not contiguous, sends need them so. The batch
     of 16 is larger than the 8 validation images: the sanity check's short batch comes before the first
     training batch, which fixes the schedule's shapes."""
-    args = ["--config", SMOKE, "--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=pipeline",
-            "--trainer.strategy.stages_per_process=2", "--model.channels_last=true", "--trainer.precision=bf16-mixed",
-            *run_args(tmp_path), "--data.batch_size=16"]
+    args = [
+        "--config",
+        SMOKE,
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=2",
+        "--trainer.strategy=pipeline",
+        "--trainer.strategy.stages_per_process=2",
+        "--model.channels_last=true",
+        "--trainer.precision=bf16-mixed",
+        *run_args(tmp_path),
+        "--data.batch_size=16",
+    ]
     fit = run_cli("fit", *args, "--trainer.strategy.schedule=Interleaved1F1B")
     assert fit.returncode == 0, fit.stdout
     assert "pipeline: 4 stages (2 per process) over 2 processes, schedule Interleaved1F1B" in fit.stdout
     assert [line.split()[1:3] for line in fit.stdout.splitlines() if re.match(r"^[0-3] +rank", line)] == [
-        ["rank", "0"], ["rank", "1"], ["rank", "0"], ["rank", "1"]]
+        ["rank", "0"],
+        ["rank", "1"],
+        ["rank", "0"],
+        ["rank", "1"],
+    ]
     validate = run_cli("validate", *args, "--trainer.strategy.schedule=DualPipeV", "--ckpt_path=last")
     assert validate.returncode == 0 and "val/acc" in validate.stdout, validate.stdout
 
@@ -91,19 +115,33 @@ def test_errors_before_anything_is_launched(capsys, tmp_path):
         "error: the batch of 8 images cannot be cut into micro_batches=3 equal parts: "
         "choose a batch size that is a multiple of micro_batches."
     )
-    error = cli_error(capsys, "--trainer.strategy=pipeline", "--trainer.devices=3", "--trainer.strategy.num_stages=2", *run)
+    error = cli_error(
+        capsys, "--trainer.strategy=pipeline", "--trainer.devices=3", "--trainer.strategy.num_stages=2", *run
+    )
     assert error == (
         "error: the pipeline has 2 stages over 2 processes, but devices x nodes = 3 processes is not a multiple of 2: "
         "use a multiple of 2 devices, or change num_stages."
     )
-    error = cli_error(capsys, "--trainer.strategy=pipeline", "--trainer.devices=35", "--trainer.strategy.schedule=gpipe", *run)
+    error = cli_error(
+        capsys, "--trainer.strategy=pipeline", "--trainer.devices=35", "--trainer.strategy.schedule=gpipe", *run
+    )
     assert error == "error: 35 stages need at least 35 blocks, but the network has 34."
     error = cli_error(capsys, *pipeline, "--trainer.strategy.schedule=PipelineScheduleMulti", *run)
     assert error.startswith("error: schedule must be one of gpipe, 1f1b, interleaved1f1b, loopedbfs, ")
-    error = cli_error(capsys, *pipeline, "--trainer.strategy.schedule=GPipe", "--trainer.strategy.stages_per_process=2", *run)
-    assert error.startswith("error: schedule GPipe runs one stage per process, not stages_per_process=2: use Interleaved1F1B")
-    error = cli_error(capsys, *pipeline, "--trainer.strategy.schedule=DualPipeV", "--trainer.strategy.stages_per_process=2",
-                      "--trainer.strategy.micro_batches=2", *run)
+    error = cli_error(
+        capsys, *pipeline, "--trainer.strategy.schedule=GPipe", "--trainer.strategy.stages_per_process=2", *run
+    )
+    assert error.startswith(
+        "error: schedule GPipe runs one stage per process, not stages_per_process=2: use Interleaved1F1B"
+    )
+    error = cli_error(
+        capsys,
+        *pipeline,
+        "--trainer.strategy.schedule=DualPipeV",
+        "--trainer.strategy.stages_per_process=2",
+        "--trainer.strategy.micro_batches=2",
+        *run,
+    )
     assert error == (
         "error: schedule DualPipeV needs at least as many micro-batches as stages: micro_batches=2 < 4 stages. "
         "Raise micro_batches."
@@ -112,7 +150,8 @@ def test_errors_before_anything_is_launched(capsys, tmp_path):
     error = cli_error(capsys, *pipeline, "--data.batch_size=4", "--trainer.strategy.micro_batches=4", *run)
     assert error.startswith(
         "error: a micro-batch of 1 image(s) (a batch of 4 in micro_batches=4) cannot train: Expected more than 1 value "
-        "per channel when training, got input size torch.Size([1, ")
+        "per channel when training, got input size torch.Size([1, "
+    )
     assert error.endswith("]). Use fewer micro-batches or a larger --data.batch_size.")
     error = cli_error(capsys, *pipeline, "--trainer.strategy.balance=[17,16]", *run)
     assert error == "error: balance [17, 16] sums to 33, but the network has 34 blocks."
@@ -122,12 +161,27 @@ def test_errors_before_anything_is_launched(capsys, tmp_path):
 @pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
 def test_two_gpu_stages_over_nccl(precision, tmp_path):
     result = run_cli(
-        "fit", "--config", SMOKE, "--trainer.accelerator=cuda", "--trainer.devices=2", "--trainer.strategy=pipeline",
-        f"--trainer.precision={precision}", "--trainer.gradient_clip_val=1.0", *run_args(tmp_path),
+        "fit",
+        "--config",
+        SMOKE,
+        "--trainer.accelerator=cuda",
+        "--trainer.devices=2",
+        "--trainer.strategy=pipeline",
+        f"--trainer.precision={precision}",
+        "--trainer.gradient_clip_val=1.0",
+        *run_args(tmp_path),
     )
     assert result.returncode == 0, result.stdout
-    validate = run_cli("validate", "--config", SMOKE, "--trainer.accelerator=cuda", "--trainer.devices=2",
-                       "--trainer.strategy=pipeline", "--ckpt_path=last", *run_args(tmp_path))
+    validate = run_cli(
+        "validate",
+        "--config",
+        SMOKE,
+        "--trainer.accelerator=cuda",
+        "--trainer.devices=2",
+        "--trainer.strategy=pipeline",
+        "--ckpt_path=last",
+        *run_args(tmp_path),
+    )
     assert validate.returncode == 0, validate.stdout
 
 

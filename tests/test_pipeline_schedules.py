@@ -5,8 +5,8 @@ import sys
 
 import pytest
 import torch
-
 from conftest import ABORTED_AT_EXIT, REPO
+
 from multigpu.errors import UsageError
 from multigpu.strategies.pipeline.layout import SCHEDULES, PipelineLayout
 
@@ -25,10 +25,15 @@ def trained(tmp_path_factory):
     def train(layout: str) -> dict:
         if layout not in results:
             out = folder / f"{layout}.pt"
-            result = subprocess.run([sys.executable, str(REPO / "tests" / "schedule_training.py"), layout, str(out)],
-                                    capture_output=True, text=True, timeout=600)
-            assert result.returncode == 0 and ABORTED_AT_EXIT not in result.stderr, \
+            result = subprocess.run(
+                [sys.executable, str(REPO / "tests" / "schedule_training.py"), layout, str(out)],
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            assert result.returncode == 0 and ABORTED_AT_EXIT not in result.stderr, (
                 result.stdout[-3000:] + result.stderr[-3000:]
+            )
             results[layout] = torch.load(out)
         return results[layout]
 
@@ -68,12 +73,25 @@ def test_placement_is_looped_or_v_shaped():
     assert PipelineLayout("gpipe", 4, 1).stages_of(3) == [3]
 
 
-@pytest.mark.parametrize(("schedule", "per_process", "micro_batches", "message"), [
-    ("1f1b", 2, 8, "schedule 1f1b runs one stage per process, not stages_per_process=2"),
-    ("ZBVZeroBubble", 1, 8, "schedule ZBVZeroBubble places 2 stages on each process in a V: set stages_per_process=2"),
-    ("DualPipeV", 2, 3, "schedule DualPipeV needs at least as many micro-batches as stages: micro_batches=3 < 4"),
-    ("Interleaved1F1B", 2, 5, "micro_batches=5 is not a multiple of its 2 rounds. Use a multiple of 2 micro-batches"),
-])
+@pytest.mark.parametrize(
+    ("schedule", "per_process", "micro_batches", "message"),
+    [
+        ("1f1b", 2, 8, "schedule 1f1b runs one stage per process, not stages_per_process=2"),
+        (
+            "ZBVZeroBubble",
+            1,
+            8,
+            "schedule ZBVZeroBubble places 2 stages on each process in a V: set stages_per_process=2",
+        ),
+        ("DualPipeV", 2, 3, "schedule DualPipeV needs at least as many micro-batches as stages: micro_batches=3 < 4"),
+        (
+            "Interleaved1F1B",
+            2,
+            5,
+            "micro_batches=5 is not a multiple of its 2 rounds. Use a multiple of 2 micro-batches",
+        ),
+    ],
+)
 def test_a_layout_the_schedule_cannot_run_is_refused(schedule, per_process, micro_batches, message):
     with pytest.raises(UsageError, match=message.replace("(", r"\(")):
         PipelineLayout(schedule, 2, per_process).check(micro_batches)

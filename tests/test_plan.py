@@ -5,20 +5,26 @@ from dataclasses import replace
 
 import pytest
 import yaml
-
 from conftest import SMOKE, cli_main, run_args, run_cli
-from multigpu.planning.selection import Setting, choose
+
 from multigpu.planning.layouts import candidate_layouts
 from multigpu.planning.memory_estimate import block_memory, estimate
+from multigpu.planning.selection import Setting, choose
 
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
 
 TWO_CPU_PROCESSES = {
-    "1 device", "ddp", "model parallel 2",
+    "1 device",
+    "ddp",
+    "model parallel 2",
     *(f"pipeline 2 {schedule} m{count}" for schedule in ("gpipe", "1f1b") for count in (2, 4, 8)),
-    *(f"pipeline 4/2p {schedule} m{count}" for schedule in ("interleaved1f1b", "loopedbfs", "interleavedzerobubble",
-                                                             "zbvzerobubble") for count in (2, 4, 8)),
-    "pipeline 4/2p dualpipev m4", "pipeline 4/2p dualpipev m8",
+    *(
+        f"pipeline 4/2p {schedule} m{count}"
+        for schedule in ("interleaved1f1b", "loopedbfs", "interleavedzerobubble", "zbvzerobubble")
+        for count in (2, 4, 8)
+    ),
+    "pipeline 4/2p dualpipev m4",
+    "pipeline 4/2p dualpipev m8",
 }
 
 
@@ -33,21 +39,31 @@ def test_two_cpu_processes_allow_every_layout_but_those_that_need_cuda_or_more_d
         "manual_model_parallel over 4 devices per replica": "needs a multiple of 4 devices, not --trainer.devices=2",
         "pipeline over 4 processes": "needs a multiple of 4 devices, not --trainer.devices=2",
         "pipeline 4 stages dualpipev m2": "schedule dualpipev needs at least as many micro-batches as stages: "
-                                          "micro_batches=2 < 4 stages. Raise micro_batches",
+        "micro_batches=2 < 4 stages. Raise micro_batches",
     }
 
 
 def test_four_gpus_add_dp_fsdp_replicated_model_parallel_and_four_stage_pipelines():
     layouts, refusals = candidate_layouts(devices=4, cuda=True, batch_size=10, compiled=False)
     by_name = {layout.name: layout for layout in layouts}
-    assert {"dp", "fsdp", "model parallel 2 x2", "model parallel 4", "pipeline 2 x2 1f1b m4", "pipeline 4 1f1b m4",
-            "pipeline 8/4p interleaved1f1b m4"} <= set(by_name)
+    assert {
+        "dp",
+        "fsdp",
+        "model parallel 2 x2",
+        "model parallel 4",
+        "pipeline 2 x2 1f1b m4",
+        "pipeline 4 1f1b m4",
+        "pipeline 8/4p interleaved1f1b m4",
+    } <= set(by_name)
     # The same global batch of 40 everywhere: 10 per device, 20 per 2-device replica, 40 in dp's one process.
     assert by_name["ddp"].batch_size == 10 and by_name["dp"].batch_size == 40
     assert by_name["model parallel 2 x2"].batch_size == by_name["pipeline 2 x2 1f1b m4"].batch_size == 20
     assert by_name["model parallel 2 x2"].processes == 2 and by_name["pipeline 2 x2 1f1b m4"].replicas == 2
     reasons = {refusal.what: refusal.why for refusal in refusals}
-    assert reasons["pipeline 2 stages gpipe m8"] == "its batch of 20 images (2 x --data.batch_size) is not divisible by 8 micro-batches"
+    assert (
+        reasons["pipeline 2 stages gpipe m8"]
+        == "its batch of 20 images (2 x --data.batch_size) is not divisible by 8 micro-batches"
+    )
     assert "pipeline 8 stages dualpipev m16" in reasons
 
 
@@ -56,8 +72,12 @@ def test_compiled_networks_leave_out_the_strategies_that_place_blocks_themselves
     assert [layout.name for layout in layouts] == ["1 device", "ddp"]
     assert all("cannot run --model.compile" in refusal.why for refusal in refusals if "CUDA" not in refusal.why)
     compile_refused = {refusal.what for refusal in refusals if "cannot run --model.compile" in refusal.why}
-    assert compile_refused == {"manual_model_parallel over 2 devices per replica", "manual_model_parallel over 4 devices "
-                               "per replica", "pipeline over 2 processes", "pipeline over 4 processes"}
+    assert compile_refused == {
+        "manual_model_parallel over 2 devices per replica",
+        "manual_model_parallel over 4 devices per replica",
+        "pipeline over 2 processes",
+        "pipeline over 4 processes",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +86,16 @@ def memory():
 
 
 def _setting(memory, batch_size: int = 128) -> Setting:
-    return Setting(cuda=True, devices=2, device_ids=None, batch_size=batch_size, precision="32-true", memory=memory,
-                   optimizer_states=1, overhead=0)
+    return Setting(
+        cuda=True,
+        devices=2,
+        device_ids=None,
+        batch_size=batch_size,
+        precision="32-true",
+        memory=memory,
+        optimizer_states=1,
+        overhead=0,
+    )
 
 
 def test_memory_estimate_splits_the_state_and_recomputation_shrinks_the_activations(memory):
@@ -99,14 +127,23 @@ def test_layouts_that_would_not_fit_are_left_out_and_tried_with_activation_check
     assert chosen == [] and len(refusals) == 4  # each layout, with and without checkpointing
 
 
-@pytest.mark.parametrize(("option", "message"), [
-    ("--plan.strategies=[nope]", "error: --plan.strategies: 'nope' is not one of ddp, dp, fsdp, manual_model_parallel, pipeline."),
-    ("--trainer.num_nodes=2", "error: plan measures the layouts on this machine alone: drop --trainer.num_nodes, "
-                              "and add it to the fit command of the layout it chooses."),
-    ("--plan.micro_batches=[0]", "error: --plan.micro_batches must be at least 1, not 0."),
-    ("--plan.memory_per_device=-1", "error: --plan.memory_per_device must be more than 0 GiB, not -1.0."),
-    ("--plan.memory_per_device=0", "error: --plan.memory_per_device must be more than 0 GiB, not 0.0."),
-])
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (
+            "--plan.strategies=[nope]",
+            "error: --plan.strategies: 'nope' is not one of ddp, dp, fsdp, manual_model_parallel, pipeline.",
+        ),
+        (
+            "--trainer.num_nodes=2",
+            "error: plan measures the layouts on this machine alone: drop --trainer.num_nodes, "
+            "and add it to the fit command of the layout it chooses.",
+        ),
+        ("--plan.micro_batches=[0]", "error: --plan.micro_batches must be at least 1, not 0."),
+        ("--plan.memory_per_device=-1", "error: --plan.memory_per_device must be more than 0 GiB, not -1.0."),
+        ("--plan.memory_per_device=0", "error: --plan.memory_per_device must be more than 0 GiB, not 0.0."),
+    ],
+)
 def test_bad_plan_options_end_with_one_line(capsys, option, message):
     with pytest.raises(SystemExit) as exit_info:
         cli_main("plan", "--config", SMOKE, "--trainer.devices=2", option)
@@ -116,13 +153,22 @@ def test_bad_plan_options_end_with_one_line(capsys, option, message):
 
 def test_a_plan_that_trains_no_layout_says_so_and_fails(capsys, tmp_path):
     with pytest.raises(SystemExit) as exit_info:
-        cli_main("plan", "--config", SMOKE, "--trainer.accelerator=cpu", "--trainer.devices=2", *run_args(tmp_path),
-                 "--plan.strategies=[ddp]", "--plan.memory_per_device=0.01")
+        cli_main(
+            "plan",
+            "--config",
+            SMOKE,
+            "--trainer.accelerator=cpu",
+            "--trainer.devices=2",
+            *run_args(tmp_path),
+            "--plan.strategies=[ddp]",
+            "--plan.memory_per_device=0.01",
+        )
     assert exit_info.value.code == 2
     out, err = capsys.readouterr()
     assert "  ddp: would need about " in out and "1 device: would need about " in out
     assert err.strip().splitlines()[-1] == (
-        "error: no layout trained, so nothing was written: each was left out or failed, as listed above.")
+        "error: no layout trained, so nothing was written: each was left out or failed, as listed above."
+    )
     assert not (tmp_path / "logs" / "test").exists()
 
 
@@ -133,33 +179,58 @@ def test_a_config_file_with_a_plan_section_is_refused(capsys, tmp_path):
         cli_main("plan", "--config", SMOKE, "--config", str(config))
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"error: {config} has a plan section, which fit (run for each layout) refuses: give the --plan.* options on "
-        "the command line instead.")
+        "the command line instead."
+    )
 
 
 def test_dry_run_lists_the_layouts_with_their_estimates_and_runs_none(tmp_path):
-    result = run_cli("plan", "--config", SMOKE, "--trainer.accelerator=cpu", "--trainer.devices=2",
-                     *run_args(tmp_path), "--plan.dry_run=true", "--plan.micro_batches=[2,16]", cwd=tmp_path)
+    result = run_cli(
+        "plan",
+        "--config",
+        SMOKE,
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=2",
+        *run_args(tmp_path),
+        "--plan.dry_run=true",
+        "--plan.micro_batches=[2,16]",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stdout
-    listing = result.stdout[result.stdout.index("layouts would run"):].splitlines()[1:]
+    listing = result.stdout[result.stdout.index("layouts would run") :].splitlines()[1:]
     assert {line.split(" estimate MiB")[0].strip() for line in listing} == {
-        name for name in TWO_CPU_PROCESSES if not name.startswith("pipeline") or name.endswith(" m2")}
+        name for name in TWO_CPU_PROCESSES if not name.startswith("pipeline") or name.endswith(" m2")
+    }
     # 16 micro-batches of a pipeline's 16 images: with the ImageNet stem, layer4 sees 1x1 images, and
     # BatchNorm cannot train on one value per channel.
     single_images = {name.replace(" m8", " m16") for name in TWO_CPU_PROCESSES if name.endswith(" m8")}
     for name in single_images:
-        assert f"  {name}: micro-batches of 1 image(s) do not train: Expected more than 1 value per channel" in result.stdout
+        assert (
+            f"  {name}: micro-batches of 1 image(s) do not train: Expected more than 1 value per channel"
+            in result.stdout
+        )
     assert "  fsdp: needs CUDA devices" in result.stdout
     assert not (tmp_path / "logs" / "test" / "plan.yaml").exists()
 
 
 def test_plan_measures_ranks_and_writes_a_config_that_fit_trains_with(tmp_path):
     result = run_cli(
-        "plan", "--config", SMOKE, "--trainer.accelerator=cpu", "--trainer.devices=2", *run_args(tmp_path),
-        "--plan.strategies=[ddp,pipeline]", "--plan.schedules=[1f1b]", "--plan.micro_batches=[2]",
-        "--plan.warmup=1", "--plan.steps=2", "--data.num_workers=1", cwd=tmp_path, timeout=600,  # the recipe's loader workers
+        "plan",
+        "--config",
+        SMOKE,
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=2",
+        *run_args(tmp_path),
+        "--plan.strategies=[ddp,pipeline]",
+        "--plan.schedules=[1f1b]",
+        "--plan.micro_batches=[2]",
+        "--plan.warmup=1",
+        "--plan.steps=2",
+        "--data.num_workers=1",
+        cwd=tmp_path,
+        timeout=600,  # the recipe's loader workers
     )
     assert result.returncode == 0, result.stdout
-    table = result.stdout[result.stdout.index("  #  layout"):result.stdout.index("fit options:")].splitlines()[1:-1]
+    table = result.stdout[result.stdout.index("  #  layout") : result.stdout.index("fit options:")].splitlines()[1:-1]
     rows = [line.split() for line in table]
     assert sorted(" ".join(row[1:-5]) for row in rows) == ["1 device", "ddp", "pipeline 2 1f1b m2"]
     speeds = [float(row[-5]) for row in rows]
@@ -177,8 +248,9 @@ def test_plan_measures_ranks_and_writes_a_config_that_fit_trains_with(tmp_path):
     best = " ".join(rows[0][1:-6])
     assert config["model"] == {"activation_checkpointing": False}
     assert config["trainer"]["accelerator"] == "cpu"
-    trained = run_cli("fit", "--config", SMOKE, "--config", str(folder / "plan.yaml"), *run_args(tmp_path, "winner"),
-                      cwd=tmp_path)
+    trained = run_cli(
+        "fit", "--config", SMOKE, "--config", str(folder / "plan.yaml"), *run_args(tmp_path, "winner"), cwd=tmp_path
+    )
     assert trained.returncode == 0, trained.stdout
     assert (tmp_path / "checkpoints" / "winner" / "last.ckpt").is_file()
     assert best in result.stdout.split("the fastest: ")[1]

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO, SMOKE, cli_error, cli_main, run_args, run_cli
 from lightning.fabric.utilities.throughput import measure_flops
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
-from conftest import REPO, SMOKE, cli_error, cli_main, run_args, run_cli
 from multigpu.lazy_blocks import LazyBlocks
 from multigpu.model import ResNet50Classifier
 from multigpu.network import resnet50_block_factories
@@ -21,8 +21,9 @@ from multigpu.network import resnet50_block_factories
 EAGER_COMPILE = "--model.compile={backend: eager}"
 # torch.compile's default backend, inductor, writes C++ kernels for the CPU and compiles them (a minute and a
 # half for ResNet-50 here). Where no C++ compiler is found, the eager backend runs the same tests.
-CXX = next((path for name in (os.environ.get("CXX"), "g++", "c++", "clang++") if name and (path := shutil.which(name))),
-           None)
+CXX = next(
+    (path for name in (os.environ.get("CXX"), "g++", "c++", "clang++") if name and (path := shutil.which(name))), None
+)
 TRAINING_ONLY = ["--trainer.limit_val_batches=0"]  # no evaluation graph to compile as well
 COMPILE = {"inductor": "--model.compile=true", "eager": EAGER_COMPILE}
 BACKENDS = [
@@ -73,8 +74,9 @@ def _first_loss(output: str) -> float:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_compiled_network_trains_with_the_plain_networks_loss_and_parameter_names(backend, tmp_path, kernel_cache,
-                                                                                   capsys):
+def test_compiled_network_trains_with_the_plain_networks_loss_and_parameter_names(
+    backend, tmp_path, kernel_cache, capsys
+):
     args = ["--config", SMOKE, *run_args(tmp_path), "--trainer.max_steps=1", *TRAINING_ONLY]
     compiled = run_cli("fit", *args, COMPILE[backend], timeout=900, env=kernel_cache)
     assert compiled.returncode == 0, compiled.stdout
@@ -90,25 +92,45 @@ def test_compiled_network_trains_with_the_plain_networks_loss_and_parameter_name
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_compiled_network_trains_under_ddp(backend, tmp_path, kernel_cache):
-    result = run_cli("fit", "--config", SMOKE, *run_args(tmp_path), COMPILE[backend], "--trainer.strategy=ddp",
-                     "--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.max_steps=1", *TRAINING_ONLY,
-                     timeout=900, env=kernel_cache)
+    result = run_cli(
+        "fit",
+        "--config",
+        SMOKE,
+        *run_args(tmp_path),
+        COMPILE[backend],
+        "--trainer.strategy=ddp",
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=2",
+        "--trainer.max_steps=1",
+        *TRAINING_ONLY,
+        timeout=900,
+        env=kernel_cache,
+    )
     assert result.returncode == 0, result.stdout
     assert _last(tmp_path)["global_step"] == 1
 
 
 def test_fast_config_trains_on_the_cpu(tmp_path):
     """configs/fast.yaml (bf16, channels_last, data on the device), compiled here without code generation."""
-    cli_main("fit", "--config", SMOKE, "--config", str(REPO / "configs" / "fast.yaml"), *run_args(tmp_path),
-             EAGER_COMPILE, "--trainer.max_steps=2")
+    cli_main(
+        "fit",
+        "--config",
+        SMOKE,
+        "--config",
+        str(REPO / "configs" / "fast.yaml"),
+        *run_args(tmp_path),
+        EAGER_COMPILE,
+        "--trainer.max_steps=2",
+    )
     last = _last(tmp_path)
     assert last["global_step"] == 2 and last["hyper_parameters"]["channels_last"]
 
 
 @pytest.mark.parametrize("strategy", ["dp", "manual_model_parallel", "pipeline"])
 def test_strategies_that_place_blocks_refuse_compile(strategy, tmp_path, capsys):
-    error = cli_error(capsys, *run_args(tmp_path), "--model.compile=true", f"--trainer.strategy={strategy}",
-                      "--trainer.devices=2")
+    error = cli_error(
+        capsys, *run_args(tmp_path), "--model.compile=true", f"--trainer.strategy={strategy}", "--trainer.devices=2"
+    )
     assert error == (
         f"error: strategy {strategy} places the network's blocks itself and cannot run it compiled: "
         "drop --model.compile, or use ddp or one device."
