@@ -5,7 +5,7 @@
 
 Each layout trains ``--steps`` optimizer steps of ResNet-50 on synthetic CIFAR-sized images
 at the recipe's batch (128 per process) through ``main.py fit``, without and with
-``--model.activation_checkpointing``. Model parallel and pipeline split by parameter count
+``--model.recompute_activations``. Model parallel and pipeline split by parameter count
 (``balance_by: params``), save the ``-time`` layouts, which split by measured time. The table
 shows, for each stage:
 
@@ -43,7 +43,7 @@ LAYOUTS = {
     "pipeline-2-time": (2, ["--trainer.strategy=pipeline", "--trainer.devices=2"]),
     "pipeline-4-time": (4, ["--trainer.strategy=pipeline", "--trainer.devices=4"]),
 }
-CHECKPOINTED = ["--model.activation_checkpointing=true"]
+RECOMPUTED = ["--model.recompute_activations=true"]
 MIB = 2**20
 
 
@@ -53,10 +53,10 @@ def measure(args: argparse.Namespace) -> list[dict]:
         folder = Path(tmp)
         for layout in args.layouts:
             processes, options = LAYOUTS[layout]
-            for checkpointed in {"both": (False, True), "no": (False,), "yes": (True,)}[args.checkpointing]:
-                name = layout + ("+ckpt" if checkpointed else "")
+            for recomputed in {"both": (False, True), "no": (False,), "yes": (True,)}[args.recompute]:
+                name = layout + ("+recompute" if recomputed else "")
                 out = folder / f"{name}.json"
-                extra = [*options, *(CHECKPOINTED if checkpointed else [])]
+                extra = [*options, *(RECOMPUTED if recomputed else [])]
                 callbacks = ["--trainer.callbacks+=held_bytes.HeldBytes", f"--trainer.callbacks.out={out}"]
                 command = fit_command(name, folder, args, args.steps, processes, args.precision, extra, callbacks)
                 try:
@@ -65,7 +65,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
                     )
                 except RunFailed as failure:
                     sys.exit(f"error: {failure}")
-                rows.append({"layout": layout, "checkpointed": checkpointed, "ranks": ranks})
+                rows.append({"layout": layout, "recomputed": recomputed, "ranks": ranks})
                 peaks = "/".join(f"{rank['peak'] / MIB:.0f}" for rank in ranks)
                 print(f"  {name}: peak {peaks} MiB", flush=True)
     return rows
@@ -75,7 +75,7 @@ def print_table(rows: list[dict]) -> None:
     whole = next((row for row in rows if row["layout"] in ("ddp-2", "one-device")), None)
     reference = sum(whole["ranks"][0]["stages"][0][key] for key in ("params", "grads", "optimizer")) if whole else None
     print(
-        "\n| layout | ckpt | rank | stage blocks | params MiB | grads MiB | optimizer MiB | held MiB | vs ddp "
+        "\n| layout | recompute | rank | stage blocks | params MiB | grads MiB | optimizer MiB | held MiB | vs ddp "
         "| peak MiB |"
     )
     print("|---|---|---|---|---:|---:|---:|---:|---:|---:|")
@@ -86,7 +86,7 @@ def print_table(rows: list[dict]) -> None:
                 ratio = f"{held / reference:.3f}" if reference else "-"
                 peak = f"{rank['peak'] / MIB:,.0f}" if index == 0 else ""
                 print(
-                    f"| {row['layout']} | {'yes' if row['checkpointed'] else 'no'} | {rank['rank']} | "
+                    f"| {row['layout']} | {'yes' if row['recomputed'] else 'no'} | {rank['rank']} | "
                     f"{stage['blocks']} | {stage['params'] / MIB:.1f} | {stage['grads'] / MIB:.1f} | "
                     f"{stage['optimizer'] / MIB:.1f} | {held / MIB:.1f} | {ratio} | {peak} |"
                 )
@@ -98,10 +98,10 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128, help="per process (the recipe's)")
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps; counted before the last one's update")
     parser.add_argument(
-        "--checkpointing",
+        "--recompute",
         choices=["both", "no", "yes"],
         default="both",
-        help="each layout without and with activation checkpointing, or one of them",
+        help="each layout without and with activation recomputation, or one of them",
     )
     add_run_options(parser)
     args = parser.parse_args()

@@ -156,15 +156,15 @@ def overflowing(batch_size: int) -> tuple[LightningModule, TensorDataset]:
     return OverflowBlocks(), tiny(batch_size)[1]
 
 
-def resnet(batch_size: int, activation_checkpointing: bool = False) -> tuple[LightningModule, SyntheticCIFAR10]:
+def resnet(batch_size: int, recompute_activations: bool = False) -> tuple[LightningModule, SyntheticCIFAR10]:
     """ResNet-50 with BatchNorm; the ImageNet stem keeps it fast on a CPU."""
     model = ResNet50Classifier(
-        batch_size=batch_size, stem="imagenet", warmup_epochs=0, activation_checkpointing=activation_checkpointing
+        batch_size=batch_size, stem="imagenet", warmup_epochs=0, recompute_activations=recompute_activations
     )
     return model, SyntheticCIFAR10(64, seed=1)
 
 
-checkpointed = partial(resnet, activation_checkpointing=True)
+recomputed = partial(resnet, recompute_activations=True)
 
 
 class DeferredStatistics(ResNet50Classifier):
@@ -218,13 +218,13 @@ SETUPS = {
         8,
         {},
     ),
-    # Activation checkpointing: against the same training without it.
-    "resnet_accumulated_checkpointed": (checkpointed, "auto", 1, 4, ACCUMULATED),
-    "resnet_dp_checkpointed": (checkpointed, DataParallelStrategy, 1, 4, ACCUMULATED),
+    # Activation recomputation: against the same training without it.
+    "resnet_accumulated_recomputed": (recomputed, "auto", 1, 4, ACCUMULATED),
+    "resnet_dp_recomputed": (recomputed, DataParallelStrategy, 1, 4, ACCUMULATED),
     "resnet_mmp": (resnet, lambda: ManualModelParallelStrategy(balance=[12, 22]), 2, 4, ACCUMULATED),
-    "resnet_mmp_checkpointed": (checkpointed, lambda: ManualModelParallelStrategy(balance=[12, 22]), 2, 4, ACCUMULATED),
-    "resnet_pipe_1f1b_checkpointed": (
-        checkpointed,
+    "resnet_mmp_recomputed": (recomputed, lambda: ManualModelParallelStrategy(balance=[12, 22]), 2, 4, ACCUMULATED),
+    "resnet_pipe_1f1b_recomputed": (
+        recomputed,
         lambda: PipelineStrategy(micro_batches=2, schedule="1f1b", balance=[12, 22]),
         2,
         8,
@@ -239,15 +239,15 @@ SETUPS = {
         8,
         {},
     ),
-    "resnet_pipe_deferred_checkpointed": (
-        checkpointed,
+    "resnet_pipe_deferred_recomputed": (
+        recomputed,
         lambda: PipelineStrategy(micro_batches=2, balance=[12, 22], deferred_batch_norm=True),
         2,
         8,
         {},
     ),
     "resnet_ddp": (resnet, "ddp", 2, 2, ACCUMULATED),
-    "resnet_ddp_checkpointed": (checkpointed, "ddp", 2, 2, ACCUMULATED),
+    "resnet_ddp_recomputed": (recomputed, "ddp", 2, 2, ACCUMULATED),
     # 16-mixed with loss scaling; the second step overflows on one process only (one that holds the first block),
     # and every process must skip it.
     "single_fp16": (overflowing, "auto", 1, 16, fp16((0,))),

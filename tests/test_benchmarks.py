@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO
 
 
@@ -29,9 +30,10 @@ def test_throughput_harness_prints_its_table_and_writes_json_and_chart(tmp_path)
     figures = json.loads((tmp_path / "throughput.json").read_text())
     rows = {row["name"]: row for row in figures["results"]}
     assert rows["plain"]["vs_plain"] is None and rows["app"]["efficiency"] is None
-    assert rows["app"]["vs_plain"] == rows["app"]["images_per_s"] / rows["plain"]["images_per_s"]
+    # Images per step over all processes: the batch of 2 once, and once per ddp process.
+    for name, images in (("plain", 2), ("app", 2), ("ddp", 4)):
+        assert rows[name]["images_per_s"] * rows[name]["step_time_s"] == pytest.approx(images), name
     assert len(rows["ddp"]["peak_memory_bytes"]) == 2  # one figure per process
-    assert rows["ddp"]["efficiency"] == rows["ddp"]["images_per_s"] / (2 * rows["app"]["images_per_s"])
     assert (tmp_path / "throughput.png").read_bytes().startswith(b"\x89PNG")
 
 
@@ -49,7 +51,7 @@ def test_memory_harness_counts_what_each_pipeline_stage_holds(tmp_path):
         "--layouts",
         "one-device",
         "pipeline-2",
-        "--checkpointing=no",
+        "--recompute=no",
         "--accelerator=cpu",
         "--batch-size=8",
         "--stem=imagenet",
@@ -85,7 +87,6 @@ def test_pipeline_benchmark_prints_where_each_process_spends_its_time(tmp_path):
     figures = json.loads((tmp_path / "pipeline_efficiency.json").read_text())
     assert [row["schedule"] for row in figures["results"]] == ["gpipe", "zbvzerobubble"]
     for row in figures["results"]:
-        assert row["efficiency"] == row["images_per_s"] / (2 * figures["accumulated_images_per_s"]["2"])
         assert len(row["clocks"]) == 2  # each process: forward, backward, send/recv, wait, other
         assert all(clock["forward"] > 0 and clock["backward"] > 0 for clock in row["clocks"])
     # Two processes at once over twice one, from a single timed step of 4 images: noise moves it past 1.2

@@ -71,7 +71,7 @@ BAD_VALUES = {
     "--trainer.precision=17": "--trainer.precision: Does not validate",
     "--trainer.num_nodes=0": "--trainer.num_nodes must be at least 1, not 0",
     "--trainer.max_epochs=-5": "--trainer.max_epochs must be at least -1, not -5",
-    "--trainer.max_epochs=-1": "the cosine schedule needs an end",
+    "--trainer.max_epochs=-1": "the cosine learning-rate schedule needs an end",
     "--model.momentum=0": "model.nesterov=true needs model.momentum above 0",
     "--throughput.peak_flops=-1": "throughput.peak_flops must be a positive FLOP/s figure",
     "--trainer.check_val_every_n_epoch=0": "--trainer.check_val_every_n_epoch must be at least 1, not 0",

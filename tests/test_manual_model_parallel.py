@@ -2,6 +2,7 @@
 
 import logging
 import re
+import time
 
 import pytest
 import torch
@@ -82,17 +83,39 @@ def test_two_processes_of_two_stages_equal_one_process_on_both_shards(train_setu
         torch.testing.assert_close(tensor, reference[name], rtol=0, atol=1e-6, msg=name)
 
 
-def test_balance_by_parameters_and_by_time(caplog):
-    def balance(precision: str = "32-true", **options) -> str:
+class _Slow(nn.Module):
+    """A block with no parameters that takes most of the time, and records the dtype of what it is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dtypes: set[torch.dtype] = set()
+
+    @override
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.dtypes.add(x.dtype)
+        time.sleep(0.02)
+        return x
+
+
+def test_balance_by_parameters_and_by_time_differ_on_blocks_of_unequal_cost(caplog):
+    def fit(precision: str = "32-true", **options) -> tuple[str, _Slow, LightningModule]:
+        slow = _Slow()
+        module = _Unsplittable(nn.Sequential(slow, nn.Linear(4, 64), nn.Linear(64, 64), nn.Linear(64, 2)))
+        module.example_input_array = torch.zeros(2, 4)
         caplog.clear()
         with caplog.at_level(logging.INFO):
-            _fit_tiny(ManualModelParallelStrategy(**options), devices=2, precision=precision)
-        return next(line for line in caplog.text.splitlines() if "balance" in line)
+            _fit_tiny(ManualModelParallelStrategy(**options), devices=2, module=module, precision=precision)
+        return next(line for line in caplog.text.splitlines() if "balance" in line), slow, module
 
-    # Parameters 320, 4160, 4160, 130: [2, 2] holds at most 4480 per stage.
-    assert "balance [2, 2] (by params)" in balance(balance_by="params")
-    assert "(by time)" in balance(balance_by="time")
-    assert "(by time)" in balance(precision="bf16-true")  # the example input follows the parameters' dtype
+    # Parameters 0, 320, 4160, 130: by parameters [2, 2] holds at most 4290 per stage. The first block holds
+    # none but takes most of the time, so by time it is a stage of its own.
+    assert fit(balance_by="params")[0].endswith("balance [2, 2] (by params)")
+    assert fit(balance_by="time")[0].endswith("balance [1, 3] (by time)")
+    line, slow, module = fit(precision="bf16-true")
+    assert line.endswith("balance [1, 3] (by time)")
+    # Timed and trained in the precision asked for: the example input follows the parameters' dtype.
+    assert slow.dtypes == {torch.bfloat16}
+    assert {parameter.dtype for parameter in module.parameters()} == {torch.bfloat16}
 
 
 def test_cli_trains_prints_its_split_and_resumes_under_ddp(tmp_path):
@@ -188,7 +211,10 @@ def test_stages_on_two_gpus_fit_then_validate(devices_per_replica, tmp_path):
     ]
     fit = run_cli("fit", *args, *strategy, "--trainer.precision=16-mixed", "--trainer.gradient_clip_val=1.0")
     assert fit.returncode == 0, fit.stdout
-    assert re.search(r"^1 +cuda:1 ", fit.stdout, re.MULTILINE) or devices_per_replica == 1
+    stages, replicas = (2, 1) if devices_per_replica == 2 else (1, 2)
+    assert f"manual_model_parallel: {stages} stages per replica, {replicas} replica(s)" in fit.stdout
+    # The last stage of each replica is on the replica's last GPU.
+    assert re.search(rf"^{stages - 1} +cuda:{2 // replicas - 1} ", fit.stdout, re.MULTILINE)
     validate = run_cli("validate", *args, *strategy, "--ckpt_path=last")
     assert validate.returncode == 0, validate.stdout
 

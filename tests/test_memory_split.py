@@ -55,17 +55,17 @@ def test_model_parallel_builds_each_block_once_where_it_goes(train_setup, tmp_pa
 @pytest.mark.parametrize(
     ("setup", "reference"),
     [
-        ("resnet_accumulated_checkpointed", "resnet_accumulated"),
-        ("resnet_dp_checkpointed", "resnet_accumulated"),
-        ("resnet_mmp_checkpointed", "resnet_mmp"),  # (one process of 2 threads: its own sums)
-        ("resnet_pipe_1f1b_checkpointed", "resnet_accumulated"),
-        ("resnet_ddp_checkpointed", "resnet_ddp"),
-        ("resnet_pipe_deferred_checkpointed", "resnet_pipe_deferred"),
+        ("resnet_accumulated_recomputed", "resnet_accumulated"),
+        ("resnet_dp_recomputed", "resnet_accumulated"),
+        ("resnet_mmp_recomputed", "resnet_mmp"),  # (one process of 2 threads: its own sums)
+        ("resnet_pipe_1f1b_recomputed", "resnet_accumulated"),
+        ("resnet_ddp_recomputed", "resnet_ddp"),
+        ("resnet_pipe_deferred_recomputed", "resnet_pipe_deferred"),
     ],
 )
-def test_activation_checkpointing_changes_no_bit(setup, reference, train_setup):
+def test_recompute_activations_changes_no_bit(setup, reference, train_setup):
     """Parameters, BatchNorm statistics and counters after 4 steps, bit for bit (one thread per process)."""
-    checkpointed, plain = train_setup(setup), train_setup(reference)
-    assert checkpointed.keys() == plain.keys()
-    for name, tensor in checkpointed.items():
+    recomputed, plain = train_setup(setup), train_setup(reference)
+    assert recomputed.keys() == plain.keys()
+    for name, tensor in recomputed.items():
         assert torch.equal(tensor, plain[name]), name

@@ -6,9 +6,11 @@ from dataclasses import replace
 import pytest
 import yaml
 from conftest import SMOKE, cli_main, run_args, run_cli
+from lightning.fabric.utilities.rank_zero import LightningDeprecationWarning
 
 from multigpu.planning.layouts import candidate_layouts
 from multigpu.planning.memory_estimate import block_memory, estimate
+from multigpu.planning.options import PlanOptions
 from multigpu.planning.selection import Setting, choose
 
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
@@ -109,22 +111,22 @@ def test_memory_estimate_splits_the_state_and_recomputation_shrinks_the_activati
     pipeline = replace(by_name["pipeline 2 gpipe m4"], balance=(28, 6), batch_size=128)
     stages = estimate(pipeline, memory, optimizer_states=1)
     assert len(stages) == 2 and all(stage[0] < whole for stage in stages)
-    checkpointed = estimate(replace(by_name["1 device"], checkpointing=True), memory, optimizer_states=1)
-    assert checkpointed[0][0] < 0.6 * whole  # measured on this CPU: 4,482 -> 2,552 MiB (-43%)
+    recomputed = estimate(replace(by_name["1 device"], recompute=True), memory, optimizer_states=1)
+    assert recomputed[0][0] < 0.6 * whole  # measured on this CPU: 4,482 -> 2,552 MiB (-43%)
 
 
-def test_layouts_that_would_not_fit_are_left_out_and_tried_with_activation_checkpointing(memory):
+def test_layouts_that_would_not_fit_are_left_out_and_tried_with_recomputation(memory):
     setting = _setting(memory)
     layouts, _ = candidate_layouts(devices=2, cuda=True, batch_size=128, compiled=False, strategies=["ddp"])
     (one_device, ddp) = layouts
     limit = (setting.estimated_peaks(one_device)[0] + setting.estimated_peaks(ddp)[0]) // 2
     chosen, refusals = choose(layouts, setting, (limit, True), "auto", compiled=False)
-    assert [layout.label for layout in chosen] == ["1 device", "ddp +ckpt"]
+    assert [layout.label for layout in chosen] == ["1 device", "ddp +recompute"]
     reasons = {refusal.what: refusal.why for refusal in refusals}
     assert reasons["ddp"].startswith("would need about ") and reasons["ddp"].endswith(" MiB per device free")
-    assert "+ckpt (activation checkpointing) of 1 layouts" in reasons  # the one that fits without it
+    assert "+recompute (activation recomputation) of 1 layouts" in reasons  # the one that fits without it
     chosen, refusals = choose(layouts, setting, (1, True), "auto", compiled=False)
-    assert chosen == [] and len(refusals) == 4  # each layout, with and without checkpointing
+    assert chosen == [] and len(refusals) == 4  # each layout, with and without recomputation
 
 
 @pytest.mark.parametrize(
@@ -149,6 +151,12 @@ def test_bad_plan_options_end_with_one_line(capsys, option, message):
         cli_main("plan", "--config", SMOKE, "--trainer.devices=2", option)
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == message
+
+
+def test_the_old_name_of_the_recomputation_option_still_works_with_a_deprecation_line():
+    with pytest.warns(LightningDeprecationWarning, match="use --plan.recompute_activations"):
+        options = PlanOptions(activation_checkpointing="both")
+    assert options.recompute == "both"
 
 
 def test_a_plan_that_trains_no_layout_says_so_and_fails(capsys, tmp_path):
@@ -241,12 +249,10 @@ def test_plan_measures_ranks_and_writes_a_config_that_fit_trains_with(tmp_path):
     for row in figures:  # one measured peak and one estimate per process on the CPU
         processes = 1 if row["layout"] == "1 device" else 2
         assert len(row["figures"]["peak_memory_bytes"]) == len(row["estimate"]) == processes
-    one_device = next(row for row in figures if row["layout"] == "1 device")
-    assert one_device["efficiency"] == 1.0
     assert (folder / "plan.png").read_bytes().startswith(b"\x89PNG")
     config = yaml.safe_load((folder / "plan.yaml").read_text())
     best = " ".join(rows[0][1:-6])
-    assert config["model"] == {"activation_checkpointing": False}
+    assert config["model"] == {"recompute_activations": False}
     assert config["trainer"]["accelerator"] == "cpu"
     trained = run_cli(
         "fit", "--config", SMOKE, "--config", str(folder / "plan.yaml"), *run_args(tmp_path, "winner"), cwd=tmp_path

@@ -33,7 +33,7 @@ from multigpu.checkpoints import check_model_options, finished_training, resolve
 from multigpu.compat import CheckpointPathCLI
 from multigpu.data import CIFAR10DataModule
 from multigpu.errors import RunFinished, UsageError, check_at_least
-from multigpu.model import ResNet50Classifier, check_recipe
+from multigpu.model import ResNet50Classifier, check_recipe, renamed_recompute_option
 from multigpu.strategies import name_to_class_path
 from multigpu.trainer_options import check_trainer_options
 
@@ -187,6 +187,11 @@ class MultiGPUCLI(CheckpointPathCLI):
         check_trainer_options(config["trainer"])
         check_at_least("--save_every_n_steps", config.get("save_every_n_steps") or 0, 0)
         model = config["model"]
+        # The old name, moved to the new one before the model is built: its hyperparameters are this config.
+        model["recompute_activations"] = renamed_recompute_option(
+            model["recompute_activations"], model["activation_checkpointing"]
+        )
+        model["activation_checkpointing"] = None
         check_recipe(*(model[name] for name in inspect.signature(check_recipe).parameters))
 
     def before_validate(self) -> None:

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from typing_extensions import override
 
-from multigpu.activation_checkpointing import is_recomputing
 from multigpu.compat import AnyDimBatchNorm, BatchNormBase
+from multigpu.recomputation import is_recomputing
 
 __all__ = ["DeferredBatchNorm", "defer_batch_norm"]
 
@@ -71,7 +71,7 @@ class DeferredBatchNorm(AnyDimBatchNorm):
     def forward(self, input: Tensor) -> Tensor:
         if not self.training:
             return super().forward(input)
-        if not is_recomputing():  # activation checkpointing's second pass was tracked the first time
+        if not is_recomputing():  # recomputation's second pass was tracked the first time
             with torch.no_grad():
                 self._track(input)
                 self._commit_when_complete()

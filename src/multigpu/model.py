@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from lightning.fabric.utilities.throughput import measure_flops
 from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities import rank_zero_deprecation
 from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 from torch import Tensor, nn
 from torch.optim import SGD
@@ -18,17 +19,25 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
-from multigpu.activation_checkpointing import checkpoint_blocks
 from multigpu.errors import UsageError, check_at_least
 from multigpu.lazy_blocks import LazyBlocks
 from multigpu.lr_schedule import scaled_lr, warmup_cosine
 from multigpu.network import Stem, resnet50_block_factories
+from multigpu.recomputation import recompute_blocks
 from multigpu.replicas import data_parallel_size
 
-__all__ = ["IMAGE_SHAPE", "SCHEDULE_NEEDS_AN_END", "ResNet50Classifier", "check_recipe"]
+__all__ = [
+    "IMAGE_SHAPE",
+    "LR_SCHEDULE_NEEDS_AN_END",
+    "ResNet50Classifier",
+    "check_recipe",
+    "renamed_recompute_option",
+]
 
 IMAGE_SHAPE = (3, 32, 32)
-SCHEDULE_NEEDS_AN_END = "the cosine schedule needs an end: set --trainer.max_epochs or --trainer.max_steps."
+LR_SCHEDULE_NEEDS_AN_END = (
+    "the cosine learning-rate schedule needs an end: set --trainer.max_epochs or --trainer.max_steps."
+)
 
 
 def check_recipe(
@@ -38,7 +47,7 @@ def check_recipe(
     weight_decay: float,
     warmup_epochs: float,
     label_smoothing: float,
-    activation_checkpointing: bool,
+    recompute_activations: bool,
     compile: bool | dict[str, Any],
 ) -> None:
     """Refuse optimizer and loss settings that mean nothing, in one line each (the CLI calls it before it
@@ -53,11 +62,23 @@ def check_recipe(
     check_at_least("model.label_smoothing", label_smoothing, 0, below=1)
     if nesterov and momentum == 0:
         raise UsageError("model.nesterov=true needs model.momentum above 0: add --model.nesterov=false for plain SGD.")
-    if activation_checkpointing and compile:
+    if recompute_activations and compile:
         raise UsageError(
-            "model.activation_checkpointing=true does not run under model.compile (torch.compile refuses the "
-            "checkpoint's context_fn, which keeps BatchNorm's statistics exact): drop one of them."
+            "model.recompute_activations=true does not run under model.compile (torch.compile refuses "
+            "torch.utils.checkpoint's context_fn, which keeps BatchNorm's statistics exact): drop one of them."
         )
+
+
+def renamed_recompute_option(recompute_activations: bool, activation_checkpointing: bool | None) -> bool:
+    """``recompute_activations``, unless its deprecated old name ``activation_checkpointing`` was given (then
+    that, with a deprecation line)."""
+    if activation_checkpointing is None:
+        return recompute_activations
+    rank_zero_deprecation(
+        "model.activation_checkpointing is deprecated: use model.recompute_activations, the same setting under a "
+        "name that leaves 'checkpoint' to checkpoint files."
+    )
+    return activation_checkpointing
 
 
 class ResNet50Classifier(LightningModule):
@@ -76,13 +97,15 @@ class ResNet50Classifier(LightningModule):
         warmup_epochs: epochs of linear warm-up before the cosine decay.
         label_smoothing: label smoothing of the cross-entropy loss.
         channels_last: keep the network and its inputs in channels-last memory format.
-        activation_checkpointing: recompute each block's forward pass during the backward pass
-            instead of keeping its activations (``multigpu.activation_checkpointing``), under
-            every strategy: same gradients, less activation memory, about one more forward pass.
+        recompute_activations: recompute each block's forward pass during the backward pass
+            instead of keeping its activations (``multigpu.recomputation``; torch calls it activation
+            checkpointing), under every strategy: same gradients, less activation memory, about one
+            more forward pass.
         compile: run the network through ``torch.compile``: ``true``, or a mapping of its
             keyword arguments such as ``{mode: max-autotune}``. Shapes are static unless it
             says ``dynamic``. Parameter names do not change, so checkpoints stay
             interchangeable with uncompiled runs.
+        activation_checkpointing: deprecated, the old name of ``recompute_activations``.
     """
 
     def __init__(
@@ -98,14 +121,16 @@ class ResNet50Classifier(LightningModule):
         warmup_epochs: float = 2.0,
         label_smoothing: float = 0.0,
         channels_last: bool = False,
-        activation_checkpointing: bool = False,
+        recompute_activations: bool = False,
         compile: bool | dict[str, Any] = False,
+        activation_checkpointing: bool | None = None,
     ) -> None:
         super().__init__()
+        recompute_activations = renamed_recompute_option(recompute_activations, activation_checkpointing)
         check_recipe(
-            base_lr, momentum, nesterov, weight_decay, warmup_epochs, label_smoothing, activation_checkpointing, compile
+            base_lr, momentum, nesterov, weight_decay, warmup_epochs, label_smoothing, recompute_activations, compile
         )
-        self.save_hyperparameters()
+        self.save_hyperparameters(ignore=["activation_checkpointing"])
         # On the meta device until configure_model, where the strategy places each block (lazy_blocks).
         self.net = LazyBlocks(resnet50_block_factories(num_classes, stem))
         if not compile:
@@ -123,8 +148,8 @@ class ResNet50Classifier(LightningModule):
         self.net.materialize()
         if self.hparams.channels_last:
             self.net.to(memory_format=torch.channels_last)
-        if self.hparams.activation_checkpointing:
-            checkpoint_blocks(self.net)
+        if self.hparams.recompute_activations:
+            recompute_blocks(self.net)
         compile_options = self.hparams.compile
         if compile_options and not self._compiled:
             options = {} if compile_options is True else dict(compile_options)
@@ -200,7 +225,7 @@ class ResNet50Classifier(LightningModule):
             weight_decay=hp.weight_decay,
         )
         if math.isinf(trainer.estimated_stepping_batches):
-            raise UsageError(SCHEDULE_NEEDS_AN_END)
+            raise UsageError(LR_SCHEDULE_NEEDS_AN_END)
         total_steps = int(trainer.estimated_stepping_batches)
         if trainer.train_dataloader is None:  # not loaded yet when only max_steps bounds the run
             trainer.fit_loop.setup_data()

@@ -121,8 +121,9 @@ def block_times(
             _synchronize(device)
             start = time.perf_counter()
             out = block(x)
-            outputs = [out] if isinstance(out, Tensor) else list(out)
-            torch.autograd.backward(outputs, [torch.ones_like(output) for output in outputs])
+            outputs = [output for output in ([out] if isinstance(out, Tensor) else out) if output.requires_grad]
+            if outputs:  # none where a block without parameters is first (nothing before it needs gradients)
+                torch.autograd.backward(outputs, [torch.ones_like(output) for output in outputs])
             _synchronize(device)
             middle = time.perf_counter()
             if update is not None:

@@ -12,7 +12,7 @@ from lightning.pytorch.accelerators import AcceleratorRegistry, CUDAAccelerator,
 from lightning.pytorch.strategies import StrategyRegistry
 
 from multigpu.errors import UsageError, check_at_least
-from multigpu.model import SCHEDULE_NEEDS_AN_END
+from multigpu.model import LR_SCHEDULE_NEEDS_AN_END
 
 __all__ = ["accelerator_name", "check_trainer_options", "device_request"]
 
@@ -39,7 +39,7 @@ def check_trainer_options(trainer: Mapping[str, Any]) -> None:
         if isinstance(trainer.get(option), int):
             check_at_least(f"--trainer.{option}", trainer[option], minimum)
     if trainer.get("max_epochs") == -1 and trainer.get("max_steps") in (None, -1):
-        raise UsageError(SCHEDULE_NEEDS_AN_END)
+        raise UsageError(LR_SCHEDULE_NEEDS_AN_END)
     accelerator = accelerator_name(trainer.get("accelerator", "auto"))
     if accelerator is not None:
         _check_devices(accelerator, trainer.get("devices", "auto"))

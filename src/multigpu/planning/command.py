@@ -77,7 +77,7 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
     layouts, unbalanced = balanced(layouts, setting, config)
     refusals += unbalanced
     budget = memory_budget(setting.cuda, setting.device_ids or list(range(setting.devices)), options.memory_per_device)
-    chosen, left_out = choose(layouts, setting, budget, options.checkpointing, bool(config["model"]["compile"]))
+    chosen, left_out = choose(layouts, setting, budget, options.recompute, bool(config["model"]["compile"]))
     refusals += left_out
     outcomes = [Outcome(layout, setting.estimated_peaks(layout)) for layout in chosen]
     if not options.dry_run:

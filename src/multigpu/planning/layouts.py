@@ -35,7 +35,7 @@ class Layout:
     devices: int
     processes: int
     batch_size: int
-    checkpointing: bool = False
+    recompute: bool = False
     options: dict = field(default_factory=dict)  # the strategy's own, besides balance
     balance: tuple[int, ...] | None = None
     schedule: str | None = None  # pipeline only
@@ -43,7 +43,7 @@ class Layout:
 
     @property
     def label(self) -> str:
-        return self.name + (" +ckpt" if self.checkpointing else "")
+        return self.name + (" +recompute" if self.recompute else "")
 
     @property
     def num_stages(self) -> int:
@@ -88,7 +88,7 @@ class Layout:
         """The part of a config file that selects this layout."""
         return {
             "trainer": {"strategy": self.strategy_config(), "devices": self.device_request(device_ids)},
-            "model": {"activation_checkpointing": self.checkpointing},
+            "model": {"recompute_activations": self.recompute},
             "data": {"batch_size": self.batch_size},
         }
 
@@ -97,7 +97,7 @@ class Layout:
         options = [f"--trainer.strategy={self.strategy}", f"--trainer.devices={_text(self.device_request(device_ids))}"]
         options += [f"--trainer.strategy.{key}={_text(value)}" for key, value in self.init_args.items()]
         return options + [
-            f"--model.activation_checkpointing={_text(self.checkpointing)}",
+            f"--model.recompute_activations={_text(self.recompute)}",
             f"--data.batch_size={self.batch_size}",
         ]
 
@@ -130,7 +130,7 @@ def candidate_layouts(
     schedules: Sequence[str] = SCHEDULES,
     micro_batches: Sequence[int] | None = None,
 ) -> tuple[list[Layout], list[Refusal]]:
-    """The layouts without activation checkpointing that can train on ``devices`` devices (one device first),
+    """The layouts without activation recomputation that can train on ``devices`` devices (one device first),
     and a ``Refusal`` for each one that cannot.
 
     Every layout but the one device trains the same global batch, ``batch_size`` per device as ``ddp`` does:

@@ -15,7 +15,7 @@ images in flight through them:
   in flight (GPipe and LoopedBFS run every forward pass first: all of them; the others at
   most as many as there are stages after this one).
 
-With activation checkpointing a block keeps only its input, and recomputes its activations
+With activation recomputation a block keeps only its input, and recomputes its activations
 one block at a time. Under 16-bit mixed precision activations take 2 bytes per value.
 """
 
@@ -74,13 +74,13 @@ def block_memory(num_classes: int, stem: Stem, half_activations: bool) -> BlockM
 
 
 def _activations(
-    memory: BlockMemory, blocks: Sequence[int], images: float, checkpointing: bool, in_flight: int = 1
+    memory: BlockMemory, blocks: Sequence[int], images: float, recompute: bool, in_flight: int = 1
 ) -> float:
-    """What ``blocks`` keep for ``in_flight`` batches of ``images``; with checkpointing, the blocks' inputs for
+    """What ``blocks`` keep for ``in_flight`` batches of ``images``; with recomputation, the blocks' inputs for
     each, and the activations of one block of one batch, recomputed at a time."""
     if not blocks:
         return 0.0
-    if checkpointing:
+    if recompute:
         return images * (in_flight * sum(memory.inputs[i] for i in blocks) + max(memory.activations[i] for i in blocks))
     return in_flight * images * sum(memory.activations[i] for i in blocks)
 
@@ -92,18 +92,18 @@ def estimate(layout: Layout, memory: BlockMemory, optimizer_states: int) -> list
     every = range(len(memory.params))
     held = lambda blocks: sum(memory.params[i] for i in blocks)  # noqa: E731
     state = lambda blocks: held(blocks) * (2 + optimizer_states)  # noqa: E731
-    ckpt = layout.checkpointing
+    recompute = layout.recompute
     if layout.strategy in ("auto", "ddp"):
         extra = held(every) if layout.strategy == "ddp" else 0
-        device = state(every) + extra + _activations(memory, every, batch_size, ckpt)
+        device = state(every) + extra + _activations(memory, every, batch_size, recompute)
         return [[int(device)] for _ in range(layout.processes)]
     if layout.strategy == "fsdp":
         # Lightning's fsdp without a wrapping policy gathers the whole network: full parameters and gradients.
-        device = state(every) / layout.devices + 2 * held(every) + _activations(memory, every, batch_size, ckpt)
+        device = state(every) / layout.devices + 2 * held(every) + _activations(memory, every, batch_size, recompute)
         return [[int(device)] for _ in range(layout.processes)]
     if layout.strategy == "dp":
         images = -(-batch_size // layout.devices)
-        activations = _activations(memory, every, images, ckpt)
+        activations = _activations(memory, every, images, recompute)
         return [[int(state(every) + activations)] + [int(2 * held(every) + activations)] * (layout.devices - 1)]
     if layout.balance is None:
         raise ValueError("a split layout needs its balance before its memory is estimated")
@@ -111,7 +111,11 @@ def estimate(layout: Layout, memory: BlockMemory, optimizer_states: int) -> list
     if layout.strategy == "manual_model_parallel":
         replicated = layout.replicas > 1
         devices = [
-            int(state(blocks) + (held(blocks) if replicated else 0) + _activations(memory, blocks, batch_size, ckpt))
+            int(
+                state(blocks)
+                + (held(blocks) if replicated else 0)
+                + _activations(memory, blocks, batch_size, recompute)
+            )
             for blocks in stages
         ]
         return [devices for _ in range(layout.processes)]
@@ -123,6 +127,6 @@ def estimate(layout: Layout, memory: BlockMemory, optimizer_states: int) -> list
             in_flight = layout.micro_batches
             if layout.schedule not in _ALL_AT_ONCE:
                 in_flight = min(in_flight, pipeline.num_stages - stage)
-            total += state(stages[stage]) + _activations(memory, stages[stage], micro_batch, ckpt, in_flight)
+            total += state(stages[stage]) + _activations(memory, stages[stage], micro_batch, recompute, in_flight)
         per_process.append([int(total)])
     return per_process * layout.replicas

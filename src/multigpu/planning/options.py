@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
+from lightning.pytorch.utilities import rank_zero_deprecation
 
 from multigpu.errors import UsageError, check_at_least
 from multigpu.planning.layouts import PLANNED_STRATEGIES
@@ -22,10 +23,11 @@ class PlanOptions:
         strategies: the strategies to try besides one device, which is always measured (the reference).
         schedules: the pipeline schedules to try.
         micro_batches: the micro-batch counts a pipeline of P processes tries (default P, 2P and 4P).
-        activation_checkpointing: ``auto`` tries it only for the layouts that would not fit without it
+        recompute_activations: ``auto`` tries it only for the layouts that would not fit without it
             (it adds a forward pass per step and saves only memory); ``both``, ``no`` or ``yes``.
         memory_per_device: GiB each device may use (on the CPU: each process), instead of the free memory.
         dry_run: list the layouts, the ones left out and the memory estimates, and train none.
+        activation_checkpointing: deprecated, the old name of ``recompute_activations``.
     """
 
     def __init__(
@@ -35,10 +37,16 @@ class PlanOptions:
         strategies: list[str] = list(PLANNED_STRATEGIES),
         schedules: list[str] = list(SCHEDULES),
         micro_batches: list[int] | None = None,
-        activation_checkpointing: Literal["auto", "both", "no", "yes"] = "auto",
+        recompute_activations: Literal["auto", "both", "no", "yes"] = "auto",
         memory_per_device: float | None = None,
         dry_run: bool = False,
+        activation_checkpointing: Literal["auto", "both", "no", "yes"] | None = None,
     ) -> None:
+        if activation_checkpointing is not None:
+            rank_zero_deprecation(
+                "--plan.activation_checkpointing is deprecated: use --plan.recompute_activations, the same setting."
+            )
+            recompute_activations = activation_checkpointing
         for option, value in (("warmup", warmup), ("steps", steps)):
             if value is not None:
                 check_at_least(f"--plan.{option}", value, 1 if option == "steps" else 0)
@@ -51,7 +59,7 @@ class PlanOptions:
         if unknown := [name for name in strategies if name not in PLANNED_STRATEGIES]:
             raise UsageError(f"--plan.strategies: {unknown[0]!r} is not one of {', '.join(PLANNED_STRATEGIES)}.")
         self.warmup, self.steps, self.strategies, self.schedules = warmup, steps, strategies, schedules
-        self.micro_batches, self.checkpointing = micro_batches, activation_checkpointing
+        self.micro_batches, self.recompute = micro_batches, recompute_activations
         self.memory_per_device, self.dry_run = memory_per_device, dry_run
 
 

@@ -38,7 +38,7 @@ def _ranked(outcomes: Sequence[Outcome]) -> list[Outcome]:
 def _efficiency(outcome: Outcome, outcomes: Sequence[Outcome]) -> float | None:
     """img/s over (devices x one device's img/s)."""
     reference = next(
-        (o for o in outcomes if o.layout.strategy == REFERENCE and o.figures and not o.layout.checkpointing), None
+        (o for o in outcomes if o.layout.strategy == REFERENCE and o.figures and not o.layout.recompute), None
     )
     if reference is None:
         return None

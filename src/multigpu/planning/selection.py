@@ -65,24 +65,22 @@ def fits(peaks: list[int], budget: tuple[int, bool]) -> bool:
 
 
 def choose(
-    layouts: list[Layout], setting: Setting, budget: tuple[int, bool], checkpointing: str, compiled: bool
+    layouts: list[Layout], setting: Setting, budget: tuple[int, bool], recompute: str, compiled: bool
 ) -> tuple[list[Layout], list[Refusal]]:
-    """The layouts to run, with or without activation checkpointing as asked, and why the others are left out."""
+    """The layouts to run, with or without activation recomputation as asked, and why the others are left out."""
     chosen, refusals, fitting = [], [], 0
     limit, per_device = budget
     room = f"{limit / MIB:,.0f} MiB {'per device' if per_device else 'for all processes'}"
     for layout in layouts:
-        variants = {"no": [layout], "yes": [], "both": [layout], "auto": [layout]}[checkpointing]
-        if checkpointing in ("yes", "both") or (
-            checkpointing == "auto" and not fits(setting.estimated_peaks(layout), budget)
-        ):
+        variants = {"no": [layout], "yes": [], "both": [layout], "auto": [layout]}[recompute]
+        if recompute in ("yes", "both") or (recompute == "auto" and not fits(setting.estimated_peaks(layout), budget)):
             if compiled:
                 refusals.append(
-                    Refusal(f"{layout.label} +ckpt", "activation checkpointing does not run under --model.compile")
+                    Refusal(f"{layout.label} +recompute", "activation recomputation does not run under --model.compile")
                 )
             else:
-                variants.append(replace(layout, checkpointing=True))
-        elif checkpointing == "auto":
+                variants.append(replace(layout, recompute=True))
+        elif recompute == "auto":
             fitting += 1
         for variant in variants:
             peaks = setting.estimated_peaks(variant)
@@ -96,8 +94,8 @@ def choose(
     if fitting:
         refusals.append(
             Refusal(
-                f"+ckpt (activation checkpointing) of {fitting} layouts",
-                "they fit without it, and it only adds a forward pass per step; --plan.activation_checkpointing=both "
+                f"+recompute (activation recomputation) of {fitting} layouts",
+                "they fit without it, and it only adds a forward pass per step; --plan.recompute_activations=both "
                 "measures them too",
             )
         )

@@ -1,6 +1,9 @@
-"""Activation checkpointing, applied to a network's blocks from outside the network.
+"""Activation recomputation, applied to a network's blocks from outside the network.
 
-``checkpoint_blocks(net)`` makes each block of an ``nn.Sequential`` run its forward pass
+torch calls it activation checkpointing (``torch.utils.checkpoint``); this project says
+*recomputation*, so that a *checkpoint* is always a file a run resumes from.
+
+``recompute_blocks(net)`` makes each block of an ``nn.Sequential`` run its forward pass
 under ``torch.utils.checkpoint`` (non-reentrant) while gradients are recorded: only the
 block's input is kept, and the block's forward pass runs again during the backward pass
 to recompute what the gradients need. Activation memory then scales with the number of
@@ -28,13 +31,13 @@ from typing_extensions import override
 
 from multigpu.compat import BatchNormBase
 
-__all__ = ["checkpoint_blocks", "is_checkpointed", "is_recomputing"]
+__all__ = ["recompute_blocks", "is_recomputed", "is_recomputing"]
 
 _recomputing: ContextVar[bool] = ContextVar("recomputing", default=False)
 
 
 def is_recomputing() -> bool:
-    """True while a checkpointed block runs its forward pass again, during the backward pass."""
+    """True while a recomputed block runs its forward pass again, during the backward pass."""
     return _recomputing.get()
 
 
@@ -42,7 +45,7 @@ def is_recomputing() -> bool:
 def _recomputation(module: nn.Module) -> Iterator[None]:
     """The second forward pass: ``is_recomputing()`` holds, and BatchNorm's buffers come out as they went in.
 
-    The recomputation must run the same operations as the first pass (the checkpoint
+    The recomputation must run the same operations as the first pass (``torch.utils.checkpoint``
     checks the tensors it saves), so BatchNorm updates its buffers, and they are put back.
     The buffers are written through ``.data``: autograd keeps them for the backward pass,
     which in training mode does not read them, and must not see a new version.
@@ -58,8 +61,8 @@ def _recomputation(module: nn.Module) -> Iterator[None]:
             buffer.data.copy_(value)
 
 
-class _Checkpointed(nn.Module):
-    """Mixed into a block's class: its forward pass is checkpointed while gradients are recorded."""
+class _Recomputed(nn.Module):
+    """Mixed into a block's class: its forward pass is recomputed in the backward pass while gradients are recorded."""
 
     @override
     def forward(self, *args: Any) -> Any:
@@ -74,22 +77,22 @@ class _Checkpointed(nn.Module):
 
 
 def _rebuild(base: type[nn.Module], state: dict) -> nn.Module:
-    block = _checkpointed_class(base).__new__(_checkpointed_class(base))
+    block = _recomputed_class(base).__new__(_recomputed_class(base))
     block.__setstate__(state)
     return block
 
 
 @cache
-def _checkpointed_class(cls: type[nn.Module]) -> type[nn.Module]:
-    return type(f"Checkpointed{cls.__name__}", (_Checkpointed, cls), {})
+def _recomputed_class(cls: type[nn.Module]) -> type[nn.Module]:
+    return type(f"Recomputed{cls.__name__}", (_Recomputed, cls), {})
 
 
-def is_checkpointed(block: nn.Module) -> bool:
-    return isinstance(block, _Checkpointed)
+def is_recomputed(block: nn.Module) -> bool:
+    return isinstance(block, _Recomputed)
 
 
-def checkpoint_blocks(net: nn.Sequential) -> None:
-    """Checkpoint the activations of every block of ``net`` (in place; again is a no-op)."""
+def recompute_blocks(net: nn.Sequential) -> None:
+    """Recompute the activations of every block of ``net`` (in place; again is a no-op)."""
     for block in net:
-        if not is_checkpointed(block):
-            block.__class__ = _checkpointed_class(type(block))
+        if not is_recomputed(block):
+            block.__class__ = _recomputed_class(type(block))
