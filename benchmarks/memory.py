@@ -99,9 +99,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps; counted before the last one's update")
     parser.add_argument(
         "--recompute",
+        "--checkpointing",  # its old name
         choices=["both", "no", "yes"],
         default="both",
-        help="each layout without and with activation recomputation, or one of them",
+        help="each layout without and with activation recomputation, or one of them (--checkpointing: deprecated)",
     )
     add_run_options(parser)
     args = parser.parse_args()

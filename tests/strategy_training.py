@@ -28,7 +28,12 @@ from multigpu.deferred_batch_norm import defer_batch_norm
 from multigpu.lazy_blocks import LazyBlocks, is_materialized
 from multigpu.model import ResNet50Classifier
 from multigpu.process_groups import end_process_groups
-from multigpu.strategies import DataParallelStrategy, ManualModelParallelStrategy, PipelineStrategy
+from multigpu.strategies import (
+    DataParallelStrategy,
+    FullyShardedStrategy,
+    ManualModelParallelStrategy,
+    PipelineStrategy,
+)
 
 STEPS = 4
 
@@ -248,6 +253,20 @@ SETUPS = {
     ),
     "resnet_ddp": (resnet, "ddp", 2, 2, ACCUMULATED),
     "resnet_ddp_recomputed": (recomputed, "ddp", 2, 2, ACCUMULATED),
+    # Sharded (FSDP2) against ddp on the same samples: parameters, BatchNorm buffers and momentum.
+    "resnet_fsdp": (resnet, FullyShardedStrategy, 2, 2, ACCUMULATED),
+    "resnet_fsdp_recomputed_kept": (
+        recomputed,
+        lambda: FullyShardedStrategy(reshard_after_forward=False),
+        2,
+        2,
+        ACCUMULATED,
+    ),
+    "resnet_ddp_bf16": (resnet, "ddp", 2, 2, {"precision": "bf16-mixed", **ACCUMULATED}),
+    "resnet_fsdp_bf16": (resnet, FullyShardedStrategy, 2, 2, {"precision": "bf16-mixed", **ACCUMULATED}),
+    "resnet_ddp_4": (resnet, "ddp", 4, 2, {}),
+    "resnet_fsdp_4": (resnet, FullyShardedStrategy, 4, 2, {}),
+    "resnet_hsdp_2x2": (resnet, lambda: FullyShardedStrategy(shard_size=2), 4, 2, {}),
     # 16-mixed with loss scaling; the second step overflows on one process only (one that holds the first block),
     # and every process must skip it.
     "single_fp16": (overflowing, "auto", 1, 16, fp16((0,))),
@@ -308,6 +327,10 @@ def main(name: str, out: str) -> None:
             scales = [torch.zeros(()) for _ in range(dist.get_world_size())]
             dist.all_gather(scales, torch.tensor(scaler.get_scale()))
         state["loss_scales"] = torch.stack(scales)
+    if "ddp" in name or "fsdp" in name:  # and each parameter's momentum, in the optimizer's order
+        optimizer_state = trainer.strategy.optimizer_state(trainer.optimizers[0])  # gathered on rank 0
+        for index, parameter_state in optimizer_state.get("state", {}).items():
+            state[f"momentum.{index}"] = parameter_state["momentum_buffer"]
     if trainer.is_global_zero:
         torch.save({key: value.cpu() for key, value in state.items()}, out)
     end_process_groups()

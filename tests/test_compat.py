@@ -7,10 +7,17 @@ import pytest
 import torch
 import torch.distributed as dist
 from conftest import free_port
+from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
-from multigpu.compat import PRIVATE_HOOKS, STAGE_HOOKS_OF_TORCH_211, _StageOfTorch211, pipeline_stage
+from multigpu.compat import (
+    PRIVATE_HOOKS,
+    STAGE_HOOKS_OF_TORCH_211,
+    _StageOfTorch211,
+    pipeline_stage,
+    set_default_process_group_backend,
+)
 
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
 
@@ -60,3 +67,10 @@ def test_a_stage_trains_batch_norm_statistics_of_its_micro_batches_only():
     for name, buffer in reference.state_dict().items():
         assert torch.equal(piped.state_dict()[name], buffer), name
     assert int(piped[1].num_batches_tracked) == 2
+
+
+def test_a_strategy_that_shows_the_cpu_while_its_group_is_made_keeps_its_devices_backend():
+    on_gpus, chosen = DDPStrategy(), DDPStrategy(process_group_backend="gloo")
+    for strategy in (on_gpus, chosen):
+        set_default_process_group_backend(strategy, torch.device("cuda", 1))
+    assert on_gpus.process_group_backend == "nccl" and chosen.process_group_backend == "gloo"

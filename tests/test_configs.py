@@ -38,10 +38,17 @@ def test_config_builds_model_data_and_trainer(config, tmp_path):
 
 
 def test_the_old_name_of_the_recomputation_option_still_works_with_a_deprecation_line(tmp_path):
-    with pytest.warns(LightningDeprecationWarning, match="use model.recompute_activations"):
-        cli = _build(tmp_path, "--config", SMOKE, "--model.activation_checkpointing=true")
-    assert cli.model.hparams.recompute_activations is True
-    assert "activation_checkpointing" not in cli.model.hparams  # checkpoints keep the new name only
+    old_config = tmp_path / "old.yaml"
+    old_config.write_text("model:\n  activation_checkpointing: true\n")
+    for args, recomputes in (
+        (["--model.activation_checkpointing=true"], True),
+        (["--config", str(old_config)], True),
+        (["--model.activation_checkpointing=true", "--model.recompute_activations=false"], False),  # the later wins
+    ):
+        with pytest.warns(LightningDeprecationWarning, match="use model.recompute_activations"):
+            cli = _build(tmp_path, "--config", SMOKE, *args)
+        assert cli.model.hparams.recompute_activations is recomputes, args
+        assert "activation_checkpointing" not in cli.model.hparams  # checkpoints keep the new name only
 
 
 def test_ddp_config_builds_two_cpu_processes(tmp_path):

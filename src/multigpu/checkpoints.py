@@ -144,7 +144,9 @@ def check_model_options(path: str, checkpoint: dict[str, Any], options: Mapping[
     The command line decides; a changed option is reported in one line, and a changed
     network shape is refused before the network is built.
     """
-    saved = checkpoint.get("hyper_parameters", {})
+    saved = dict(checkpoint.get("hyper_parameters", {}))
+    if "activation_checkpointing" in saved:  # a checkpoint from before the option's new name
+        saved["recompute_activations"] = saved.pop("activation_checkpointing")
     changed = {key: (saved[key], options[key]) for key in saved if key in options and saved[key] != options[key]}
     for key in _NETWORK_OPTIONS:
         if key in changed:

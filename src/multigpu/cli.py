@@ -33,13 +33,23 @@ from multigpu.checkpoints import check_model_options, finished_training, resolve
 from multigpu.compat import CheckpointPathCLI
 from multigpu.data import CIFAR10DataModule
 from multigpu.errors import RunFinished, UsageError, check_at_least
-from multigpu.model import ResNet50Classifier, check_recipe, renamed_recompute_option
-from multigpu.strategies import name_to_class_path
+from multigpu.model import ResNet50Classifier, check_recipe, renamed_recompute_option, warn_old_recompute_option
+from multigpu.strategies import FullyShardedStrategy, name_to_class_path
 from multigpu.trainer_options import check_trainer_options
 
 __all__ = ["MultiGPUCLI"]
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
+
+
+def _new_option_names(args: Sequence[str]) -> list[str]:
+    """``args`` with ``--model.activation_checkpointing`` under its new name, in its place: an option given
+    after it (``plan`` adds each layout's) still wins."""
+    old, new = "--model.activation_checkpointing", "--model.recompute_activations"
+    renamed = [new + arg[len(old) :] if arg == old or arg.startswith(old + "=") else arg for arg in args]
+    if renamed != list(args):
+        warn_old_recompute_option()
+    return renamed
 
 
 def _checkpoint_dir(checkpoint_root: str, run_name: str) -> str:
@@ -124,9 +134,18 @@ class MultiGPUCLI(CheckpointPathCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         if args is None or isinstance(args, (list, tuple)):
             # `--trainer.strategy=manual_model_parallel --trainer.strategy.balance=[9,9]` reads as the class.
-            self.config = parser.parse_args(name_to_class_path(sys.argv[1:] if args is None else args))
+            self.config = parser.parse_args(
+                _new_option_names(name_to_class_path(sys.argv[1:] if args is None else args))
+            )
         else:
             super().parse_arguments(parser, args)
+        # The old name from a config file: moved to the new one before the checkpoint's options are compared and
+        # the model is built (its hyperparameters are this config).
+        model = self._config()["model"]
+        model["recompute_activations"] = renamed_recompute_option(
+            model["recompute_activations"], model["activation_checkpointing"]
+        )
+        model["activation_checkpointing"] = None
 
     def _config(self):
         """This run's configuration: the subcommand's, or the whole one with ``run=False``."""
@@ -187,11 +206,6 @@ class MultiGPUCLI(CheckpointPathCLI):
         check_trainer_options(config["trainer"])
         check_at_least("--save_every_n_steps", config.get("save_every_n_steps") or 0, 0)
         model = config["model"]
-        # The old name, moved to the new one before the model is built: its hyperparameters are this config.
-        model["recompute_activations"] = renamed_recompute_option(
-            model["recompute_activations"], model["activation_checkpointing"]
-        )
-        model["activation_checkpointing"] = None
         check_recipe(*(model[name] for name in inspect.signature(check_recipe).parameters))
 
     def before_validate(self) -> None:
@@ -219,6 +233,9 @@ class MultiGPUCLI(CheckpointPathCLI):
                 version=self._log_version,
                 default_hp_metric=False,  # no empty hp_metric card: the metrics are logged by name
             )
+        if config["trainer"].get("strategy") == FullyShardedStrategy.strategy_name:
+            # An object: Lightning refuses the name "fsdp" on the CPU before it reads the registry.
+            kwargs["strategy"] = FullyShardedStrategy()
         if config["trainer"].get("plugins") is None:  # checkpoints are written atomically
             kwargs["plugins"] = [AtomicCheckpointIO()]
         try:

@@ -1,8 +1,8 @@
 """Every private torch and Lightning name the project relies on, in one place.
 
 Nothing outside this module touches a private name of torch, torchvision or Lightning
-(``tests/test_compat.py`` fails if something does). Each use says why no public API serves,
-and ``PRIVATE_HOOKS`` lists them, so that the same test fails by name, with the hook's
+(``tests/test_code_layout.py`` fails if something does). Each use says why no public API serves,
+and ``PRIVATE_HOOKS`` lists them, so that ``tests/test_compat.py`` fails by name, with the hook's
 owner, when a torch or Lightning release removes one or changes its arguments. The
 versions we support are in ``pyproject.toml`` (torch 2.11 to 2.15); the differences
 between them are here too.
@@ -26,6 +26,7 @@ from torch.distributed.pipelining import PipelineStage
 from torch.nn.modules.batchnorm import _BatchNorm
 
 __all__ = [
+    "AnyDimBatchNorm",
     "BatchNormBase",
     "BuiltBlocksMove",
     "CheckpointPathCLI",
@@ -37,6 +38,7 @@ __all__ = [
     "pipeline_stage",
     "rendezvous_handlers",
     "save_last_checkpoint",
+    "set_default_process_group_backend",
     "should_skip_saving",
     "stop_after_this_step_as_on_sigterm",
     "time_pipeline_parts",
@@ -195,6 +197,17 @@ def layer_sync(strategy: ParallelStrategy) -> Any:
     return strategy._layer_sync
 
 
+def set_default_process_group_backend(strategy: DDPStrategy, device: torch.device) -> None:
+    """Make ``device``'s default backend (NCCL for CUDA, gloo for the CPU) the strategy's, unless one was given.
+
+    ``DDPStrategy.setup_distributed`` picks the default from ``root_device``, which a strategy may have to
+    show as the CPU while the process group is created; the choice is kept in a private attribute with no
+    public setter.
+    """
+    if strategy._process_group_backend is None:
+        strategy._process_group_backend = torch.distributed.get_default_backend_for_device(device)
+
+
 def launches_subprocesses(strategy: Strategy) -> bool:
     """Whether this process started the others with Lightning's subprocess launcher (``ddp`` without torchrun
     or SLURM), and so must stop them itself. The launcher's class is private; its ``kill`` is not."""
@@ -243,6 +256,7 @@ PRIVATE_HOOKS = (
     PrivateHook(torch.amp.GradScaler, "_per_optimizer_states", instance=lambda: torch.amp.GradScaler("cpu")),
     PrivateHook(_rendezvous, "_rendezvous_handlers"),
     PrivateHook(ParallelStrategy, "_layer_sync", instance=DDPStrategy),
+    PrivateHook(DDPStrategy, "_process_group_backend", instance=DDPStrategy),
     PrivateHook(importlib.import_module("lightning.pytorch.strategies.launchers"), "_SubprocessScriptLauncher"),
     PrivateHook(Trainer, "_signal_connector", instance=lambda: Trainer(accelerator="cpu", logger=False)),
     PrivateHook(ModelCheckpoint, "_should_skip_saving_checkpoint", ("self", "trainer")),

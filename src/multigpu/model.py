@@ -32,6 +32,7 @@ __all__ = [
     "ResNet50Classifier",
     "check_recipe",
     "renamed_recompute_option",
+    "warn_old_recompute_option",
 ]
 
 IMAGE_SHAPE = (3, 32, 32)
@@ -69,15 +70,19 @@ def check_recipe(
         )
 
 
+def warn_old_recompute_option() -> None:
+    rank_zero_deprecation(
+        "model.activation_checkpointing is deprecated: use model.recompute_activations, the same setting under a "
+        "name that leaves 'checkpoint' to checkpoint files."
+    )
+
+
 def renamed_recompute_option(recompute_activations: bool, activation_checkpointing: bool | None) -> bool:
     """``recompute_activations``, unless its deprecated old name ``activation_checkpointing`` was given (then
     that, with a deprecation line)."""
     if activation_checkpointing is None:
         return recompute_activations
-    rank_zero_deprecation(
-        "model.activation_checkpointing is deprecated: use model.recompute_activations, the same setting under a "
-        "name that leaves 'checkpoint' to checkpoint files."
-    )
+    warn_old_recompute_option()
     return activation_checkpointing
 
 

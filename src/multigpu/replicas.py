@@ -9,7 +9,8 @@ def data_parallel_size(trainer: Trainer) -> int:
     """The number of data-parallel replicas: the world size, unless the strategy says otherwise.
 
     The processes of one pipeline share their samples, so a pipeline strategy gives
-    ``data_parallel_size`` as the world size divided by its number of stages.
+    ``data_parallel_size`` as the world size divided by its processes per pipeline (its stages
+    divided by ``stages_per_process``).
     """
     return getattr(trainer.strategy, "data_parallel_size", trainer.world_size)
 

@@ -1,6 +1,8 @@
 """Our strategies, registered by name so that ``--trainer.strategy=<name>`` finds them.
 
     dp                      torch.nn.DataParallel over the devices of one process
+    fsdp                    parameters, gradients and optimizer state sharded over the processes (FSDP2),
+                            on the CPU as on CUDA; in place of Lightning's CUDA-only fsdp
     manual_model_parallel   consecutive blocks of the network on consecutive devices,
                             optionally replicated with DDP (devices_per_replica)
     pipeline                one process per stage, micro-batches on torch.distributed.pipelining,
@@ -18,17 +20,25 @@ from collections.abc import Sequence
 from lightning.pytorch.strategies import StrategyRegistry
 
 from multigpu.strategies.data_parallel import DataParallelStrategy
+from multigpu.strategies.fully_sharded import FullyShardedStrategy
 from multigpu.strategies.manual_model_parallel import ManualModelParallelStrategy
 from multigpu.strategies.pipeline import PipelineStrategy
 
-__all__ = ["DataParallelStrategy", "ManualModelParallelStrategy", "PipelineStrategy", "name_to_class_path"]
+__all__ = [
+    "DataParallelStrategy",
+    "FullyShardedStrategy",
+    "ManualModelParallelStrategy",
+    "PipelineStrategy",
+    "name_to_class_path",
+]
 
-_OUR_STRATEGY_CLASSES = (DataParallelStrategy, ManualModelParallelStrategy, PipelineStrategy)
+_OUR_STRATEGY_CLASSES = (DataParallelStrategy, FullyShardedStrategy, ManualModelParallelStrategy, PipelineStrategy)
 CLASS_PATHS = {strategy.strategy_name: f"{__name__}.{strategy.__name__}" for strategy in _OUR_STRATEGY_CLASSES}
 
-for _strategy in _OUR_STRATEGY_CLASSES:
-    if _strategy.strategy_name not in StrategyRegistry:
-        StrategyRegistry.register(_strategy.strategy_name, _strategy, description=_strategy.__doc__.splitlines()[0])
+for _strategy in _OUR_STRATEGY_CLASSES:  # ``fsdp`` takes the name from Lightning's CUDA-only FSDP1 strategy
+    StrategyRegistry.register(
+        _strategy.strategy_name, _strategy, description=_strategy.__doc__.splitlines()[0], override=True
+    )
 
 
 def name_to_class_path(args: Sequence[str]) -> list[str]:

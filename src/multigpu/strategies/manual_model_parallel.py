@@ -23,6 +23,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
+from multigpu.compat import set_default_process_group_backend
 from multigpu.errors import UsageError
 from multigpu.partition import BalanceBy, choose_balance, split_table, stage_ranges
 from multigpu.strategies.block_measures import time_blocks
@@ -120,7 +121,9 @@ class ManualModelParallelStrategy(SplitNetworkStrategy):
         if self.stages_per_replica == 1:
             return super().setup_distributed()
         # Lightning binds the process group to the root device (not a CPU); NCCL then refuses the collectives
-        # (DDP's parameter broadcast and all-reduce) on the other stages' devices. Same steps, unbound.
+        # (DDP's parameter broadcast and all-reduce) on the other stages' devices. Same steps, unbound, with
+        # the backend of the stages' devices (Lightning would take the CPU's).
+        set_default_process_group_backend(self, self.stage_devices[0])
         self._unbound_group = True
         try:
             super().setup_distributed()

@@ -5,7 +5,7 @@ network is split into ``S x V`` stages. GPipe and 1F1B hold one stage per proces
 PyTorch's multi-stage schedules place them *looped* (stage ``s`` on process ``s mod S``:
 ``Interleaved1F1B``, ``LoopedBFS``, ``InterleavedZeroBubble``) or *V-shaped* (process ``p``
 holds stages ``p`` and ``2S - 1 - p``: ``ZBVZeroBubble``, ``DualPipeV``, which need ``V = 2``).
-``check_layout`` says, in one line, what a schedule cannot take, before anything is launched.
+``PipelineLayout.check`` says, in one line, what a schedule cannot take, before anything is launched.
 """
 
 from dataclasses import dataclass

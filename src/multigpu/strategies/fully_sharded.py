@@ -1,0 +1,162 @@
+"""``fsdp``: parameters, gradients and optimizer state sharded over the processes with PyTorch's FSDP2
+(``torch.distributed.fsdp.fully_shard``), on the CPU (gloo) as on CUDA (NCCL).
+
+Lightning's own ``fsdp`` (FSDP1) refuses the CPU, and its ``ModelParallelStrategy`` leaves the
+sharding to the LightningModule. This strategy keeps DDP's launch, process groups and sampler,
+and replaces the DDP wrapper: once the network is built, ``fully_shard`` goes on each block of
+``pl_module.net``, then on ``pl_module.net`` itself (torchtitan's order), over a mesh of every
+process, or of replicas x shards (HSDP, ``shard_size``). A block's parameters are gathered just
+before its forward and backward pass and freed after; each process keeps 1/N of every parameter,
+its gradient and its momentum.
+
+The maths are ``ddp``'s: the reduce-scatter averages the gradients over all processes as DDP's
+all-reduce does, the parameters and buffers start as the first process's, and BatchNorm's buffers
+are sent from the first process before each training forward pass, as DDP does (``broadcast_buffers``).
+
+A checkpoint holds the whole state in every strategy's layout (``full_state.py``), so it resumes
+under one device, ``ddp``, model parallel or a pipeline, and theirs here.
+"""
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch import LightningModule
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.trainer.states import TrainerFn
+from torch import Tensor, nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.optim import Optimizer
+from torch.utils.hooks import RemovableHandle
+from typing_extensions import override
+
+from multigpu.errors import UsageError
+from multigpu.strategies.full_state import full_model_state, full_optimizer_state, load_full_optimizer_state
+from multigpu.strategies.network_lookup import block_sequence
+
+__all__ = ["FullyShardedStrategy"]
+
+
+def broadcast_from_first(tensors: list[Tensor]) -> None:
+    """Give every process the first process's values of ``tensors``: one flat broadcast per dtype."""
+    by_dtype: dict[torch.dtype, list[Tensor]] = {}
+    for tensor in tensors:
+        by_dtype.setdefault(tensor.dtype, []).append(tensor)
+    for group in by_dtype.values():
+        flat = torch.cat([tensor.detach().reshape(-1) for tensor in group])
+        dist.broadcast(flat, src=0)
+        offset = 0
+        for tensor in group:
+            tensor.data.copy_(flat[offset : offset + tensor.numel()].view_as(tensor))
+            offset += tensor.numel()
+
+
+class FullyShardedStrategy(DDPStrategy):
+    """Parameters, gradients and optimizer state sharded over the processes (FSDP2), block by block.
+
+    Args:
+        reshard_after_forward: free each block's gathered parameters after its forward pass and gather
+            them again for the backward pass (less memory); ``false`` keeps them until the backward pass
+            (one all-gather less per block and step).
+        shard_size: processes that share one copy of the state (HSDP): the processes form
+            ``world size / shard_size`` replicas of ``shard_size`` shards. Default: all of them.
+        process_group_backend: default NCCL on CUDA, gloo on the CPU.
+    """
+
+    strategy_name = "fsdp"
+
+    def __init__(
+        self,
+        reshard_after_forward: bool = True,
+        shard_size: int | None = None,
+        process_group_backend: str | None = None,
+    ) -> None:
+        super().__init__(process_group_backend=process_group_backend)
+        if shard_size is not None and shard_size < 1:
+            raise UsageError(f"fsdp: shard_size must be at least 1, not {shard_size}.")
+        self.reshard_after_forward = reshard_after_forward
+        self.shard_size = shard_size
+        self._mesh: DeviceMesh | None = None
+        self._hooks: list[RemovableHandle] = []
+
+    def mesh_shape(self, world_size: int) -> tuple[int, ...]:
+        """``(world_size,)``, or ``(replicas, shard_size)`` for HSDP; a ``UsageError`` when they do not divide."""
+        shards = self.shard_size or world_size
+        if world_size % shards:
+            raise UsageError(
+                f"fsdp: shard_size={shards} does not divide the {world_size} processes "
+                f"(--trainer.devices x --trainer.num_nodes): use a divisor of {world_size}."
+            )
+        return (world_size,) if shards == world_size else (world_size // shards, shards)
+
+    def check_model(self, pl_module: LightningModule) -> nn.Sequential:
+        """Refuse a LightningModule this strategy cannot shard, before training; return its blocks."""
+        blocks = block_sequence(pl_module, self.strategy_name)
+        in_net = {id(param) for param in blocks.parameters()}
+        if outside := [name for name, param in pl_module.named_parameters() if id(param) not in in_net]:
+            raise UsageError(
+                f"fsdp shards the blocks of {type(pl_module).__name__}.net, but {outside[0]} is outside it: "
+                "move it into the network."
+            )
+        return blocks
+
+    def check_training(self, pl_module: LightningModule) -> None:
+        """Refuse a layout the processes cannot form, before any process is launched."""
+        assert self.parallel_devices is not None
+        self.mesh_shape(len(self.parallel_devices) * self.num_nodes)
+
+    @property
+    def sharded(self) -> bool:
+        return self._mesh is not None
+
+    @override
+    def configure_ddp(self) -> None:
+        # In place of the DDP wrapper: the network's blocks sharded where they are.
+        blocks = self.check_model(self.lightning_module)
+        shape = self.mesh_shape(self.world_size)
+        names = ("shard",) if len(shape) == 1 else ("replicate", "shard")
+        self._mesh = init_device_mesh(self.root_device.type, shape, mesh_dim_names=names)
+        broadcast_from_first([*blocks.parameters(), *blocks.buffers()])  # as DDP starts
+        for block in blocks:
+            fully_shard(block, mesh=self._mesh, reshard_after_forward=self.reshard_after_forward)
+        fully_shard(blocks, mesh=self._mesh, reshard_after_forward=self.reshard_after_forward)
+        buffers = list(blocks.buffers())
+        if buffers:
+            self._hooks.append(blocks.register_forward_pre_hook(lambda module, args: self._sync_buffers(buffers)))
+
+    def _sync_buffers(self, buffers: list[Tensor]) -> None:
+        if torch.is_grad_enabled() and self.lightning_module.training:
+            broadcast_from_first(buffers)
+
+    @override
+    def setup(self, trainer) -> None:
+        super().setup(trainer)
+        if trainer.state.fn != TrainerFn.FITTING:  # DDP wraps only to train; the others keep the whole network
+            self._mesh = None
+
+    @override
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        if not self.sharded:
+            return super().lightning_module_state_dict()
+        return full_model_state(self.lightning_module)
+
+    @override
+    def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
+        if not self.sharded:
+            return super().optimizer_state(optimizer)
+        return full_optimizer_state(self.lightning_module, optimizer, self.is_global_zero)
+
+    @override
+    def load_optimizer_state_dict(self, checkpoint: dict[str, Any]) -> None:
+        if not self.sharded:
+            return super().load_optimizer_state_dict(checkpoint)
+        for optimizer, state in zip(self.optimizers, checkpoint["optimizer_states"]):
+            load_full_optimizer_state(self.lightning_module, optimizer, state)
+
+    @override
+    def teardown(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
+        super().teardown()
