@@ -4,13 +4,16 @@ import json
 from pathlib import Path
 
 from lightning.pytorch import Callback
+from torch.distributed.tensor import DTensor
 from typing_extensions import override
 
 from multigpu.timed_runs import peak_memory_bytes
 
 
 def _bytes(tensors) -> int:
-    return sum(tensor.numel() * tensor.element_size() for tensor in tensors if not tensor.is_meta)
+    """What this process holds of ``tensors``: of a sharded one (a ``DTensor``, under fsdp) its own shard."""
+    local = (tensor.to_local() if isinstance(tensor, DTensor) else tensor for tensor in tensors)
+    return sum(tensor.numel() * tensor.element_size() for tensor in local if not tensor.is_meta)
 
 
 class HeldBytes(Callback):

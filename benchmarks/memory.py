@@ -36,6 +36,8 @@ PARAMS = "--trainer.strategy.balance_by=params"
 LAYOUTS = {
     "one-device": (1, []),
     "ddp-2": (2, ["--trainer.strategy=ddp", "--trainer.devices=2"]),
+    "fsdp-2": (2, ["--trainer.strategy=fsdp", "--trainer.devices=2"]),
+    "fsdp-4": (4, ["--trainer.strategy=fsdp", "--trainer.devices=4"]),
     "model-parallel-2": (1, ["--trainer.strategy=manual_model_parallel", "--trainer.devices=2", PARAMS]),
     "model-parallel-4": (1, ["--trainer.strategy=manual_model_parallel", "--trainer.devices=4", PARAMS]),
     "pipeline-2": (2, ["--trainer.strategy=pipeline", "--trainer.devices=2", PARAMS]),

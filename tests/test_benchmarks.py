@@ -44,13 +44,14 @@ def test_unknown_configuration_is_refused_with_the_way_out(tmp_path):
     assert result.stderr.strip() == "error: unknown configuration 'nope'; --list shows them all."
 
 
-def test_memory_harness_counts_what_each_pipeline_stage_holds(tmp_path):
+def test_memory_harness_counts_what_each_pipeline_stage_and_each_fsdp_process_holds(tmp_path):
     command = [
         sys.executable,
         str(REPO / "benchmarks" / "memory.py"),
         "--layouts",
         "one-device",
         "pipeline-2",
+        "fsdp-2",
         "--recompute=no",
         "--accelerator=cpu",
         "--batch-size=8",
@@ -67,6 +68,11 @@ def test_memory_harness_counts_what_each_pipeline_stage_holds(tmp_path):
     for kind in ("params", "grads", "optimizer"):  # the two processes together hold one copy, none the whole
         assert sum(stage[kind] for stage in stages) == whole[kind]
         assert all(0 < stage[kind] < whole[kind] for stage in stages)
+    # fsdp over 2 processes: each holds its half of every parameter, gradient and momentum (and padding).
+    shards = [rank["stages"][0] for rank in rows["fsdp-2"]]
+    held = lambda stage: stage["params"] + stage["grads"] + stage["optimizer"]  # noqa: E731
+    assert all(held(shard) <= 0.55 * held(whole) for shard in shards)
+    assert sum(held(shard) for shard in shards) >= held(whole)
 
 
 def test_pipeline_benchmark_prints_where_each_process_spends_its_time(tmp_path):

@@ -4,15 +4,15 @@ import inspect
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
-from conftest import DEFAULT_CONFIG, REPO, SMOKE, cli_main, run_args
+from conftest import DEFAULT_CONFIG, REPO, SMOKE, run_args
 from lightning.fabric.utilities.rank_zero import LightningDeprecationWarning
-from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
+from lightning.pytorch.strategies import DDPStrategy
 
 from multigpu.cli import MultiGPUCLI
 from multigpu.data import CIFAR10DataModule
 from multigpu.model import ResNet50Classifier
+from multigpu.strategies import FullyShardedStrategy
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
 # Lets a config that reads CIFAR-10 build without the dataset on this machine.
@@ -27,7 +27,7 @@ def test_configs_folder_holds_the_documented_presets():
     assert {"default.yaml", "smoke.yaml", "ddp.yaml"} <= {path.name for path in CONFIGS}
 
 
-@pytest.mark.parametrize("config", [path for path in CONFIGS if "cuda" not in path.read_text()], ids=lambda p: p.name)
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
 def test_config_builds_model_data_and_trainer(config, tmp_path):
     cli = _build(tmp_path, "--config", str(config), "--trainer.accelerator=cpu")
     assert isinstance(cli.model, ResNet50Classifier) and isinstance(cli.datamodule, CIFAR10DataModule)
@@ -58,26 +58,11 @@ def test_ddp_config_builds_two_cpu_processes(tmp_path):
     assert isinstance(cli.trainer.strategy, DDPStrategy) and cli.trainer.num_devices == 2
 
 
-@pytest.mark.parametrize("config", [path for path in CONFIGS if "cuda" in path.read_text()], ids=lambda p: p.name)
-def test_cuda_config_parses_builds_its_strategy_and_needs_cuda(config, tmp_path, capsys):
-    """Where CUDA is visible it builds (and does not train: the recipe is 100 epochs); elsewhere it stops
-    with one line that names CUDA."""
-    with pytest.raises(SystemExit) as printed:
-        cli_main("fit", "--config", str(config), "--print_config")
-    assert printed.value.code == 0
-    resolved = yaml.safe_load(capsys.readouterr().out)
-    assert resolved["trainer"]["accelerator"] == "cuda"
-    strategy = StrategyRegistry.get(resolved["trainer"]["strategy"])
-
-    if torch.cuda.is_available():
-        cli = _build(tmp_path, "--config", str(config), "--trainer.devices=1")
-        assert type(cli.trainer.strategy) is type(strategy) and cli.trainer.num_devices == 1
-        return
-    with pytest.raises(SystemExit) as failed:
-        cli_main("fit", "--config", str(config), *run_args(tmp_path), *OFFLINE)
-    assert failed.value.code == 2
-    error = capsys.readouterr().err.strip().splitlines()[-1]
-    assert error.startswith("error: ") and "CUDA" in error
+def test_fsdp_config_builds_our_sharded_strategy_on_two_cpu_processes(tmp_path):
+    cli = _build(
+        tmp_path, "--config", str(REPO / "configs" / "fsdp.yaml"), "--trainer.accelerator=cpu", "--trainer.devices=2"
+    )
+    assert isinstance(cli.trainer.strategy, FullyShardedStrategy) and cli.trainer.num_devices == 2
 
 
 @pytest.mark.parametrize(("section", "component"), [("model", ResNet50Classifier), ("data", CIFAR10DataModule)])

@@ -107,10 +107,17 @@ DDP = ["--trainer.strategy=ddp", *CPU2, "--data.num_workers=1"]
 PIPELINE = ["--trainer.strategy=pipeline", *CPU2, "--data.batch_size=8"]
 MODEL_PARALLEL = ["--trainer.strategy=manual_model_parallel", *CPU2, "--data.num_workers=1", "--data.batch_size=8"]
 ON_DEVICE = ["--data.on_device=true", "--data.batch_size=8"]
-STEPS = {"ddp": 10, "pipeline": 10, "manual_model_parallel": 10, "on_device": 10}
+FSDP = ["--trainer.strategy=fsdp", *CPU2, "--data.num_workers=1"]
+STEPS = {"ddp": 10, "pipeline": 10, "manual_model_parallel": 10, "on_device": 10, "fsdp": 10}
 # Each configuration is killed at random moments; together they cover one process and several, 1 and
 # 2 workers (one device with 2 workers is killed at chosen moments below).
-KILLED = {"ddp": DDP, "pipeline": PIPELINE, "manual_model_parallel": MODEL_PARALLEL, "on_device": ON_DEVICE}
+KILLED = {
+    "ddp": DDP,
+    "pipeline": PIPELINE,
+    "manual_model_parallel": MODEL_PARALLEL,
+    "on_device": ON_DEVICE,
+    "fsdp": FSDP,
+}
 
 
 def _final_state(tmp_path, run_name: str) -> dict:
@@ -217,8 +224,9 @@ def _run_killed_after(args: list[str], seconds: float, log: Path) -> tuple[str, 
 
 
 @pytest.mark.parametrize(
-    "name", [pytest.param(name, marks=pytest.mark.internals) if name == "pipeline" else name for name in KILLED]
-)  # the pipeline's case runs on the lowest torch too
+    "name",
+    [pytest.param(name, marks=pytest.mark.internals) if name in ("pipeline", "fsdp") else name for name in KILLED],
+)  # the pipeline's and fsdp's cases run on the lowest torch too
 def test_killed_at_random_moments_and_resumed_ends_bit_for_bit_like_an_uninterrupted_run(name, tmp_path, resumable):
     """SIGKILL at random wall-clock moments (2 kills, each drawn from the uninterrupted run's length), each
     followed by the same command with `--ckpt_path last`: every attempt resumes from the step on disk, and

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we decla
 TWO_CPU_PROCESSES = {
     "1 device",
     "ddp",
+    "fsdp",
     "model parallel 2",
     *(f"pipeline 2 {schedule} m{count}" for schedule in ("gpipe", "1f1b") for count in (2, 4, 8)),
     *(
@@ -30,14 +31,13 @@ TWO_CPU_PROCESSES = {
 }
 
 
-def test_two_cpu_processes_allow_every_layout_but_those_that_need_cuda_or_more_devices():
+def test_two_cpu_processes_allow_every_layout_but_dp_and_those_that_need_more_devices():
     layouts, refusals = candidate_layouts(devices=2, cuda=False, batch_size=8, compiled=False)
     assert {layout.name for layout in layouts} == TWO_CPU_PROCESSES
     assert layouts[0].name == "1 device"  # the reference comes first
     reasons = {refusal.what: refusal.why for refusal in refusals}
     assert reasons == {
         "dp": "needs CUDA devices (without them dp trains on one device)",
-        "fsdp": "needs CUDA devices",
         "manual_model_parallel over 4 devices per replica": "needs a multiple of 4 devices, not --trainer.devices=2",
         "pipeline over 4 processes": "needs a multiple of 4 devices, not --trainer.devices=2",
         "pipeline 4 stages dualpipev m2": "schedule dualpipev needs at least as many micro-batches as stages: "
@@ -75,6 +75,7 @@ def test_compiled_networks_leave_out_the_strategies_that_place_blocks_themselves
     assert all("cannot run --model.compile" in refusal.why for refusal in refusals if "CUDA" not in refusal.why)
     compile_refused = {refusal.what for refusal in refusals if "cannot run --model.compile" in refusal.why}
     assert compile_refused == {
+        "fsdp",
         "manual_model_parallel over 2 devices per replica",
         "manual_model_parallel over 4 devices per replica",
         "pipeline over 2 processes",
@@ -113,6 +114,10 @@ def test_memory_estimate_splits_the_state_and_recomputation_shrinks_the_activati
     assert len(stages) == 2 and all(stage[0] < whole for stage in stages)
     recomputed = estimate(replace(by_name["1 device"], recompute=True), memory, optimizer_states=1)
     assert recomputed[0][0] < 0.6 * whole  # measured on this CPU: 4,482 -> 2,552 MiB (-43%)
+    # fsdp over 2 devices: half the state of one, plus the largest block's parameters three times over.
+    sharded = estimate(by_name["fsdp"], memory, optimizer_states=1)
+    assert [len(process) for process in sharded] == [1, 1]
+    assert abs(sharded[0][0] - (whole - 1.5 * params + 3 * max(memory.params))) <= 1
 
 
 def test_layouts_that_would_not_fit_are_left_out_and_tried_with_recomputation(memory):
@@ -216,7 +221,7 @@ def test_dry_run_lists_the_layouts_with_their_estimates_and_runs_none(tmp_path):
             f"  {name}: micro-batches of 1 image(s) do not train: Expected more than 1 value per channel"
             in result.stdout
         )
-    assert "  fsdp: needs CUDA devices" in result.stdout
+    assert "  dp: needs CUDA devices (without them dp trains on one device)" in result.stdout
     assert not (tmp_path / "logs" / "test" / "plan.yaml").exists()
 
 

@@ -149,11 +149,10 @@ def candidate_layouts(
     several = f"needs 2 devices or more; --trainer.devices={devices}"
     for strategy in strategies:
         if strategy in ("ddp", "dp", "fsdp"):
-            if strategy in ("dp", "fsdp") and not cuda:
-                refuse(
-                    strategy,
-                    "needs CUDA devices" + (" (without them dp trains on one device)" if strategy == "dp" else ""),
-                )
+            if strategy == "dp" and not cuda:
+                refuse(strategy, "needs CUDA devices (without them dp trains on one device)")
+            elif strategy == "fsdp" and compiled:
+                refuse(strategy, "shards the blocks itself and cannot run --model.compile")
             elif devices < 2:
                 refuse(strategy, several)
             elif strategy == "dp":

@@ -7,8 +7,8 @@ parameters, gradients and optimizer state of the blocks it holds, and the activa
 images in flight through them:
 
 - one device, ``ddp`` and ``fsdp``: the whole batch through every block; ``ddp`` adds its
-  gradient buckets (one more copy of the gradients), ``fsdp`` shards the state
-  but gathers the whole network's parameters and gradients (one unit: no wrapping policy);
+  gradient buckets (one more copy of the gradients), ``fsdp`` holds 1/N of the state plus one
+  block's parameters gathered whole, the next one's gathered ahead, and one block's whole gradients;
 - ``dp``: each device a slice of the batch; the first one also holds the optimizer state;
 - ``manual_model_parallel``: each device its stage's blocks, for the whole batch;
 - ``pipeline``: each process its stages' blocks, for one micro-batch times the micro-batches
@@ -98,8 +98,10 @@ def estimate(layout: Layout, memory: BlockMemory, optimizer_states: int) -> list
         device = state(every) + extra + _activations(memory, every, batch_size, recompute)
         return [[int(device)] for _ in range(layout.processes)]
     if layout.strategy == "fsdp":
-        # Lightning's fsdp without a wrapping policy gathers the whole network: full parameters and gradients.
-        device = state(every) / layout.devices + 2 * held(every) + _activations(memory, every, batch_size, recompute)
+        # 1/N of the state; whole at once only a block's parameters (the one computing and the next, gathered
+        # ahead) and, in the backward pass, its gradients before they are reduce-scattered.
+        gathered = 3 * max(memory.params)
+        device = state(every) / layout.devices + gathered + _activations(memory, every, batch_size, recompute)
         return [[int(device)] for _ in range(layout.processes)]
     if layout.strategy == "dp":
         images = -(-batch_size // layout.devices)

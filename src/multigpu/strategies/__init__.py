@@ -15,10 +15,12 @@ On the command line a name may be followed by the strategy's options, as a class
 In YAML the options go under ``init_args`` of ``class_path: multigpu.strategies.ManualModelParallelStrategy``.
 """
 
+import inspect
 from collections.abc import Sequence
 
 from lightning.pytorch.strategies import StrategyRegistry
 
+from multigpu.errors import UsageError
 from multigpu.strategies.data_parallel import DataParallelStrategy
 from multigpu.strategies.fully_sharded import FullyShardedStrategy
 from multigpu.strategies.manual_model_parallel import ManualModelParallelStrategy
@@ -41,15 +43,40 @@ for _strategy in _OUR_STRATEGY_CLASSES:  # ``fsdp`` takes the name from Lightnin
     )
 
 
+def _check_options(name: str, args: Sequence[str]) -> None:
+    """Refuse a ``--trainer.strategy.<option>`` that strategy ``name`` does not take, in one line that names
+    the strategy whose option it is, if any, and the options ``name`` takes."""
+    strategy = next(strategy for strategy in _OUR_STRATEGY_CLASSES if strategy.strategy_name == name)
+    takes = list(inspect.signature(strategy).parameters)
+    for arg in args:
+        if not arg.startswith("--trainer.strategy."):
+            continue
+        option = arg[len("--trainer.strategy.") :].partition("=")[0]
+        if option not in takes:
+            owners = [
+                other.strategy_name for other in _OUR_STRATEGY_CLASSES if option in inspect.signature(other).parameters
+            ]
+            of = f" (an option of {', '.join(owners)})" if owners else ""
+            raise UsageError(
+                f"--trainer.strategy.{option}: {name} has no option {option}{of}; its options are {', '.join(takes)}."
+            )
+
+
 def name_to_class_path(args: Sequence[str]) -> list[str]:
     """Command-line arguments where ``--trainer.strategy=<one of our names>`` becomes its class path
-    when ``--trainer.strategy.<option>`` arguments follow.
+    when ``--trainer.strategy.<option>`` arguments follow, each of which it must take.
 
     jsonargparse takes such options only after a class; without them, the name stays a name.
     """
     args = list(args)
     if not any(arg.startswith("--trainer.strategy.") for arg in args):
         return args
+    for index, arg in enumerate(args):
+        name = arg.partition("=")[2] if arg.startswith("--trainer.strategy=") else None
+        if arg == "--trainer.strategy" and index + 1 < len(args):
+            name = args[index + 1]
+        if name in CLASS_PATHS:
+            _check_options(name, args[index + 1 :])
     for index, arg in enumerate(args):
         if arg.startswith("--trainer.strategy=") and arg.partition("=")[2] in CLASS_PATHS:
             args[index] = "--trainer.strategy=" + CLASS_PATHS[arg.partition("=")[2]]

@@ -10,13 +10,17 @@ before its forward and backward pass and freed after; each process keeps 1/N of 
 its gradient and its momentum.
 
 The maths are ``ddp``'s: the reduce-scatter averages the gradients over all processes as DDP's
-all-reduce does, the parameters and buffers start as the first process's, and BatchNorm's buffers
-are sent from the first process before each training forward pass, as DDP does (``broadcast_buffers``).
+all-reduce does, and waits, as DDP's does, for the last of the batches a step accumulates (until
+then each process adds up its gradients whole); the parameters and buffers start as the first
+process's, and BatchNorm's buffers are sent from the first process when DDP sends them
+(``broadcast_buffers``: before a forward pass that follows one which synchronised gradients).
 
 A checkpoint holds the whole state in every strategy's layout (``full_state.py``), so it resumes
 under one device, ``ddp``, model parallel or a pipeline, and theirs here.
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -78,7 +82,10 @@ class FullyShardedStrategy(DDPStrategy):
         self.reshard_after_forward = reshard_after_forward
         self.shard_size = shard_size
         self._mesh: DeviceMesh | None = None
+        self._net: nn.Module | None = None
         self._hooks: list[RemovableHandle] = []
+        self._gradient_sync = True
+        self._buffers_due = True  # DDP's require_forward_param_sync
 
     def mesh_shape(self, world_size: int) -> tuple[int, ...]:
         """``(world_size,)``, or ``(replicas, shard_size)`` for HSDP; a ``UsageError`` when they do not divide."""
@@ -105,6 +112,11 @@ class FullyShardedStrategy(DDPStrategy):
         """Refuse a layout the processes cannot form, before any process is launched."""
         assert self.parallel_devices is not None
         self.mesh_shape(len(self.parallel_devices) * self.num_nodes)
+        if getattr(self.precision_plugin, "scaler", None) is not None:
+            raise UsageError(
+                "fsdp does not train in 16-mixed: its loss scaler would skip a step only on the processes whose "
+                "shard of the gradients overflowed. Use --trainer.precision=bf16-mixed."
+            )
 
     @property
     def sharded(self) -> bool:
@@ -121,25 +133,46 @@ class FullyShardedStrategy(DDPStrategy):
         for block in blocks:
             fully_shard(block, mesh=self._mesh, reshard_after_forward=self.reshard_after_forward)
         fully_shard(blocks, mesh=self._mesh, reshard_after_forward=self.reshard_after_forward)
+        self._net = blocks
         buffers = list(blocks.buffers())
         if buffers:
             self._hooks.append(blocks.register_forward_pre_hook(lambda module, args: self._sync_buffers(buffers)))
+            self._hooks.append(blocks.register_forward_hook(lambda module, args, output: self._after_forward()))
 
     def _sync_buffers(self, buffers: list[Tensor]) -> None:
-        if torch.is_grad_enabled() and self.lightning_module.training:
-            broadcast_from_first(buffers)
+        if self._buffers_due:
+            with torch.no_grad():
+                broadcast_from_first(buffers)
+
+    def _after_forward(self) -> None:
+        self._buffers_due = torch.is_grad_enabled() and self._gradient_sync
+
+    @contextmanager
+    @override
+    def block_backward_sync(self) -> Iterator[None]:
+        # DDP's no_sync, for the batches a step accumulates before its last.
+        if self._net is None:
+            yield
+            return
+        self._net.set_requires_gradient_sync(False)
+        self._gradient_sync = False
+        try:
+            yield
+        finally:
+            self._net.set_requires_gradient_sync(True)
+            self._gradient_sync = True
 
     @override
     def setup(self, trainer) -> None:
         super().setup(trainer)
         if trainer.state.fn != TrainerFn.FITTING:  # DDP wraps only to train; the others keep the whole network
-            self._mesh = None
+            self._mesh = self._net = None
 
     @override
     def lightning_module_state_dict(self) -> dict[str, Any]:
         if not self.sharded:
             return super().lightning_module_state_dict()
-        return full_model_state(self.lightning_module)
+        return full_model_state(self.lightning_module, self.is_global_zero)
 
     @override
     def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:

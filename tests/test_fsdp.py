@@ -1,0 +1,104 @@
+"""fsdp (FSDP2 on gloo): the maths of ddp, 1/N of the state per process, checkpoints every strategy reads,
+and its bad values refused in one line."""
+
+import pytest
+import torch
+from conftest import HELPERS_ENV, SMOKE, cli_error, helper_callback, run_args, run_cli
+from lightning.pytorch.plugins import MixedPrecision
+
+from multigpu.errors import UsageError
+from multigpu.strategies import FullyShardedStrategy
+
+pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
+
+
+def _assert_within(found: dict, expected: dict, relative: float) -> None:
+    assert found.keys() == expected.keys()
+    assert any(key.startswith("momentum.") for key in expected)  # the optimizer's state is compared too
+    for name, tensor in expected.items():
+        scale = tensor.abs().max().item() if tensor.is_floating_point() else 0
+        torch.testing.assert_close(found[name], tensor, rtol=0, atol=relative * scale, msg=name)
+
+
+@pytest.mark.parametrize(
+    ("sharded", "replicated"),
+    [
+        ("resnet_fsdp", "resnet_ddp"),  # 2 processes, 2 accumulated batches
+        ("tiny_fsdp_4", "tiny_ddp_4"),  # 4 processes (strategy_training.py says why not ResNet-50)
+        ("tiny_fsdp_2x2", "tiny_ddp_4"),  # HSDP: 2 replicas of 2 shards
+        ("resnet_fsdp_bf16_recomputed_kept", "resnet_ddp_bf16_recomputed"),
+    ],
+)
+def test_fsdp_trains_like_ddp_on_the_same_samples(sharded, replicated, train_setup):
+    """Parameters, BatchNorm buffers and momentum after 4 steps, within 1e-6 of each tensor's largest value."""
+    _assert_within(train_setup(sharded), train_setup(replicated), 1e-6)
+
+
+def test_bad_values_are_refused_in_one_line_before_launch(capsys, tmp_path):
+    run = [*run_args(tmp_path), "--trainer.accelerator=cpu"]
+    fsdp = "--trainer.strategy=fsdp"
+    error = cli_error(capsys, fsdp, "--trainer.strategy.shard_size=3", "--trainer.devices=4", *run)
+    assert error == (
+        "error: fsdp: shard_size=3 does not divide the 4 processes (--trainer.devices x --trainer.num_nodes): "
+        "use a divisor of 4."
+    )
+    error = cli_error(capsys, fsdp, "--trainer.strategy.balance=[17,17]", "--trainer.devices=2", *run)
+    assert error == (
+        "error: --trainer.strategy.balance: fsdp has no option balance (an option of manual_model_parallel, "
+        "pipeline); its options are reshard_after_forward, shard_size, process_group_backend."
+    )
+    error = cli_error(capsys, fsdp, "--trainer.strategy.reshard=yes", "--trainer.devices=2", *run)
+    assert error == (
+        "error: --trainer.strategy.reshard: fsdp has no option reshard; its options are reshard_after_forward, "
+        "shard_size, process_group_backend."
+    )
+    # 16-mixed with its loss scaler (on the CPU, Lightning trains bf16-mixed instead, without one).
+    scaled = FullyShardedStrategy()
+    scaled.precision_plugin = MixedPrecision("16-mixed", "cpu")
+    scaled.parallel_devices = [torch.device("cpu")] * 2
+    with pytest.raises(UsageError, match="fsdp does not train in 16-mixed"):
+        scaled.check_training(None)
+    with pytest.raises(UsageError, match="shard_size must be at least 1, not 0"):
+        FullyShardedStrategy(shard_size=0)
+
+
+WRITTEN_BY = {
+    "fsdp": "FullyShardedStrategy",
+    "1 device": "SingleDeviceStrategy",
+    "ddp": "DDPStrategy",
+    "pipeline": "PipelineStrategy",
+    "manual_model_parallel": "ManualModelParallelStrategy",
+}
+
+
+def test_checkpoints_move_between_fsdp_and_every_other_strategy_mid_epoch(tmp_path):
+    """One run, one step at a time, alternating fsdp with each other strategy: each resumes the other's
+    checkpoint, and fsdp writes what they read. Each part stops on SIGTERM, as a job's end does, and so in
+    the middle of an epoch: every layout trains the same global batch of 8, and 32 images are 4 steps."""
+    args = ["fit", "--config", SMOKE, "--trainer.accelerator=cpu", *run_args(tmp_path), "--trainer.max_epochs=9"]
+    two, four, eight, by_params = (
+        "--trainer.devices=2",
+        "--data.batch_size=4",
+        "--data.batch_size=8",
+        "--trainer.strategy.balance_by=params",
+    )
+    fsdp = ("fsdp", ["--trainer.strategy=fsdp", two, four])
+    others = {
+        "1 device": ["--trainer.strategy=auto", "--trainer.devices=1", eight],
+        "ddp": ["--trainer.strategy=ddp", two, four],
+        "pipeline": ["--trainer.strategy=pipeline", two, eight, by_params],
+        "manual_model_parallel": ["--trainer.strategy=manual_model_parallel", two, eight, by_params],
+    }
+    chain = [fsdp]
+    for other in others.items():
+        chain += [other, fsdp]
+    for step, (name, strategy) in enumerate(chain, start=1):
+        stop = helper_callback(tmp_path, "KillAt", step=step - 1, moment="sigterm")  # ends after step `step`
+        result = run_cli(*args, *strategy, "--config", stop, "--ckpt_path=last", env=HELPERS_ENV)
+        assert result.returncode == 0, f"{name}: {result.stdout}"
+        if step > 1:
+            assert f"at step {step - 1}." in result.stdout and "the global batch stays 8" in result.stdout, name
+        checkpoint = torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt")
+        assert checkpoint["global_step"] == step, f"{name}: {result.stdout[-3000:]}"
+        assert checkpoint["CIFAR10DataModule"] == {"epoch": step // 4, "batches": step % 4}, name
+        assert checkpoint["multigpu"]["strategy"] == WRITTEN_BY[name]
