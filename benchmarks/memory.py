@@ -1,6 +1,6 @@
 """Memory of each way to split ResNet-50: what each process and each stage holds, and each process's peak.
 
-    python benchmarks/memory.py                    # every layout below, ~15 minutes on 2 cores
+    python benchmarks/memory.py                    # every layout below, ~20 minutes on 2 cores
     python benchmarks/memory.py --layouts one-device pipeline-2
 
 Each layout trains ``--steps`` optimizer steps of ResNet-50 on synthetic CIFAR-sized images
