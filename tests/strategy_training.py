@@ -254,12 +254,12 @@ SETUPS = {
     "resnet_ddp": (resnet, "ddp", 2, 2, ACCUMULATED),
     "resnet_ddp_recomputed": (recomputed, "ddp", 2, 2, ACCUMULATED),
     # Sharded (FSDP2) against ddp on the same samples: parameters, BatchNorm buffers and momentum.
-    "resnet_fsdp": (resnet, FullyShardedStrategy, 2, 2, ACCUMULATED),
+    "resnet_fsdp": (resnet, lambda: FullyShardedStrategy(accumulate_whole_gradients=True), 2, 2, ACCUMULATED),
     # Recomputation and bf16-mixed, each block's gathered parameters kept until its backward pass.
     "resnet_ddp_bf16_recomputed": (recomputed, "ddp", 2, 2, {"precision": "bf16-mixed", **ACCUMULATED}),
     "resnet_fsdp_bf16_recomputed_kept": (
         recomputed,
-        lambda: FullyShardedStrategy(reshard_after_forward=False),
+        lambda: FullyShardedStrategy(reshard_after_forward=False, accumulate_whole_gradients=True),
         2,
         2,
         {"precision": "bf16-mixed", **ACCUMULATED},
@@ -269,6 +269,9 @@ SETUPS = {
     "tiny_ddp_4": (tiny, "ddp", 4, 4, {}),
     "tiny_fsdp_4": (tiny, FullyShardedStrategy, 4, 4, {}),
     "tiny_fsdp_2x2": (tiny, lambda: FullyShardedStrategy(shard_size=2), 4, 4, {}),
+    # The default over accumulated batches (each one's gradients reduce-scattered), with clipping by norm.
+    "tiny_ddp_accumulated_clipped": (tiny, "ddp", 2, 8, {"gradient_clip_val": 0.05, **ACCUMULATED}),
+    "tiny_fsdp_accumulated_clipped": (tiny, FullyShardedStrategy, 2, 8, {"gradient_clip_val": 0.05, **ACCUMULATED}),
     # 16-mixed with loss scaling; the second step overflows on one process only (one that holds the first block),
     # and every process must skip it.
     "single_fp16": (overflowing, "auto", 1, 16, fp16((0,))),
@@ -300,6 +303,7 @@ WITH_MOMENTUM = {name for name in SETUPS if "fsdp" in name} | {
     "resnet_ddp_recomputed",
     "resnet_ddp_bf16_recomputed",
     "tiny_ddp_4",
+    "tiny_ddp_accumulated_clipped",
 }
 
 

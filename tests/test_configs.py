@@ -59,10 +59,12 @@ def test_ddp_config_builds_two_cpu_processes(tmp_path):
 
 
 def test_fsdp_config_builds_our_sharded_strategy_on_two_cpu_processes(tmp_path):
-    cli = _build(
-        tmp_path, "--config", str(REPO / "configs" / "fsdp.yaml"), "--trainer.accelerator=cpu", "--trainer.devices=2"
-    )
+    fsdp = ["--config", str(REPO / "configs" / "fsdp.yaml"), "--trainer.accelerator=cpu"]
+    cli = _build(tmp_path, *fsdp, "--trainer.devices=2")
     assert isinstance(cli.trainer.strategy, FullyShardedStrategy) and cli.trainer.num_devices == 2
+    # Its options on the command line, as the config's comments show (HSDP: 2 replicas of 2 shards).
+    cli = _build(tmp_path, *fsdp, "--trainer.devices=4", "--trainer.strategy.shard_size=2")
+    assert cli.trainer.strategy.shard_size == 2 and cli.trainer.strategy.mesh_shape(4) == (2, 2)
 
 
 @pytest.mark.parametrize(("section", "component"), [("model", ResNet50Classifier), ("data", CIFAR10DataModule)])

@@ -7,6 +7,7 @@ from conftest import HELPERS_ENV, SMOKE, cli_error, helper_callback, run_args, r
 from lightning.pytorch.plugins import MixedPrecision
 
 from multigpu.errors import UsageError
+from multigpu.model import ResNet50Classifier
 from multigpu.strategies import FullyShardedStrategy
 
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
@@ -26,6 +27,7 @@ def _assert_within(found: dict, expected: dict, relative: float) -> None:
         ("resnet_fsdp", "resnet_ddp"),  # 2 processes, 2 accumulated batches
         ("tiny_fsdp_4", "tiny_ddp_4"),  # 4 processes (strategy_training.py says why not ResNet-50)
         ("tiny_fsdp_2x2", "tiny_ddp_4"),  # HSDP: 2 replicas of 2 shards
+        ("tiny_fsdp_accumulated_clipped", "tiny_ddp_accumulated_clipped"),  # sharded while accumulating
         ("resnet_fsdp_bf16_recomputed_kept", "resnet_ddp_bf16_recomputed"),
     ],
 )
@@ -45,13 +47,20 @@ def test_bad_values_are_refused_in_one_line_before_launch(capsys, tmp_path):
     error = cli_error(capsys, fsdp, "--trainer.strategy.balance=[17,17]", "--trainer.devices=2", *run)
     assert error == (
         "error: --trainer.strategy.balance: fsdp has no option balance (an option of manual_model_parallel, "
-        "pipeline); its options are reshard_after_forward, shard_size, process_group_backend."
+        "pipeline); its options are reshard_after_forward, shard_size, accumulate_whole_gradients, "
+        "process_group_backend."
     )
     error = cli_error(capsys, fsdp, "--trainer.strategy.reshard=yes", "--trainer.devices=2", *run)
     assert error == (
         "error: --trainer.strategy.reshard: fsdp has no option reshard; its options are reshard_after_forward, "
-        "shard_size, process_group_backend."
+        "shard_size, accumulate_whole_gradients, process_group_backend."
     )
+    with pytest.raises(UsageError, match="cannot run it compiled"):
+        FullyShardedStrategy().check_model(ResNet50Classifier(compile=True))
+    outside = ResNet50Classifier()
+    outside.scale = torch.nn.Parameter(torch.ones(1))
+    with pytest.raises(UsageError, match="but scale is outside it: move it into the network"):
+        FullyShardedStrategy().check_model(outside)
     # 16-mixed with its loss scaler (on the CPU, Lightning trains bf16-mixed instead, without one).
     scaled = FullyShardedStrategy()
     scaled.precision_plugin = MixedPrecision("16-mixed", "cpu")

@@ -10,10 +10,13 @@ before its forward and backward pass and freed after; each process keeps 1/N of 
 its gradient and its momentum.
 
 The maths are ``ddp``'s: the reduce-scatter averages the gradients over all processes as DDP's
-all-reduce does, and waits, as DDP's does, for the last of the batches a step accumulates (until
-then each process adds up its gradients whole); the parameters and buffers start as the first
-process's, and BatchNorm's buffers are sent from the first process when DDP sends them
-(``broadcast_buffers``: before a forward pass that follows one which synchronised gradients).
+all-reduce does, the parameters and buffers start as the first process's, and BatchNorm's buffers
+are sent from the first process when DDP sends them (``broadcast_buffers``: before a forward pass
+that follows one which synchronised gradients). Over the batches a step accumulates, the gradients
+are reduce-scattered after each batch and stay sharded (Lightning's own FSDP does the same); DDP
+adds them up whole first, so the sums differ in their last bits. ``accumulate_whole_gradients``
+adds them up whole and reduce-scatters once, as DDP does: the same bits, and one whole copy of
+the gradients per process while a step accumulates.
 
 A checkpoint holds the whole state in every strategy's layout (``full_state.py``), so it resumes
 under one device, ``ddp``, model parallel or a pipeline, and theirs here.
@@ -64,7 +67,11 @@ class FullyShardedStrategy(DDPStrategy):
             them again for the backward pass (less memory); ``false`` keeps them until the backward pass
             (one all-gather less per block and step).
         shard_size: processes that share one copy of the state (HSDP): the processes form
-            ``world size / shard_size`` replicas of ``shard_size`` shards. Default: all of them.
+            ``world size / shard_size`` replicas of ``shard_size`` shards, each process holding
+            1/shard_size of the state. Default: all of them.
+        accumulate_whole_gradients: with ``--trainer.accumulate_grad_batches`` above 1, add up each
+            block's whole gradients over the accumulated batches and reduce-scatter once, as DDP does
+            (ddp's sums bit for bit), instead of after each batch (gradients stay sharded).
         process_group_backend: default NCCL on CUDA, gloo on the CPU.
     """
 
@@ -74,6 +81,7 @@ class FullyShardedStrategy(DDPStrategy):
         self,
         reshard_after_forward: bool = True,
         shard_size: int | None = None,
+        accumulate_whole_gradients: bool = False,
         process_group_backend: str | None = None,
     ) -> None:
         super().__init__(process_group_backend=process_group_backend)
@@ -81,6 +89,7 @@ class FullyShardedStrategy(DDPStrategy):
             raise UsageError(f"fsdp: shard_size must be at least 1, not {shard_size}.")
         self.reshard_after_forward = reshard_after_forward
         self.shard_size = shard_size
+        self.accumulate_whole_gradients = accumulate_whole_gradients
         self._mesh: DeviceMesh | None = None
         self._net: nn.Module | None = None
         self._hooks: list[RemovableHandle] = []
@@ -112,6 +121,16 @@ class FullyShardedStrategy(DDPStrategy):
         """Refuse a layout the processes cannot form, before any process is launched."""
         assert self.parallel_devices is not None
         self.mesh_shape(len(self.parallel_devices) * self.num_nodes)
+        if self.num_nodes > 1 and self.shard_size and len(self.parallel_devices) % self.shard_size:
+            raise UsageError(
+                f"fsdp: shard_size={self.shard_size} does not divide the {len(self.parallel_devices)} devices of a "
+                "node, so shard groups would span machines: use a divisor of --trainer.devices."
+            )
+        if self.process_group_backend == "gloo" and self.parallel_devices[0].type == "cuda":
+            raise UsageError(
+                "fsdp: gloo cannot gather or reduce-scatter CUDA tensors: drop "
+                "--trainer.strategy.process_group_backend."
+            )
         if getattr(self.precision_plugin, "scaler", None) is not None:
             raise UsageError(
                 "fsdp does not train in 16-mixed: its loss scaler would skip a step only on the processes whose "
@@ -150,16 +169,20 @@ class FullyShardedStrategy(DDPStrategy):
     @contextmanager
     @override
     def block_backward_sync(self) -> Iterator[None]:
-        # DDP's no_sync, for the batches a step accumulates before its last.
+        # The batches a step accumulates before its last: no buffers sent after them (DDP's no_sync), and with
+        # accumulate_whole_gradients no reduce-scatter either.
         if self._net is None:
             yield
             return
-        self._net.set_requires_gradient_sync(False)
+        whole = self.accumulate_whole_gradients
+        if whole:
+            self._net.set_requires_gradient_sync(False)
         self._gradient_sync = False
         try:
             yield
         finally:
-            self._net.set_requires_gradient_sync(True)
+            if whole:
+                self._net.set_requires_gradient_sync(True)
             self._gradient_sync = True
 
     @override
@@ -167,6 +190,16 @@ class FullyShardedStrategy(DDPStrategy):
         super().setup(trainer)
         if trainer.state.fn != TrainerFn.FITTING:  # DDP wraps only to train; the others keep the whole network
             self._mesh = self._net = None
+            return
+        # Validation runs the sharded blocks: under inference mode their gathered parameters would be inference
+        # tensors that training cannot use afterwards (Lightning exempts only its own FSDP strategy).
+        trainer.fit_loop.epoch_loop.val_loop.inference_mode = False
+
+    @override
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        # Every process reads the whole checkpoint: onto the CPU, not each onto the GPU it was saved from.
+        torch.cuda.empty_cache()
+        return self.checkpoint_io.load_checkpoint(checkpoint_path, map_location="cpu", weights_only=weights_only)
 
     @override
     def lightning_module_state_dict(self) -> dict[str, Any]:
@@ -178,14 +211,14 @@ class FullyShardedStrategy(DDPStrategy):
     def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
         if not self.sharded:
             return super().optimizer_state(optimizer)
-        return full_optimizer_state(self.lightning_module, optimizer, self.is_global_zero)
+        return full_optimizer_state(optimizer, self.is_global_zero)
 
     @override
     def load_optimizer_state_dict(self, checkpoint: dict[str, Any]) -> None:
         if not self.sharded:
             return super().load_optimizer_state_dict(checkpoint)
         for optimizer, state in zip(self.optimizers, checkpoint["optimizer_states"]):
-            load_full_optimizer_state(self.lightning_module, optimizer, state)
+            load_full_optimizer_state(optimizer, state)
 
     @override
     def teardown(self) -> None:
