@@ -71,15 +71,14 @@ def name_to_class_path(args: Sequence[str]) -> list[str]:
     args = list(args)
     if not any(arg.startswith("--trainer.strategy.") for arg in args):
         return args
-    for index, arg in enumerate(args):
-        name = arg.partition("=")[2] if arg.startswith("--trainer.strategy=") else None
-        if arg == "--trainer.strategy" and index + 1 < len(args):
-            name = args[index + 1]
+    for index, arg in enumerate(list(args)):
+        if arg.startswith("--trainer.strategy="):
+            at, prefix, name = index, "--trainer.strategy=", arg.partition("=")[2]
+        elif arg == "--trainer.strategy" and index + 1 < len(args):
+            at, prefix, name = index + 1, "", args[index + 1]
+        else:
+            continue
         if name in CLASS_PATHS:
             _check_options(name, args[index + 1 :])
-    for index, arg in enumerate(args):
-        if arg.startswith("--trainer.strategy=") and arg.partition("=")[2] in CLASS_PATHS:
-            args[index] = "--trainer.strategy=" + CLASS_PATHS[arg.partition("=")[2]]
-        elif arg == "--trainer.strategy" and index + 1 < len(args) and args[index + 1] in CLASS_PATHS:
-            args[index + 1] = CLASS_PATHS[args[index + 1]]
+            args[at] = prefix + CLASS_PATHS[name]
     return args

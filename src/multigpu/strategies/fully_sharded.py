@@ -32,7 +32,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor, nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.optim import Optimizer
 from torch.utils.hooks import RemovableHandle
@@ -90,8 +90,7 @@ class FullyShardedStrategy(DDPStrategy):
         self.reshard_after_forward = reshard_after_forward
         self.shard_size = shard_size
         self.accumulate_whole_gradients = accumulate_whole_gradients
-        self._mesh: DeviceMesh | None = None
-        self._net: nn.Module | None = None
+        self._net: nn.Module | None = None  # the sharded network, while fitting
         self._hooks: list[RemovableHandle] = []
         self._gradient_sync = True
         self._buffers_due = True  # DDP's require_forward_param_sync
@@ -139,7 +138,7 @@ class FullyShardedStrategy(DDPStrategy):
 
     @property
     def sharded(self) -> bool:
-        return self._mesh is not None
+        return self._net is not None
 
     @override
     def configure_ddp(self) -> None:
@@ -147,11 +146,11 @@ class FullyShardedStrategy(DDPStrategy):
         blocks = self.check_model(self.lightning_module)
         shape = self.mesh_shape(self.world_size)
         names = ("shard",) if len(shape) == 1 else ("replicate", "shard")
-        self._mesh = init_device_mesh(self.root_device.type, shape, mesh_dim_names=names)
+        mesh = init_device_mesh(self.root_device.type, shape, mesh_dim_names=names)
         broadcast_from_first([*blocks.parameters(), *blocks.buffers()])  # as DDP starts
         for block in blocks:
-            fully_shard(block, mesh=self._mesh, reshard_after_forward=self.reshard_after_forward)
-        fully_shard(blocks, mesh=self._mesh, reshard_after_forward=self.reshard_after_forward)
+            fully_shard(block, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
+        fully_shard(blocks, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
         self._net = blocks
         buffers = list(blocks.buffers())
         if buffers:
@@ -189,7 +188,7 @@ class FullyShardedStrategy(DDPStrategy):
     def setup(self, trainer) -> None:
         super().setup(trainer)
         if trainer.state.fn != TrainerFn.FITTING:  # DDP wraps only to train; the others keep the whole network
-            self._mesh = self._net = None
+            self._net = None
             return
         # Validation runs the sharded blocks: under inference mode their gathered parameters would be inference
         # tensors that training cannot use afterwards (Lightning exempts only its own FSDP strategy).
