@@ -9,6 +9,7 @@ between them are here too.
 """
 
 import importlib
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
@@ -38,6 +39,7 @@ __all__ = [
     "pipeline_stage",
     "rendezvous_handlers",
     "save_last_checkpoint",
+    "schedule_actions",
     "set_default_process_group_backend",
     "should_skip_saving",
     "stop_after_this_step_as_on_sigterm",
@@ -116,6 +118,31 @@ def time_pipeline_parts(wrap: Callable[[str, Callable], Callable]) -> None:
     # have no public counterpart or hook.
     pipeline_schedules._batch_p2p = wrap("send/recv", pipeline_schedules._batch_p2p)
     pipeline_schedules._wait_batch_p2p = wrap("wait", pipeline_schedules._wait_batch_p2p)
+
+
+# The module of torch's schedule visualiser, which builds a schedule on stand-in stages to list its actions.
+_schedule_visualizer = importlib.import_module("torch.distributed.pipelining._schedule_visualizer")
+
+
+def schedule_actions(
+    schedule: str, processes: int, micro_batches: int, stages_per_process: int
+) -> list[list[tuple[str, int, int]]]:
+    """Each process's computations in one step of ``schedule``, in its order: ``(kind, stage, micro-batch)``, the
+    kind ``F`` (forward), ``B`` (whole backward), ``I`` (input gradients) or ``W`` (weight gradients). An action
+    that runs two computations at once (DualPipeV's) counts as both, one after the other; communication and
+    empty slots are left out."""
+    # torch lists a schedule's actions only by building it on stages; its visualiser builds one on stand-ins,
+    # and has no public counterpart.
+    ops = _schedule_visualizer.get_schedule_ops(schedule, processes, micro_batches, stages_per_process)
+    return [
+        [
+            (kind, int(stage), int(micro_batch))
+            for action in rank
+            if action is not None
+            for stage, kind, micro_batch in re.findall(r"(\d+)([FBIW])(\d+)", str(action))
+        ]
+        for rank in ops
+    ]
 
 
 # --- torch: modules, mixed precision, rendezvous ---------------------------------------------------------------
@@ -249,6 +276,7 @@ PRIVATE_HOOKS = (
     PrivateHook(PipelineStage, "_get_init_p2p_neighbors_ops", ("self",), optional=True),
     PrivateHook(pipeline_schedules, "_batch_p2p", ("p2p_ops", "desc")),
     PrivateHook(pipeline_schedules, "_wait_batch_p2p", ("work",)),
+    PrivateHook(_schedule_visualizer, "get_schedule_ops"),
     PrivateHook(torch.nn.modules.batchnorm, "_BatchNorm"),
     PrivateHook(_BatchNorm, "_check_input_dim", ("self", "input")),
     PrivateHook(nn.Module, "_apply", ("self", "fn", "recurse")),

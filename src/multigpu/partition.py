@@ -20,6 +20,7 @@ from multigpu.lazy_blocks import LazyBlocks
 __all__ = [
     "BalanceBy",
     "balance_by_cost",
+    "block_pass_times",
     "block_times",
     "check_balance",
     "check_stage_count",
@@ -100,7 +101,18 @@ def block_times(
 ) -> list[float]:
     """Seconds each block costs on ``device`` in one step of ``micro_batches`` inputs like ``example``, per input:
     one forward and backward pass, plus a ``micro_batches``-th of one update of its parameters
-    (SGD with momentum, the recipe's), which comes once per step.
+    (SGD with momentum, the recipe's), which comes once per step (``block_pass_times``)."""
+    return [
+        forward + backward + update / micro_batches
+        for forward, backward, update in block_pass_times(blocks, example, device, repeats)
+    ]
+
+
+def block_pass_times(
+    blocks: nn.Sequential, example: Tensor, device: torch.device, repeats: int = 3
+) -> list[tuple[float, float, float]]:
+    """Seconds of each block's forward pass, backward pass and update (SGD with momentum, the recipe's) on
+    ``device`` for one input like ``example``.
 
     Each block is timed on a copy of its own, so the network's parameters and BatchNorm
     statistics stay as they are and only one block's copy is on the device at a time; the
@@ -116,22 +128,25 @@ def block_times(
         update = torch.optim.SGD(params, lr=0.0, momentum=0.9) if params else None
         # A block's input may be a tuple of tensors (the halves of a bottleneck pass two).
         x = apply_to_collection(x, Tensor, lambda t: t.detach().requires_grad_(index > 0 and t.is_floating_point()))
-        passes, updates = [], []
+        forwards, backwards, updates = [], [], []
         for _ in range(repeats + 1):
             _synchronize(device)
             start = time.perf_counter()
             out = block(x)
+            _synchronize(device)
+            middle = time.perf_counter()
             outputs = [output for output in ([out] if isinstance(out, Tensor) else out) if output.requires_grad]
             if outputs:  # none where a block without parameters is first (nothing before it needs gradients)
                 torch.autograd.backward(outputs, [torch.ones_like(output) for output in outputs])
             _synchronize(device)
-            middle = time.perf_counter()
+            end = time.perf_counter()
             if update is not None:
                 update.step()
             _synchronize(device)
-            passes.append(middle - start)
-            updates.append(time.perf_counter() - middle)
-        times.append(min(passes[1:]) + min(updates[1:]) / micro_batches)
+            forwards.append(middle - start)
+            backwards.append(end - middle)
+            updates.append(time.perf_counter() - end)
+        times.append((min(forwards[1:]), min(backwards[1:]), min(updates[1:])))
         x = out
     return times
 

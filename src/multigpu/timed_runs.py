@@ -72,41 +72,47 @@ def _peaks_of_this_process(trainer) -> list[int]:
     return [peak_memory_bytes(device) for device in devices]
 
 
-def result(images: int, steps: int, seconds: float, peak_memory: list[int]) -> dict:
-    """One configuration's figures, as the harness's JSON holds them."""
+def result(images: int, steps: int, seconds: float, peak_memory: list[int], windows: Sequence[float] = ()) -> dict:
+    """One configuration's figures, as the harness's JSON holds them; ``windows``: the images per second of each
+    window of steps, when they were timed apart."""
     return {
         "images_per_s": images / seconds,
         "step_time_s": seconds / steps,
         "peak_memory_bytes": peak_memory,
+        "window_images_per_s": list(windows),
     }
 
 
 class StepTimer(Callback):
-    """Times the optimizer steps after the first ``warmup`` up to ``trainer.max_steps``, and writes the
-    figures to ``out``.
+    """Times the optimizer steps after the first ``warmup`` up to ``trainer.max_steps``, in windows of ``window``
+    steps, and writes the figures to ``out``.
 
     Every rank writes the peak memory of its devices (a list) to ``out`` with its rank appended;
-    rank 0 also writes images per second (all replicas' images) and the mean step time.
+    rank 0 also writes images per second (all replicas' images) over all the timed steps and in each
+    window, and the mean step time.
     """
 
-    def __init__(self, warmup: int, out: str) -> None:
-        self.warmup, self.out = warmup, Path(out)
-        self._start = self._end = 0.0
+    def __init__(self, warmup: int, out: str, window: int | None = None) -> None:
+        self.warmup, self.out, self.window = warmup, Path(out), window
+        self._marks: list[tuple[float, int, int]] = []  # (time, images so far, step) at the start and windows' ends
         self._images = 0
 
     @override
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if trainer.global_step == self.warmup and not self._start:
+        if trainer.global_step == self.warmup and not self._marks:
             synchronize(pl_module.device)
-            self._start = time.perf_counter()
+            self._marks.append((time.perf_counter(), 0, trainer.global_step))
 
     @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self._start:
-            self._images += len(batch[0])
-        if trainer.global_step == trainer.max_steps:  # the last step: wait for it to finish
-            synchronize(pl_module.device)
-            self._end = time.perf_counter()
+        if not self._marks:
+            return
+        self._images += len(batch[0])
+        timed = trainer.global_step - self.warmup
+        ends_window = self.window is not None and timed > 0 and timed % self.window == 0
+        if (ends_window or trainer.global_step == trainer.max_steps) and self._marks[-1][2] != trainer.global_step:
+            synchronize(pl_module.device)  # the window's last step: wait for it to finish
+            self._marks.append((time.perf_counter(), self._images, trainer.global_step))
 
     @override
     def on_train_end(self, trainer, pl_module) -> None:
@@ -116,19 +122,26 @@ class StepTimer(Callback):
                 f"the run ended at step {trainer.global_step}, before the {trainer.max_steps} steps it was to time "
                 "(a time limit, or too few batches?)"
             )
-        images = self._images * data_parallel_size(trainer)
+        replicas = data_parallel_size(trainer)
         rank_file = self.out.with_name(f"{self.out.name}.rank{trainer.global_rank}")
         rank_file.write_text(json.dumps(_peaks_of_this_process(trainer)))
         if trainer.is_global_zero:
-            self.out.write_text(json.dumps(result(images, steps, self._end - self._start, [])))
+            (start, _, _), (end, images, _) = self._marks[0], self._marks[-1]
+            windows = [
+                (after - before) * replicas / (stop - begin)
+                for (begin, before, _), (stop, after, _) in zip(self._marks, self._marks[1:])
+            ]
+            figures = result(images * replicas, steps, end - start, [], windows if self.window else ())
+            self.out.write_text(json.dumps(figures))
 
 
-def step_timer(warmup: int, out: Path) -> list[str]:
+def step_timer(warmup: int, out: Path, window: int | None = None) -> list[str]:
     """The ``fit`` options that add a ``StepTimer``."""
     return [
         "--trainer.callbacks+=multigpu.timed_runs.StepTimer",
         f"--trainer.callbacks.warmup={warmup}",
         f"--trainer.callbacks.out={out}",
+        *([f"--trainer.callbacks.window={window}"] if window else []),
     ]
 
 

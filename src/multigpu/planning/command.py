@@ -21,10 +21,13 @@ from typing_extensions import override
 
 from multigpu.cli import MultiGPUCLI
 from multigpu.errors import UsageError
-from multigpu.planning.layouts import candidate_layouts
+from multigpu.planning.layouts import Refusal, candidate_layouts
+from multigpu.planning.links import measure_links
 from multigpu.planning.measurement import balanced, measure
 from multigpu.planning.options import PlanOptions, check_no_plan_section
-from multigpu.planning.report import Outcome, print_report, write_outputs
+from multigpu.planning.prediction import predict
+from multigpu.planning.ranking import Outcome, to_measure
+from multigpu.planning.report import print_report, write_outputs
 from multigpu.planning.resources import budget as memory_budget
 from multigpu.planning.selection import choose, setting_of
 
@@ -58,7 +61,7 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
         )
     setting = setting_of(config)
     warmup = options.warmup if options.warmup is not None else (10 if setting.cuda else 2)
-    steps = options.steps or (20 if setting.cuda else 3)
+    steps = options.steps or (4 if setting.cuda else 1)
     layouts, refusals = candidate_layouts(
         setting.devices,
         setting.cuda,
@@ -70,19 +73,33 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
     )
     where = f"{setting.devices} {'CUDA' if setting.cuda else 'CPU'} device(s)"
     print(
-        f"plan: {where}, batch {setting.batch_size} per device, {setting.precision}, "
-        f"{warmup} warm-up + {steps} timed steps per layout",
+        f"plan: {where}, batch {setting.batch_size} per device, {setting.precision}, {warmup} warm-up steps and "
+        f"{options.windows} timed windows of {steps} step(s) per measured layout",
         flush=True,
     )
-    layouts, unbalanced = balanced(layouts, setting, config)
+    profile = setting.profile(config["model"]["stem"])
+    layouts, unbalanced = balanced(layouts, profile)
     refusals += unbalanced
     budget = memory_budget(setting.cuda, setting.device_ids or list(range(setting.devices)), options.memory_per_device)
     chosen, left_out = choose(layouts, setting, budget, options.recompute, bool(config["model"]["compile"]))
     refusals += left_out
-    outcomes = [Outcome(layout, setting.estimated_peaks(layout)) for layout in chosen]
+    links = measure_links(max(layout.processes for layout in chosen) if chosen else 1, setting.cuda, setting.device_ids)
+    outcomes = []
+    for layout in chosen:
+        predicted = predict(layout, profile, links, setting.memory)
+        if isinstance(predicted, str):
+            refusals.append(Refusal(layout.label, predicted))
+        else:
+            outcomes.append(Outcome(layout, setting.estimated_peaks(layout), predicted))
     if not options.dry_run:
         accumulate = trainer.get("accumulate_grad_batches") or 1
-        outcomes = measure(outcomes, args, setting, warmup, steps, accumulate if isinstance(accumulate, int) else 1)
+        selected = outcomes if options.measure == "all" else to_measure(outcomes, options.top)
+        print(f"measuring {len(selected)} of {len(outcomes)} layouts", flush=True)
+        measured = measure(
+            selected, args, setting, warmup, steps, options.windows, accumulate if isinstance(accumulate, int) else 1
+        )
+        done = {id(before): after for before, after in zip(selected, measured)}
+        outcomes = [done.get(id(outcome), outcome) for outcome in outcomes]
     folder = Path(trainer.get("default_root_dir") or "logs") / config["run_name"]
     print_report(outcomes, refusals, setting.device_ids, budget, measured=not options.dry_run)
     if (

@@ -1,5 +1,5 @@
-"""``plan``'s measurements: the time of each block (to balance the split layouts), then each layout trained in
-fresh processes through ``main.py fit``, its figures scraped from what the run writes."""
+"""``plan``'s measurements: the split layouts balanced by their blocks' time, then the layouts chosen to measure
+trained in fresh processes through ``main.py fit``, their figures scraped from what the run writes."""
 
 import sys
 import tempfile
@@ -7,20 +7,13 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-import torch
-from lightning.pytorch.plugins.precision import MixedPrecision, Precision
-
-from multigpu.data import CIFAR10DataModule
 from multigpu.errors import UsageError
-from multigpu.lazy_blocks import LazyBlocks
-from multigpu.model import IMAGE_SHAPE
-from multigpu.network import resnet50_block_factories
 from multigpu.partition import balance_by_cost
 from multigpu.planning.layouts import Layout, Refusal
 from multigpu.planning.options import without_plan_options
-from multigpu.planning.report import Outcome
+from multigpu.planning.profile import BlockProfile
+from multigpu.planning.ranking import Outcome
 from multigpu.planning.selection import Setting
-from multigpu.strategies.block_measures import block_times_in, micro_batch_refusal
 from multigpu.timed_runs import RunFailed, fit_command, run, step_timer
 
 __all__ = ["LAYOUT_TIMEOUT_S", "balanced", "measure"]
@@ -28,62 +21,40 @@ __all__ = ["LAYOUT_TIMEOUT_S", "balanced", "measure"]
 LAYOUT_TIMEOUT_S = 1200  # a layout still training after 20 minutes has hung (a deadlock, say): it is stopped
 
 
-def balanced(layouts: list[Layout], setting: Setting, config) -> tuple[list[Layout], list[Refusal]]:
+def balanced(layouts: list[Layout], profile: BlockProfile) -> tuple[list[Layout], list[Refusal]]:
     """The split layouts with the balance that evens out their blocks' measured time, as ``balance_by: time``
-    would choose it in each run; timed once per micro-batch size, on the first device. Those whose
+    would choose it in each run (``profile``, at each layout's micro-batch and share of the cores). Those whose
     micro-batches cannot train (BatchNorm given one value per channel) are refused."""
-    device = torch.device("cuda", (setting.device_ids or [0])[0]) if setting.cuda else torch.device("cpu")
-    blocks = LazyBlocks(resnet50_block_factories(CIFAR10DataModule.num_classes, config["model"]["stem"]))
-    precision = _precision_plugin(setting.precision, device)
-    times: dict[tuple[int, int], list[float] | str] = {}  # by micro-batch size and count
     balanced, refusals = [], []
     for layout in layouts:
         if layout.num_stages > 1:
-            images = layout.batch_size // layout.micro_batches
-            key = (images, layout.micro_batches)
-            if key not in times:
-                times[key] = _block_times(blocks, precision, device, images, layout.micro_batches)
-            if isinstance(times[key], str):
-                refusals.append(Refusal(layout.label, times[key]))
+            times = profile.times(layout.batch_size // layout.micro_batches, layout.processes)
+            if isinstance(times, str):
+                refusals.append(Refusal(layout.label, times))
                 continue
-            layout = replace(layout, balance=tuple(balance_by_cost(times[key], layout.num_stages)))
+            layout = replace(
+                layout, balance=tuple(balance_by_cost(times.cost(layout.micro_batches), layout.num_stages))
+            )
         balanced.append(layout)
-    if setting.cuda:
-        torch.cuda.empty_cache()
     return balanced, refusals
 
 
-def _block_times(
-    blocks: LazyBlocks, precision: Precision, device: torch.device, images: int, micro_batches: int
-) -> list[float] | str:
-    """The time of each block for ``micro_batches`` micro-batches of ``images`` images, or why there is none."""
-    if why := micro_batch_refusal(blocks, IMAGE_SHAPE, images):
-        return f"micro-batches of {images} image(s) do not train: {why}"
-    print(f"timing the blocks for {micro_batches} micro-batch(es) of {images} images", flush=True)
-    try:
-        return block_times_in(precision, blocks, torch.zeros(images, *IMAGE_SHAPE), device, micro_batches)
-    except RuntimeError as error:  # out of memory, say
-        return f"timing its blocks failed: {str(error).splitlines()[0]}"
-
-
-def _precision_plugin(precision: str, device: torch.device) -> Precision:
-    """Lightning's precision plugin for ``--trainer.precision`` on ``device``: 16-bit mixed precision is
-    bf16 on the CPU, as Lightning makes it there."""
-    name = {"16": "16-mixed", "bf16": "bf16-mixed"}.get(precision, precision)
-    if name in ("32", "32-true"):
-        return Precision()
-    return MixedPrecision("bf16-mixed" if device.type == "cpu" else name, device.type)
-
-
 def measure(
-    outcomes: list[Outcome], args: Sequence[str], setting: Setting, warmup: int, steps: int, accumulate: int
+    outcomes: list[Outcome],
+    args: Sequence[str],
+    setting: Setting,
+    warmup: int,
+    steps: int,
+    windows: int,
+    accumulate: int,
 ) -> list[Outcome]:
-    """Train each layout in fresh processes; its figures, or why it failed."""
+    """Train each layout in fresh processes, timing ``windows`` windows of ``steps`` steps; its figures, or why it
+    failed."""
     entry = Path(sys.argv[0]).resolve()
     if entry.suffix != ".py":
         raise UsageError("run plan as `python main.py plan ...`: it launches main.py fit for each layout.")
     user_args = without_plan_options(args)
-    images = setting.batch_size * setting.devices * accumulate * (warmup + steps + 1)
+    images = setting.batch_size * setting.devices * accumulate * (warmup + steps * windows + 1)
     measured = []
     with tempfile.TemporaryDirectory(prefix="multigpu-plan-") as tmp:
         folder = Path(tmp)
@@ -91,13 +62,22 @@ def measure(
             out = folder / f"layout{index}.json"
             options = [*user_args, *outcome.layout.fit_options(setting.device_ids)]
             command = fit_command(
-                entry, options, folder, f"plan-{index}", warmup + steps, images, step_timer(warmup, out)
+                entry,
+                options,
+                folder,
+                f"plan-{index}",
+                warmup + steps * windows,
+                images,
+                step_timer(warmup, out, steps),
             )
             try:
                 outcome = replace(
                     outcome, figures=run(command, out, folder / f"layout{index}.log", timeout=LAYOUT_TIMEOUT_S)
                 )
-                said = f"{outcome.figures['images_per_s']:.1f} img/s"
+                low, high = outcome.interval
+                said = (
+                    f"{outcome.images_per_s:.1f} img/s ({low:.1f}-{high:.1f}), predicted {outcome.predicted or 0:.1f}"
+                )
             except RunFailed as failure:
                 log = (folder / f"layout{index}.log").read_text()
                 outcome = replace(

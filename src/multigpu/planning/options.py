@@ -15,11 +15,15 @@ __all__ = ["PlanOptions", "check_no_plan_section", "without_plan_options"]
 
 
 class PlanOptions:
-    """What ``plan`` tries, and how long it trains each layout.
+    """What ``plan`` tries, which layouts it measures, and how long it trains each.
 
     Args:
         warmup: untimed optimizer steps first (default: 10 on GPUs, 2 on the CPU).
-        steps: timed optimizer steps (default: 20 on GPUs, 3 on the CPU).
+        steps: optimizer steps in each timed window (default: 4 on GPUs, 1 on the CPU).
+        windows: timed windows per measured layout; their median is its figure, the slowest and fastest its range.
+        measure: ``best`` measures the reference (one device), the ``top`` layouts by prediction and those
+            predicted within the predictions' error of the best; ``all`` measures every layout.
+        top: how many of the best predicted layouts ``measure=best`` measures.
         strategies: the strategies to try besides one device, which is always measured (the reference).
         schedules: the pipeline schedules to try.
         micro_batches: the micro-batch counts a pipeline of P processes tries (default P, 2P and 4P).
@@ -34,6 +38,9 @@ class PlanOptions:
         self,
         warmup: int | None = None,
         steps: int | None = None,
+        windows: int = 5,
+        measure: Literal["best", "all"] = "best",
+        top: int = 3,
         strategies: list[str] = list(PLANNED_STRATEGIES),
         schedules: list[str] = list(SCHEDULES),
         micro_batches: list[int] | None = None,
@@ -47,9 +54,14 @@ class PlanOptions:
                 "--plan.activation_checkpointing is deprecated: use --plan.recompute_activations, the same setting."
             )
             recompute_activations = activation_checkpointing
-        for option, value in (("warmup", warmup), ("steps", steps)):
+        for option, value, least in (
+            ("warmup", warmup, 0),
+            ("steps", steps, 1),
+            ("windows", windows, 2),
+            ("top", top, 1),
+        ):
             if value is not None:
-                check_at_least(f"--plan.{option}", value, 1 if option == "steps" else 0)
+                check_at_least(f"--plan.{option}", value, least)
         if memory_per_device is not None and memory_per_device <= 0:
             raise UsageError(f"--plan.memory_per_device must be more than 0 GiB, not {memory_per_device}.")
         for count in micro_batches or ():
@@ -58,7 +70,8 @@ class PlanOptions:
             raise UsageError(f"--plan.schedules: {unknown[0]!r} is not one of {', '.join(SCHEDULES)}.")
         if unknown := [name for name in strategies if name not in PLANNED_STRATEGIES]:
             raise UsageError(f"--plan.strategies: {unknown[0]!r} is not one of {', '.join(PLANNED_STRATEGIES)}.")
-        self.warmup, self.steps, self.strategies, self.schedules = warmup, steps, strategies, schedules
+        self.warmup, self.steps, self.windows, self.measure, self.top = warmup, steps, windows, measure, top
+        self.strategies, self.schedules = strategies, schedules
         self.micro_batches, self.recompute = micro_batches, recompute_activations
         self.memory_per_device, self.dry_run = memory_per_device, dry_run
 

@@ -1,38 +1,21 @@
-"""What ``plan`` prints and writes: the ranked table, the layouts left out, ``plan.yaml``, ``plan.json`` and a chart."""
+"""What ``plan`` prints and writes: the table of predictions and measurements with its ties, the layouts left out,
+``plan.yaml``, ``plan.json`` and a chart."""
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from multigpu.bar_chart import write_bar_chart
-from multigpu.planning.layouts import Layout, Refusal
+from multigpu.planning.layouts import Refusal
+from multigpu.planning.ranking import REFERENCE, Outcome, choice, ranked, tied
 
-__all__ = ["Outcome", "print_report", "write_outputs"]
+__all__ = ["print_report", "write_outputs"]
 
 MIB = 2**20
-REFERENCE = "auto"  # one device: the strategy of the layout every other one is compared with
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """A layout's estimated peak per device, and once it ran, its figures or why it failed."""
-
-    layout: Layout
-    estimate: list[int]
-    figures: dict | None = None
-    failure: str | None = None
-
-    @property
-    def images_per_s(self) -> float:
-        return self.figures["images_per_s"] if self.figures else 0.0
-
-
-def _ranked(outcomes: Sequence[Outcome]) -> list[Outcome]:
-    return sorted((outcome for outcome in outcomes if outcome.figures), key=lambda outcome: -outcome.images_per_s)
 
 
 def _efficiency(outcome: Outcome, outcomes: Sequence[Outcome]) -> float | None:
@@ -40,13 +23,19 @@ def _efficiency(outcome: Outcome, outcomes: Sequence[Outcome]) -> float | None:
     reference = next(
         (o for o in outcomes if o.layout.strategy == REFERENCE and o.figures and not o.layout.recompute), None
     )
-    if reference is None:
+    if reference is None or not outcome.figures:
         return None
     return outcome.images_per_s / (outcome.layout.devices * reference.images_per_s)
 
 
 def _mib(values: Sequence[int]) -> str:
     return "/".join(f"{value / MIB:,.0f}" for value in values)
+
+
+def _in_order(outcomes: Sequence[Outcome]) -> list[Outcome]:
+    """The measured outcomes fastest first, then the others by prediction."""
+    others = sorted((o for o in outcomes if not o.figures), key=lambda o: -(o.predicted or 0.0))
+    return ranked(outcomes) + others
 
 
 def print_report(
@@ -56,84 +45,113 @@ def print_report(
     budget: tuple[int, bool],
     measured: bool,
 ) -> None:
-    """The layouts left out and why, then the ranked table (or, for a dry run, the layouts and their estimates)."""
+    """The layouts left out and why, then the table: each layout's prediction and, if it ran, its measurement."""
     if refusals:
         print("\nleft out:")
         for refusal in refusals:
             print(f"  {refusal}")
-    failed = [outcome for outcome in outcomes if outcome.failure]
-    for outcome in failed:
-        print(f"  {outcome.layout.label}: failed: {outcome.failure}")
+    for outcome in outcomes:
+        if outcome.failure:
+            print(f"  {outcome.layout.label}: failed: {outcome.failure}")
     limit, per_device = budget
     room = f"{limit / MIB:,.0f} MiB {'per device' if per_device else 'for all processes'}"
-    if not measured:
-        print(f"\n{len(outcomes)} layouts would run (memory estimates, {room} available):")
-        for outcome in outcomes:
-            print(
-                f"  {outcome.layout.label:<40} estimate MiB {_mib(outcome.estimate):>20}   "
-                f"{' '.join(outcome.layout.fit_options(device_ids))}"
-            )
-        return
-    ranked = _ranked(outcomes)
-    if not ranked:
-        return
-    header = (
-        f"{'#':>3}  {'layout':<40} {'img/s':>8} {'step ms':>9} {'peak MiB':>20} {'estimate MiB':>20} {'efficiency':>10}"
+    ordered = _in_order(outcomes)
+    ties = {id(o) for o in tied(outcomes)}
+    if measured:
+        print("\n(img/s: the median of the timed windows; range: the slowest and the fastest window; = ties with #1)")
+    else:
+        print(f"\n{len(outcomes)} layouts would run (predicted, and memory estimates with {room} available):")
+    print(
+        f"\n{'#':>4}  {'layout':<44} {'predicted':>9} {'img/s':>7} {'range':>13} {'error':>6} "
+        f"{'peak MiB':>13} {'estimate MiB':>13} {'efficiency':>10}"
     )
-    print("\n" + header)
-    for place, outcome in enumerate(ranked, 1):
-        efficiency = _efficiency(outcome, outcomes)
-        print(
-            f"{place:>3}  {outcome.layout.label:<40} {outcome.images_per_s:>8.1f} "
-            f"{outcome.figures['step_time_s'] * 1000:>9.1f} {_mib(outcome.figures['peak_memory_bytes']):>20} "
-            f"{_mib(outcome.estimate):>20} {'-' if efficiency is None else f'{efficiency:.2f}':>10}"
+    for place, outcome in enumerate(ordered, 1):
+        predicted = f"{outcome.predicted:.1f}" if outcome.predicted else "-"
+        if outcome.figures:
+            low, high = outcome.interval
+            mark = "=" if id(outcome) in ties and len(ties) > 1 else " "
+            efficiency = _efficiency(outcome, outcomes)
+            peaks = _mib(outcome.figures["peak_memory_bytes"])
+            print(
+                f"{place:>3}{mark}  {outcome.layout.label:<44} {predicted:>9} {outcome.images_per_s:>7.1f} "
+                f"{f'{low:.1f}-{high:.1f}':>13} {outcome.error:>+6.0%} {peaks:>13} "
+                f"{_mib(outcome.estimate):>13} {'-' if efficiency is None else f'{efficiency:.2f}':>10}"
+            )
+        else:
+            said = "failed" if outcome.failure else "-"
+            print(
+                f"{'':>4}  {outcome.layout.label:<44} {predicted:>9} {said:>7} {'':>13} {'':>6} {'':>13} "
+                f"{_mib(outcome.estimate):>13}"
+            )
+    chosen = choice(outcomes)
+    if chosen is not None:
+        others = [o.layout.label for o in tied(outcomes) if o is not chosen]
+        why = (
+            f"tied with {', '.join(others)} (their ranges overlap), and the simplest: the fewest processes, then the "
+            "least memory"
+            if others
+            else "the fastest, and no other layout's range overlaps its range"
         )
+        print(f"\nchosen: {chosen.layout.label}: {why}.")
     print("\nfit options:")
-    for place, outcome in enumerate(ranked, 1):
-        print(f"{place:>3}  {' '.join(outcome.layout.fit_options(device_ids))}")
+    for outcome in ordered:
+        print(f"  {outcome.layout.label}: {' '.join(outcome.layout.fit_options(device_ids))}")
 
 
 def write_outputs(
     outcomes: Sequence[Outcome], folder: Path, device_ids: Sequence[int] | None, trainer: dict[str, Any], title: str
 ) -> Path | None:
-    """Write the fastest layout as ``plan.yaml``, every figure as ``plan.json`` and the chart ``plan.png`` into
-    ``folder``; return the config's path (None when no layout ran)."""
-    ranked = _ranked(outcomes)
-    if not ranked:
+    """Write the chosen layout as ``plan.yaml``, every prediction and figure as ``plan.json`` and the chart
+    ``plan.png`` into ``folder``; return the config's path (None when no layout ran)."""
+    chosen = choice(outcomes)
+    if chosen is None:
         return None
     folder.mkdir(parents=True, exist_ok=True)
-    best = ranked[0]
-    config = best.layout.config(device_ids)
+    config = chosen.layout.config(device_ids)
     config["trainer"]["accelerator"] = trainer.get("accelerator") or "auto"
     if trainer.get("precision") is not None:
         config["trainer"]["precision"] = trainer["precision"]
+    low, high = chosen.interval
     header = (
-        f"# The fastest layout `python main.py plan` measured: {best.layout.label}, "
-        f"{best.images_per_s:.1f} img/s ({title}).\n# Train with it: python main.py fit <the same options> "
+        f"# The layout `python main.py plan` chose: {chosen.layout.label}, {chosen.images_per_s:.1f} img/s "
+        f"(windows {low:.1f}-{high:.1f}; {title}).\n# Train with it: python main.py fit <the same options> "
         f"--config {folder / 'plan.yaml'}\n"
     )
     (folder / "plan.yaml").write_text(header + yaml.safe_dump(config, sort_keys=False))
+    ties = {id(o) for o in tied(outcomes)}
     rows = [
         {
             **asdict(outcome),
             "layout": outcome.layout.label,
+            "images_per_s": outcome.images_per_s if outcome.figures else None,
+            "interval": list(outcome.interval) if outcome.figures else None,
+            "error": outcome.error,
+            "tied_with_fastest": id(outcome) in ties,
+            "chosen": outcome is chosen,
             "efficiency": _efficiency(outcome, outcomes),
             "fit_options": outcome.layout.fit_options(device_ids),
         }
         for outcome in outcomes
     ]
     (folder / "plan.json").write_text(json.dumps({"title": title, "results": rows}, indent=2, default=list))
-    notes = [f"eff. {e:.2f}" if (e := _efficiency(outcome, outcomes)) is not None else "" for outcome in ranked]
+    bars = ranked(outcomes)
+    notes = [
+        ", ".join(
+            ([f"predicted {o.predicted:.1f}"] if o.predicted else [])
+            + (["chosen"] if o is chosen else ["tie"] if id(o) in ties else [])
+        )
+        for o in bars
+    ]
     write_bar_chart(
-        [outcome.layout.label for outcome in ranked],
-        [outcome.images_per_s for outcome in ranked],
+        [o.layout.label for o in bars],
+        [o.images_per_s for o in bars],
         notes,
         f"python main.py plan: {title}",
         folder / "plan.png",
-        grey=[outcome.layout.strategy == REFERENCE for outcome in ranked],
+        grey=[o.layout.strategy == REFERENCE for o in bars],
     )
     print(
-        f"\nwrote {folder / 'plan.yaml'} (the fastest: {best.layout.label}), plan.json and plan.png beside it."
+        f"\nwrote {folder / 'plan.yaml'} (chosen: {chosen.layout.label}), plan.json and plan.png beside it."
         f"\ntrain with it: python main.py fit <the same options> --config {folder / 'plan.yaml'}"
     )
     return folder / "plan.yaml"

@@ -6,8 +6,11 @@ from dataclasses import dataclass, replace
 import torch
 
 from multigpu.data import CIFAR10DataModule
+from multigpu.lazy_blocks import LazyBlocks
+from multigpu.network import Stem, resnet50_block_factories
 from multigpu.planning.layouts import Layout, Refusal
 from multigpu.planning.memory_estimate import BlockMemory, block_memory, estimate
+from multigpu.planning.profile import BlockProfile, precision_plugin
 from multigpu.planning.resources import resident_bytes
 from multigpu.trainer_options import accelerator_name, device_request
 
@@ -28,6 +31,12 @@ class Setting:
     memory: BlockMemory
     optimizer_states: int
     overhead: int  # CPU: what a process holds before the network (Python, torch, Lightning)
+
+    def profile(self, stem: Stem) -> BlockProfile:
+        """The blocks' times on the first device, in the run's precision, measured as they are asked for."""
+        device = torch.device("cuda", (self.device_ids or [0])[0]) if self.cuda else torch.device("cpu")
+        blocks = LazyBlocks(resnet50_block_factories(CIFAR10DataModule.num_classes, stem))
+        return BlockProfile(blocks, precision_plugin(self.precision, device), device)
 
     def estimated_peaks(self, layout: Layout) -> list[int]:
         """Estimated peak of each device (CUDA), or of each process (CPU), in the order the runs report them."""

@@ -1,0 +1,133 @@
+"""The time of each block, which ``plan`` balances the split layouts by and builds its predictions from.
+
+``BlockProfile`` times each block's forward pass, backward pass and update (``block_pass_times``)
+on the first device, in the run's precision, once per micro-batch size and, on the CPU, per
+thread count: a process of a layout of ``P`` processes gets ``cores / P`` threads, as
+Lightning's launcher gives it. On the CPU a batch above ``CPU_IMAGES`` images is timed at that
+size and scaled per image (the time per image is flat by then), which keeps a plan of large
+batches short.
+"""
+
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+
+from multigpu.lazy_blocks import LazyBlocks
+from multigpu.model import IMAGE_SHAPE
+from multigpu.partition import block_pass_times
+from multigpu.strategies.block_measures import micro_batch_refusal
+
+__all__ = ["CPU_IMAGES", "BlockProfile", "PassTimes", "cores", "precision_plugin", "threads_per_process"]
+
+CPU_IMAGES = 32
+
+
+def cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def threads_per_process(processes: int) -> int:
+    """The threads each of ``processes`` processes on this machine gets from Lightning's launcher."""
+    return max(1, cores() // processes)
+
+
+@dataclass(frozen=True)
+class PassTimes:
+    """Seconds of each block's forward pass, backward pass and update, for one input of the size it was timed at."""
+
+    forward: list[float]
+    backward: list[float]
+    update: list[float]
+
+    def scaled(self, factor: float) -> "PassTimes":
+        """The passes ``factor`` times slower (more images, or a slower process); the update stays."""
+        return PassTimes([t * factor for t in self.forward], [t * factor for t in self.backward], self.update)
+
+    def cost(self, micro_batches: int) -> list[float]:
+        """Per block: a forward and a backward pass, and a ``micro_batches``-th of the update (one per step)."""
+        return [f + b + u / micro_batches for f, b, u in zip(self.forward, self.backward, self.update)]
+
+
+def precision_plugin(precision: str, device: torch.device) -> Precision:
+    """Lightning's precision plugin for ``--trainer.precision`` on ``device``: 16-bit mixed precision is
+    bf16 on the CPU, as Lightning makes it there."""
+    name = {"16": "16-mixed", "bf16": "bf16-mixed"}.get(precision, precision)
+    if name in ("32", "32-true"):
+        return Precision()
+    return MixedPrecision("bf16-mixed" if device.type == "cpu" else name, device.type)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextmanager
+def _threads(count: int | None):
+    before = torch.get_num_threads()
+    if count is not None:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class BlockProfile:
+    """Each block's times on ``device`` under ``precision``, measured when first asked for and kept."""
+
+    def __init__(self, blocks: LazyBlocks, precision: Precision, device: torch.device) -> None:
+        self.blocks, self.precision, self.device = blocks, precision, device
+        self._times: dict[tuple[int, int | None], PassTimes | str] = {}
+        self._bandwidths: dict[int | None, float] = {}
+
+    def memory_bandwidth(self, processes: int = 1) -> float:
+        """Bytes per second one of ``processes`` processes copies through the device's memory: what each pass
+        pays to read its blocks' parameters, which the blocks' timing (one block again and again, its
+        parameters in the caches) leaves out."""
+        threads = threads_per_process(processes) if self.device.type == "cpu" else None
+        if threads not in self._bandwidths:
+            source = torch.ones(2**25, device=self.device)  # 128 MiB, more than any cache
+            target = torch.zeros_like(source)
+            seconds = []
+            with _threads(threads):
+                for _ in range(3):
+                    _synchronize(self.device)
+                    start = time.perf_counter()
+                    target.copy_(source)
+                    _synchronize(self.device)
+                    seconds.append(time.perf_counter() - start)
+            self._bandwidths[threads] = 2 * source.nbytes / min(seconds)  # read and written
+        return self._bandwidths[threads]
+
+    def times(self, images: int, processes: int = 1) -> PassTimes | str:
+        """The blocks' times for an input of ``images`` images in one of ``processes`` processes (on the CPU, with
+        its share of the cores), or why a micro-batch of that size cannot train."""
+        threads = threads_per_process(processes) if self.device.type == "cpu" else None
+        timed = min(images, CPU_IMAGES) if self.device.type == "cpu" else images
+        key = (timed, threads)
+        if key not in self._times:
+            self._times[key] = self._measure(timed, threads)
+        found = self._times[key]
+        return found if isinstance(found, str) else found.scaled(images / timed)
+
+    def _measure(self, images: int, threads: int | None) -> PassTimes | str:
+        if why := micro_batch_refusal(self.blocks, IMAGE_SHAPE, images):
+            return f"micro-batches of {images} image(s) do not train: {why}"
+        where = f", {threads} thread(s)" if threads else ""
+        print(f"timing the blocks for {images} images{where}", flush=True)
+        try:
+            with _threads(threads), self.precision.train_step_context():
+                example = self.precision.convert_input(torch.zeros(images, *IMAGE_SHAPE))
+                passes = block_pass_times(self.blocks, example, self.device, repeats=2)
+        except RuntimeError as error:  # out of memory, say
+            return f"timing its blocks failed: {str(error).splitlines()[0]}"
+        finally:
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        return PassTimes(*(list(column) for column in zip(*passes)))

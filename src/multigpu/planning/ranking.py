@@ -1,0 +1,89 @@
+"""Which layouts ``plan`` measures, how sure each measured figure is, and which layout it picks.
+
+It measures the reference (one device), the ``top`` layouts by prediction, and every other
+layout whose prediction lies within ``PREDICTION_ERROR`` of the best prediction: the largest
+error the accuracy benchmark (``benchmarks/plan_accuracy.py``) allows. A measured layout's
+figure is the median of its windows' images per second, and its range runs from the slowest
+window to the fastest: with 5 windows the median lies inside it 15 times in 16, whatever the
+noise (each window is as likely to fall above the median as below it). Layouts whose range
+overlaps the fastest one's range are tied with it, and among them the plan picks the simplest:
+the fewest processes, then the least memory.
+"""
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from multigpu.planning.layouts import Layout
+
+__all__ = ["PREDICTION_ERROR", "REFERENCE", "Outcome", "choice", "ranked", "tied", "to_measure"]
+
+PREDICTION_ERROR = 0.2
+REFERENCE = "auto"  # one device: the strategy of the layout every other one is compared with
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A layout's estimated peak per device and predicted images per second, and once it ran, its figures or why
+    it failed."""
+
+    layout: Layout
+    estimate: list[int]
+    predicted: float | None = None
+    figures: dict | None = None
+    failure: str | None = None
+
+    @property
+    def windows(self) -> list[float]:
+        """Images per second of each timed window (one figure for a run timed as a whole)."""
+        if not self.figures:
+            return []
+        return self.figures.get("window_images_per_s") or [self.figures["images_per_s"]]
+
+    @property
+    def images_per_s(self) -> float:
+        """The median of the windows' figures (0 before it ran)."""
+        return statistics.median(self.windows) if self.figures else 0.0
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        """The slowest and the fastest window."""
+        return (min(self.windows), max(self.windows)) if self.figures else (0.0, 0.0)
+
+    @property
+    def error(self) -> float | None:
+        """The prediction's error relative to the measured median."""
+        if not (self.figures and self.predicted):
+            return None
+        return self.predicted / self.images_per_s - 1
+
+
+def to_measure(outcomes: Sequence[Outcome], top: int) -> list[Outcome]:
+    """The outcomes to measure, in their order (see the module's docstring)."""
+    by_prediction = sorted((o for o in outcomes if o.predicted), key=lambda o: -o.predicted)
+    best = by_prediction[0].predicted if by_prediction else 0.0
+    kept = {id(o) for o in by_prediction[:top]}
+    kept |= {id(o) for o in by_prediction if o.predicted >= best * (1 - PREDICTION_ERROR)}
+    return [o for o in outcomes if id(o) in kept or o.layout.strategy == REFERENCE]
+
+
+def ranked(outcomes: Sequence[Outcome]) -> list[Outcome]:
+    """The measured outcomes, fastest (by median) first."""
+    return sorted((o for o in outcomes if o.figures), key=lambda o: -o.images_per_s)
+
+
+def tied(outcomes: Sequence[Outcome]) -> list[Outcome]:
+    """The measured outcomes whose range overlaps the fastest one's, the fastest first."""
+    fastest = ranked(outcomes)
+    if not fastest:
+        return []
+    low = fastest[0].interval[0]
+    return [o for o in fastest if o.interval[1] >= low]
+
+
+def choice(outcomes: Sequence[Outcome]) -> Outcome | None:
+    """The simplest of the layouts tied with the fastest: the fewest processes, then the least memory."""
+    group = tied(outcomes)
+    if not group:
+        return None
+    return min(group, key=lambda o: (o.layout.processes, sum(o.figures["peak_memory_bytes"]), -o.images_per_s))
