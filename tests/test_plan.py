@@ -1,6 +1,8 @@
-"""``python main.py plan``: the layouts it lists and leaves out, its memory estimates, its ranked table and config."""
+"""``python main.py plan``: the layouts it lists and leaves out, its memory estimates and predictions, the layouts
+it measures, its table with ties, and its config."""
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -11,6 +13,7 @@ from lightning.fabric.utilities.rank_zero import LightningDeprecationWarning
 from multigpu.planning.layouts import candidate_layouts
 from multigpu.planning.memory_estimate import block_memory, estimate
 from multigpu.planning.options import PlanOptions
+from multigpu.planning.ranking import PREDICTION_ERROR
 from multigpu.planning.selection import Setting, choose
 
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
@@ -196,7 +199,14 @@ def test_a_config_file_with_a_plan_section_is_refused(capsys, tmp_path):
     )
 
 
-def test_dry_run_lists_the_layouts_with_their_estimates_and_runs_none(tmp_path):
+def _table(stdout: str) -> list[list[str]]:
+    """The rows of plan's table, split at runs of two spaces or more: place, layout, then the figures."""
+    start = stdout.index("   #  layout")
+    lines = stdout[start : stdout.index("\n\n", start)].splitlines()[1:]
+    return [[cell for cell in re.split(r"\s{2,}", line.strip()) if cell] for line in lines]
+
+
+def test_dry_run_predicts_every_layout_with_its_estimate_and_runs_none(tmp_path):
     result = run_cli(
         "plan",
         "--config",
@@ -209,10 +219,13 @@ def test_dry_run_lists_the_layouts_with_their_estimates_and_runs_none(tmp_path):
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout
-    listing = result.stdout[result.stdout.index("layouts would run") :].splitlines()[1:]
-    assert {line.split(" estimate MiB")[0].strip() for line in listing} == {
+    rows = _table(result.stdout)
+    assert {row[0] for row in rows} == {
         name for name in TWO_CPU_PROCESSES if not name.startswith("pipeline") or name.endswith(" m2")
     }
+    predicted = [float(row[1]) for row in rows]  # layout, predicted, "-" (not measured), estimate
+    assert predicted == sorted(predicted, reverse=True) and min(predicted) > 0
+    assert all(row[2] == "-" for row in rows)
     # 16 micro-batches of a pipeline's 16 images: with the ImageNet stem, layer4 sees 1x1 images, and
     # BatchNorm cannot train on one value per channel.
     single_images = {name.replace(" m8", " m16") for name in TWO_CPU_PROCESSES if name.endswith(" m8")}
@@ -222,10 +235,11 @@ def test_dry_run_lists_the_layouts_with_their_estimates_and_runs_none(tmp_path):
             in result.stdout
         )
     assert "  dp: needs CUDA devices (without them dp trains on one device)" in result.stdout
+    assert "measuring the links between 2 CPU processes" in result.stdout
     assert not (tmp_path / "logs" / "test" / "plan.yaml").exists()
 
 
-def test_plan_measures_ranks_and_writes_a_config_that_fit_trains_with(tmp_path):
+def test_plan_predicts_measures_the_best_marks_ties_and_writes_a_config_that_fit_trains_with(tmp_path):
     result = run_cli(
         "plan",
         "--config",
@@ -235,28 +249,48 @@ def test_plan_measures_ranks_and_writes_a_config_that_fit_trains_with(tmp_path):
         *run_args(tmp_path),
         "--plan.strategies=[ddp,pipeline]",
         "--plan.schedules=[1f1b]",
-        "--plan.micro_batches=[2]",
+        "--plan.micro_batches=[2,4]",
+        "--plan.top=1",
         "--plan.warmup=1",
-        "--plan.steps=2",
+        "--plan.windows=3",
         "--data.num_workers=1",
         cwd=tmp_path,
         timeout=600,  # the recipe's loader workers
     )
     assert result.returncode == 0, result.stdout
-    table = result.stdout[result.stdout.index("  #  layout") : result.stdout.index("fit options:")].splitlines()[1:-1]
-    rows = [line.split() for line in table]
-    assert sorted(" ".join(row[1:-5]) for row in rows) == ["1 device", "ddp", "pipeline 2 1f1b m2"]
-    speeds = [float(row[-5]) for row in rows]
-    assert speeds == sorted(speeds, reverse=True) and min(speeds) > 0
-    assert "pipeline over 4 processes: needs a multiple of 4 devices, not --trainer.devices=2" in result.stdout
+    rows = {row[1] if row[0][0].isdigit() else row[0]: row for row in _table(result.stdout)}
+    assert set(rows) == {"1 device", "ddp", "pipeline 2 1f1b m2", "pipeline 2 1f1b m4"}
     folder = tmp_path / "logs" / "test"
-    figures = json.loads((folder / "plan.json").read_text())["results"]
-    for row in figures:  # one measured peak and one estimate per process on the CPU
-        processes = 1 if row["layout"] == "1 device" else 2
-        assert len(row["figures"]["peak_memory_bytes"]) == len(row["estimate"]) == processes
+    figures = {row["layout"]: row for row in json.loads((folder / "plan.json").read_text())["results"]}
+    measured = {name for name, row in figures.items() if row["figures"]}
+    best = max(figures, key=lambda name: figures[name]["predicted"])
+    within = {
+        name for name, row in figures.items() if row["predicted"] >= (1 - PREDICTION_ERROR) * figures[best]["predicted"]
+    }
+    assert measured == {"1 device", best} | within  # the reference, the top 1 and those within the error
+    for name, row in figures.items():
+        if name in measured:
+            assert len(row["figures"]["window_images_per_s"]) == 3
+            low, high = row["interval"]
+            assert low <= row["images_per_s"] <= high and row["error"] == pytest.approx(
+                row["predicted"] / row["images_per_s"] - 1
+            )
+            processes = 1 if name == "1 device" else 2  # one measured peak and one estimate per process
+            assert len(row["figures"]["peak_memory_bytes"]) == len(row["estimate"]) == processes
+        else:
+            assert row["figures"] is None and rows[name][2] == "-"
+    fastest = max(measured, key=lambda name: figures[name]["images_per_s"])
+    tied = {name for name in measured if figures[name]["interval"][1] >= figures[fastest]["interval"][0]}
+    assert {name for name, row in figures.items() if row["tied_with_fastest"]} == tied
+    assert {name for name in measured if rows[name][0].endswith("=")} == (tied if len(tied) > 1 else set())
+    chosen = [name for name, row in figures.items() if row["chosen"]]
+    simplest = min(  # the fewest processes, then the least memory
+        tied, key=lambda name: (1 if name == "1 device" else 2, sum(figures[name]["figures"]["peak_memory_bytes"]))
+    )
+    assert chosen == [simplest]
+    assert f"chosen: {chosen[0]}: " in result.stdout
     assert (folder / "plan.png").read_bytes().startswith(b"\x89PNG")
     config = yaml.safe_load((folder / "plan.yaml").read_text())
-    best = " ".join(rows[0][1:-6])
     assert config["model"] == {"recompute_activations": False}
     assert config["trainer"]["accelerator"] == "cpu"
     trained = run_cli(
@@ -264,4 +298,3 @@ def test_plan_measures_ranks_and_writes_a_config_that_fit_trains_with(tmp_path):
     )
     assert trained.returncode == 0, trained.stdout
     assert (tmp_path / "checkpoints" / "winner" / "last.ckpt").is_file()
-    assert best in result.stdout.split("the fastest: ")[1]

@@ -1,2 +1,2 @@
-"""``python main.py plan``: every way to train on these devices, measured, ranked, and the fastest written as a
-config."""
+"""``python main.py plan``: every way to train on these devices, predicted, the best of them measured, and the
+choice (the simplest of those tied with the fastest) written as a config."""

@@ -1,16 +1,18 @@
-"""``python main.py plan``: measure every layout these devices allow, rank them, and write the fastest as a config.
+"""``python main.py plan``: predict every layout these devices allow, measure the few that matter, and write the
+choice as a config.
 
     python main.py plan --trainer.devices=4                          # every layout of 4 GPUs
     python main.py plan --config configs/smoke.yaml --trainer.accelerator=cpu --trainer.devices=2
-    python main.py plan --trainer.devices=4 --plan.strategies=[ddp,pipeline] --plan.dry_run=true
+    python main.py plan --trainer.devices=8 --plan.dry_run=true      # predictions only, nothing trains
 
 It takes ``fit``'s options. For each layout (``layouts``) it estimates the memory of each
 device from the network on the meta device (``memory_estimate``) and leaves out, saying so,
-what would not fit; it then trains each remaining layout in fresh processes through
-``main.py fit`` on synthetic data of CIFAR-10's shape, for warm-up and timed steps
-(``multigpu.timed_runs``, as the benchmarks do), and ranks them by images per second
-(``report``). Split layouts (model and pipeline parallel) are balanced by the time of each
-block, measured once here on the first device, and run with that balance.
+what would not fit. It times each block on the first device (``profile``), balances the split
+layouts by those times, measures the links between the devices (``links``) and predicts each
+layout's images per second (``prediction``). Then it trains, in fresh processes through
+``main.py fit`` on synthetic data of CIFAR-10's shape, the reference (one device) and the best
+predicted layouts (``ranking``), timing repeated windows of steps (``multigpu.timed_runs``, as
+the benchmarks do), and picks the simplest of the layouts tied with the fastest (``report``).
 """
 
 from collections.abc import Sequence

@@ -3,14 +3,15 @@ tensors and for the runtimes that move them, and, on the CPU, how much processes
 
 ``measure_links`` starts one process per device with ``torchrun`` (gloo on the CPU, NCCL on
 GPUs) running this module. Rank 0 and 1 time a ping-pong of a small and a large tensor (the
-latency and bandwidth of a send); all ranks time an all-reduce and an all-gather of both sizes
-(latency and bus bandwidth: a ring all-reduce moves ``2 (n-1)/n`` of the bytes, an all-gather or
-a reduce-scatter ``(n-1)/n``). Two tiny networks, whose arithmetic costs nothing, give what the
-runtimes add besides moving bytes: a GPipe step of one small layer per process (seconds per
-pipeline action) and a forward and backward pass of ``fully_shard``-ed small layers (seconds
-per sharded block). On the CPU every rank then times one convolution's forward and backward
-pass at the same moment, which ``plan`` compares with the same pass run alone: the share of
-the memory bandwidth and caches a process loses.
+latency and bandwidth of a send); all ranks time an all-reduce, an all-gather and a
+reduce-scatter of both sizes (latency and bus bandwidth: a ring all-reduce moves ``2 (n-1)/n``
+of the bytes, the other two ``(n-1)/n``). Two tiny networks, whose arithmetic costs nothing,
+give what the runtimes add besides moving bytes: a GPipe step of one small layer per process
+(seconds per pipeline action), and a forward and backward pass and an SGD step of
+``fully_shard``-ed small layers (seconds per sharded block, and per sharded parameter's
+update). On the CPU every rank then times one convolution's forward and backward pass at the
+same moment, which ``plan`` compares with the same pass run alone: the share of the memory
+bandwidth and caches a process loses. Each figure is the fastest of a few runs.
 """
 
 import json
@@ -61,10 +62,10 @@ class Link:
 
 @dataclass(frozen=True)
 class Links:
-    """The measured links of ``world`` devices (``cuda``: GPUs, not processes on one CPU): sends, all-reduces and
-    all-gathers and reduce-scatters, the seconds a pipeline schedule spends per
-    action and ``fully_shard`` per block besides computing and moving bytes, and how much slower a process
-    computes with ``world`` processes at once (1 on GPUs)."""
+    """The measured links of ``world`` devices (``cuda``: GPUs, not processes on one CPU): sends, all-reduces,
+    all-gathers and reduce-scatters; the seconds a pipeline schedule spends per action, and ``fully_shard`` per
+    block and per parameter's update, besides computing and moving bytes; and how much slower a process computes
+    with ``world`` processes at once (1 on GPUs)."""
 
     world: int
     cuda: bool = False
@@ -74,6 +75,7 @@ class Links:
     scatters: Link = Link()
     pipeline_action: float = 0.0
     sharded_block: float = 0.0
+    sharded_update: float = 0.0
     contention: float = 1.0
 
     @property
@@ -160,6 +162,7 @@ def measure_links(processes: int, cuda: bool, device_ids: list[int] | None) -> L
         scatters=Link.fitted(figures["reduce_scatter"], share),
         pipeline_action=figures["pipeline_action"],
         sharded_block=figures["sharded_block"],
+        sharded_update=figures["sharded_update"],
         contention=max(1.0, figures["probe"] / _probe_pass(threads)) if not cuda else 1.0,
     )
 
@@ -198,9 +201,10 @@ def _pipeline_action_time(device: torch.device) -> float:
     return _timed(step, device) / (2 * (micro_batches + world - 1))
 
 
-def _sharded_block_time(device: torch.device, blocks: int = 8) -> float:
-    """Seconds per block of a forward and backward pass through ``fully_shard``-ed tiny blocks: its own cost. Each
-    block holds 5 parameter tensors, as ResNet-50's blocks do on average (161 in 34 blocks)."""
+def _sharded_costs(device: torch.device, blocks: int = 8) -> tuple[float, float]:
+    """Seconds per block of a forward and backward pass through ``fully_shard``-ed tiny blocks, and per
+    parameter tensor of an SGD step on their shards: the runtime's own costs. Each block holds 5 parameter
+    tensors, as ResNet-50's blocks do on average (161 in 34 blocks)."""
     net = nn.Sequential(
         *(nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16), nn.Linear(16, 16, bias=False)) for _ in range(blocks))
     ).to(device)
@@ -209,7 +213,9 @@ def _sharded_block_time(device: torch.device, blocks: int = 8) -> float:
         fully_shard(block, mesh=mesh)
     fully_shard(net, mesh=mesh)
     x = torch.randn(4, 16, device=device)
-    return _timed(lambda: net(x).sum().backward(), device) / blocks
+    passes = _timed(lambda: net(x).sum().backward(), device) / blocks
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.0, momentum=0.9)
+    return passes, _timed(optimizer.step, device) / len(list(net.parameters()))
 
 
 def _probe(out: str, ids: str) -> None:
@@ -242,7 +248,7 @@ def _probe(out: str, ids: str) -> None:
         scatter = lambda tensor=tensor, shard=shard: dist.reduce_scatter_tensor(shard, tensor[: len(shard) * world])  # noqa: E731
         figures["reduce_scatter"].append([size, _timed(scatter, device)])
     figures["pipeline_action"] = _pipeline_action_time(device)
-    figures["sharded_block"] = _sharded_block_time(device)
+    figures["sharded_block"], figures["sharded_update"] = _sharded_costs(device)
     if not cuda:
         dist.barrier()
         probe = torch.tensor([_probe_pass()])

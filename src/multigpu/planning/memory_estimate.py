@@ -38,11 +38,13 @@ _ALL_AT_ONCE = ("gpipe", "loopedbfs")  # schedules that run every micro-batch's 
 
 @dataclass(frozen=True)
 class BlockMemory:
-    """Per block: bytes of parameters, and bytes per image of what it saves for backward and of its input."""
+    """Per block: bytes of parameters, bytes per image of what it saves for backward and of its input, and its
+    number of parameter tensors."""
 
     params: list[int]
     activations: list[float]
     inputs: list[float]
+    tensors: list[int]
 
 
 def _bytes(tensors) -> int:
@@ -55,7 +57,7 @@ def block_memory(num_classes: int, stem: Stem, half_activations: bool) -> BlockM
     images = 2  # BatchNorm in training mode needs two
     x: Tensor | tuple[Tensor, ...] = torch.zeros(images, *IMAGE_SHAPE, device="meta")
     scale = 0.5 if half_activations else 1.0
-    params, activations, inputs = [], [], []
+    params, activations, inputs, tensors = [], [], [], []
     for block in blocks:
         own = {id(param) for param in block.parameters()}
         saved: dict[int, Tensor] = {}
@@ -69,8 +71,9 @@ def block_memory(num_classes: int, stem: Stem, half_activations: bool) -> BlockM
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
             x = block(x)
         params.append(_bytes(block.parameters()))
+        tensors.append(len(list(block.parameters())))
         activations.append(_bytes(saved.values()) * scale / images)
-    return BlockMemory(params, activations, inputs)
+    return BlockMemory(params, activations, inputs, tensors)
 
 
 def _activations(

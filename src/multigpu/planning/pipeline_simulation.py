@@ -1,12 +1,13 @@
 """One pipeline step, simulated from the schedule's own action lists.
 
-Each process runs its actions (``compat.schedule_actions``; GPipe's and 1F1B's written out here) in
-torch's order. An action starts when its process is free and its inputs are there: a forward pass of stage ``s`` needs stage
-``s - 1``'s output for that micro-batch, a backward pass (whole, or the input-gradient half of
-the zero-bubble schedules) needs stage ``s + 1``'s gradient and its own forward pass, and a
-tensor from a stage on another process arrives a send's time later. A zero-bubble schedule
-splits a backward pass into the input gradients and the weight gradients, each taken as half.
-The step ends when the last process finishes.
+Each process runs its actions (``compat.schedule_actions``; GPipe's and 1F1B's written out
+here) in torch's order. An action starts when its process is free and its inputs are there: a
+forward pass of stage ``s`` needs stage ``s - 1``'s output for that micro-batch, a backward pass
+(whole, or the input-gradient half of the zero-bubble schedules) needs stage ``s + 1``'s
+gradient and its own forward pass, and a tensor from a stage on another process arrives a
+send's time later. A zero-bubble schedule splits a backward pass into the input gradients and
+the weight gradients, each taken as half. Each action also costs the schedule's own time per
+action, measured with ``links``. The step ends when the last process finishes.
 """
 
 from collections.abc import Callable, Sequence
@@ -23,12 +24,16 @@ def simulate_step(
     forward: Sequence[float],
     backward: Sequence[float],
     send: Callable[[int], float],
+    per_action: float = 0.0,
 ) -> list[float]:
     """Seconds until each process of ``pipeline`` finishes one step, stage ``s`` taking ``forward[s]`` and
     ``backward[s]`` per micro-batch, a tensor leaving stage ``s`` for a stage on another process ``send(s)``
-    (its forward output; the gradient it gets back has the same size)."""
+    (its forward output; the gradient it gets back has the same size), and each action ``per_action`` more."""
     actions = _actions(pipeline, micro_batches)
-    durations = {"F": forward, "B": backward, "I": [t / 2 for t in backward], "W": [t / 2 for t in backward]}
+    halves = [t / 2 for t in backward]
+    durations = {
+        kind: [t + per_action for t in times] for kind, times in zip("FBIW", (forward, backward, halves, halves))
+    }
     done: dict[tuple[str, int, int], float] = {}
     clock = [0.0] * len(actions)
     position = [0] * len(actions)

@@ -110,7 +110,7 @@ def _fsdp(layout, forward, backward, update, links, memory) -> float:
         compute = start + backward[block] + own[block]
         link = max(link, compute) + scatter(block)
         compute = link if serial else compute
-    return max(compute, link) + sum(update) / group
+    return max(compute, link) + sum(update) / group + sum(memory.tensors) * links.sharded_update
 
 
 def _boundary_bytes(memory: BlockMemory, balance: Sequence[int], images: float) -> list[float]:
@@ -140,6 +140,7 @@ def _pipeline(layout, forward, backward, update, links, memory) -> float:
         [sum(forward[i] for i in blocks) for blocks in stages],
         [sum(backward[i] for i in blocks) for blocks in stages],
         lambda stage: links.send(sends[stage]),
+        links.pipeline_action,
     )
     ends = []
     for process, clock in enumerate(finish):

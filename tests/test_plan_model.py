@@ -1,0 +1,97 @@
+"""``plan``'s cost model: the pipeline schedules simulated from their action lists, DDP's overlapped buckets,
+the links' arithmetic, and how measured windows become ranges, ties and a choice."""
+
+import pytest
+
+from multigpu.compat import schedule_actions
+from multigpu.planning.layouts import Layout
+from multigpu.planning.links import Link, Links
+from multigpu.planning.pipeline_simulation import simulate_step
+from multigpu.planning.prediction import overlapped_reduction
+from multigpu.planning.ranking import Outcome, choice, tied, to_measure
+from multigpu.strategies.pipeline.layout import SCHEDULES, PipelineLayout, natural_stages_per_process
+
+pytestmark = pytest.mark.internals  # the schedules' action lists come from a private torch module
+
+NO_SEND = lambda stage: 0.0  # noqa: E731
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_a_balanced_pipeline_of_one_stage_per_process_takes_its_textbook_time(schedule):
+    # P stages, m micro-batches, forward 1 and backward 2 each: (m + P - 1) x (1 + 2), the bubble included.
+    for processes, micro_batches in ((2, 4), (4, 8)):
+        finish = simulate_step(
+            PipelineLayout(schedule, processes, 1), micro_batches, [1.0] * processes, [2.0] * processes, NO_SEND
+        )
+        assert max(finish) == (micro_batches + processes - 1) * 3
+        assert finish[0] == max(finish)  # the first stage finishes last: its backward passes come last
+
+
+def test_sends_between_processes_lengthen_the_step_and_sends_within_one_do_not():
+    layout = PipelineLayout("gpipe", 2, 1)
+    quick = max(simulate_step(layout, 2, [1.0, 1.0], [2.0, 2.0], NO_SEND))
+    slow = max(simulate_step(layout, 2, [1.0, 1.0], [2.0, 2.0], lambda stage: 0.5))
+    assert slow == quick + 2 * 0.5  # one forward send and one backward send on the longest path
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_every_schedule_simulates_to_the_end_with_every_action_once(schedule):
+    per_process = natural_stages_per_process(schedule)
+    layout = PipelineLayout(schedule, 2, per_process)
+    stages = layout.num_stages
+    finish = simulate_step(layout, 4, [1.0] * stages, [2.0] * stages, NO_SEND)
+    work = 4 * stages * 3 / 2  # every stage's forward and backward passes, shared by the 2 processes
+    assert work <= max(finish) <= 2 * work
+    if per_process > 1:  # torch's own lists: each stage of the process, each micro-batch, forward and backward
+        actions = schedule_actions(schedule, 2, 4, per_process)
+        for process, listed in enumerate(actions):
+            forwards = {(stage, m) for kind, stage, m in listed if kind == "F"}
+            assert forwards == {(stage, m) for stage in layout.stages_of(process) for m in range(4)}
+
+
+def test_ddp_buckets_hide_behind_the_backward_pass_on_gpus_and_hold_it_up_on_the_cpu():
+    backward, params = [1.0] * 4, [2**20] * 4  # four blocks, each one bucket's worth of 1 MiB
+    reduce = lambda nbytes: 0.5  # noqa: E731
+    assert overlapped_reduction(backward, params, reduce, overlap=True) == 4 + 0.5  # only the last one shows
+    assert overlapped_reduction(backward, params, reduce, overlap=False) == 4 + 0.5 * 2  # first bucket, then the rest
+
+
+def test_links_follow_the_ring_algorithms():
+    links = Links(world=4, sends=Link(0.001, 1e9), reduces=Link(0.003, 1e9), gathers=Link(0.003, 1e9))
+    assert links.send(1e9) == pytest.approx(1.001)
+    assert links.all_reduce(1e9, 4) == pytest.approx(0.003 + 1.5)  # 2 (n-1)/n of the bytes
+    assert links.all_reduce(1e9, 2) == pytest.approx(0.001 + 1.0)  # a smaller ring: fewer hops, less traffic
+    assert links.all_gather(1e9, 4) == pytest.approx(0.003 + 0.75)
+    assert links.all_gather(1e9, 4, latency=False) == pytest.approx(0.75)
+    assert links.all_reduce(1e9, 1) == 0.0
+    fitted = Link.fitted([[1000, 0.002], [1_001_000, 0.003]], traffic=1.0)
+    assert fitted.bandwidth == pytest.approx(1e9) and fitted.latency == pytest.approx(0.002 - 1e-6)
+
+
+def _outcome(name: str, processes: int, predicted: float, windows: list[float] | None = None, peak: int = 1) -> Outcome:
+    layout = Layout(name, "auto" if name == "1 device" else "ddp", processes, processes, 8)
+    figures = {"images_per_s": 0.0, "window_images_per_s": windows, "peak_memory_bytes": [peak]} if windows else None
+    return Outcome(layout, [0], predicted, figures)
+
+
+def test_the_reference_the_top_predictions_and_those_within_the_error_are_measured():
+    outcomes = [
+        _outcome("1 device", 1, 10.0),
+        _outcome("a", 2, 30.0),
+        _outcome("b", 2, 25.0),  # within 20% of the best
+        _outcome("c", 2, 23.0),
+        _outcome("d", 2, 20.0),
+    ]
+    assert [o.layout.name for o in to_measure(outcomes, top=1)] == ["1 device", "a", "b"]
+    assert [o.layout.name for o in to_measure(outcomes, top=3)] == ["1 device", "a", "b", "c"]
+
+
+def test_overlapping_ranges_tie_and_the_simplest_of_the_tie_is_chosen():
+    one = _outcome("1 device", 1, 20.0, [19.0, 21.0, 20.0], peak=2)
+    fast = _outcome("a", 2, 22.0, [20.5, 22.0, 23.0], peak=1)
+    slow = _outcome("b", 2, 15.0, [14.0, 15.0, 16.0])
+    assert one.images_per_s == 20.0 and one.interval == (19.0, 21.0)
+    assert tied([one, fast, slow]) == [fast, one]
+    assert choice([one, fast, slow]) is one  # one process beats two, however fast
+    apart = _outcome("1 device", 1, 20.0, [19.0, 20.0, 20.4])
+    assert tied([apart, fast, slow]) == [fast] and choice([apart, fast, slow]) is fast
