@@ -139,6 +139,8 @@ class RunMetadata(Callback):
 
     @override
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        if trainer.state.fn != TrainerFn.FITTING:  # the layout only matters to training
+            return
         saved, now = checkpoint.get(self.KEY, {}), self._layout(trainer, pl_module)
         changes = [
             f"{name.replace('_', ' ')} {saved[name]} -> {now[name]}"

@@ -105,11 +105,14 @@ def finished_training(
     return None
 
 
-def resolve_ckpt_path(ckpt_path: str | None, dirpath: str | Path) -> tuple[str | None, dict[str, Any]]:
+def resolve_ckpt_path(
+    ckpt_path: str | None, dirpath: str | Path, training: bool = True
+) -> tuple[str | None, dict[str, Any]]:
     """Turn ``--ckpt_path`` into a checked file path and the checkpoint's contents.
 
     ``"last"`` means the newest ``last*.ckpt`` in ``dirpath``; when there is none yet
-    the run starts from scratch, so the same command both starts and resumes a job.
+    a training run starts from scratch, so the same command both starts and resumes a job
+    (anything else, ``training`` false, stops with a ``UsageError``).
     ``"best"`` means the best checkpoint that the run's ModelCheckpoint recorded in that
     ``last*.ckpt`` (Lightning knows it only within the process that trained). ``"hpc"``
     and remote paths (``s3://`` ...) are left to Lightning.
@@ -119,6 +122,11 @@ def resolve_ckpt_path(ckpt_path: str | None, dirpath: str | Path) -> tuple[str |
     if ckpt_path in ("last", "best"):
         last = find_last_checkpoint(dirpath)
         if last is None and ckpt_path == "last":
+            if not training:
+                raise UsageError(
+                    f"--ckpt_path last: no checkpoint in {dirpath} yet. Train first (python main.py fit with the same "
+                    "--run_name), or pass a checkpoint file."
+                )
             rank_zero_info(f"No checkpoint in {dirpath} yet: starting from scratch.")
             return None, {}
         ckpt_path = str(last) if ckpt_path == "last" else _best_checkpoint(last, dirpath)

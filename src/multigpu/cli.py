@@ -34,6 +34,7 @@ from multigpu.compat import CheckpointPathCLI
 from multigpu.data import CIFAR10DataModule
 from multigpu.errors import RunFinished, UsageError, check_at_least
 from multigpu.model import ResNet50Classifier, check_recipe, renamed_recompute_option, warn_old_recompute_option
+from multigpu.prediction_writer import PredictionWriter
 from multigpu.strategies import FullyShardedStrategy, name_to_class_path
 from multigpu.trainer_options import check_trainer_options
 
@@ -115,6 +116,7 @@ class MultiGPUCLI(CheckpointPathCLI):
             "(0: only at the end of each epoch).",
         )
         parser.add_lightning_class_args(ThroughputSummary, "throughput")
+        parser.add_lightning_class_args(PredictionWriter, "predictions")
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.set_defaults(
             {
@@ -168,11 +170,18 @@ class MultiGPUCLI(CheckpointPathCLI):
         if "weights_only" in config:
             config["weights_only"] = True  # Lightning's own read too, remote files included
         dirpath = _checkpoint_dir(config["checkpoint_root"], config["run_name"])
-        config["ckpt_path"], checkpoint = resolve_ckpt_path(config["ckpt_path"], dirpath)
+        training = self.config.get("subcommand") == "fit"
+        config["ckpt_path"], checkpoint = resolve_ckpt_path(config["ckpt_path"], dirpath, training)
         if not checkpoint:
             return
         check_model_options(config["ckpt_path"], checkpoint, config["model"])
-        if self.config.get("subcommand") == "fit":
+        subcommand = self.config.get("subcommand")
+        if subcommand != "fit":
+            rank_zero_info(
+                f"{subcommand}: the weights of {config['ckpt_path']} (epoch {checkpoint.get('epoch', 0)}, "
+                f"step {checkpoint.get('global_step', 0)})."
+            )
+        else:
             trainer = config["trainer"]
             limits = (trainer.get(name) for name in ("max_epochs", "max_steps", "max_time"))
             if reason := finished_training(checkpoint, *limits):

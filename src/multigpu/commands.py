@@ -1,4 +1,4 @@
-"""``main.py``'s commands: ``plan``, or one of the training CLI's, each with the same error handling.
+"""``main.py``'s commands: ``plan``, ``export``, or one of the training CLI's, each with the same error handling.
 
 Both sides build on ``multigpu.cli``; neither imports the other.
 """
@@ -14,6 +14,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from multigpu.cli import MultiGPUCLI
 from multigpu.elastic import separate_restart_attempts
 from multigpu.errors import RunFinished, UsageError
+from multigpu.export import export
 from multigpu.planning.command import plan
 from multigpu.process_groups import end_process_groups
 
@@ -21,7 +22,8 @@ __all__ = ["main"]
 
 
 def main(args: list[str] | None = None, default_config_files: Sequence[str | Path] = ()) -> None:
-    """Run ``main.py``'s command: ``plan`` (``multigpu.planning``), or one of LightningCLI's (``fit``, ``validate``,
+    """Run ``main.py``'s command: ``plan`` (``multigpu.planning``), ``export`` (``multigpu.export``), or one of
+    LightningCLI's (``fit``, ``validate``,
     ``test``, ``predict``); a bad request ends with one ``error: ...`` line and exit status 2."""
     separate_restart_attempts()
     # Lightning warns that a loader without state of its own resumes mid-epoch unreliably; the data
@@ -31,6 +33,8 @@ def main(args: list[str] | None = None, default_config_files: Sequence[str | Pat
     try:
         if argv[:1] == ["plan"]:
             plan(argv[1:], default_config_files)
+        elif argv[:1] == ["export"]:
+            export(argv[1:], default_config_files)
         else:
             MultiGPUCLI(default_config_files=default_config_files, args=args)
     except RunFinished as finished:

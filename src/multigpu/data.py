@@ -19,6 +19,7 @@ from multigpu.datasets import (
 )
 from multigpu.device_data import DeviceBatches
 from multigpu.errors import UsageError, check_at_least
+from multigpu.predict_data import ImageFiles, Indexed
 from multigpu.replicas import data_parallel_rank, data_parallel_size
 from multigpu.sampling import ResumableSampler
 
@@ -60,6 +61,8 @@ class CIFAR10DataModule(LightningDataModule):
         on_device: keep the whole dataset (uint8) on the training device and crop, flip and
             normalise whole batches there, without loader workers (see ``multigpu.device_data``).
             Each rank reads the same shard of the same per-epoch shuffle as without it.
+        predict_dir: ``predict`` reads the PNG and JPEG images under this folder, of any size, instead of
+            the test split (``multigpu.predict_data``); CIFAR-10 need not be on disk then.
     """
 
     num_classes = 10
@@ -78,6 +81,7 @@ class CIFAR10DataModule(LightningDataModule):
         synthetic_size: int = 50_000,
         shuffle_seed: int = 0,
         on_device: bool = False,
+        predict_dir: str | None = None,
     ) -> None:
         super().__init__()
         check_at_least("data.batch_size", batch_size, 1)
@@ -91,7 +95,9 @@ class CIFAR10DataModule(LightningDataModule):
         # The first process of each machine checks (and downloads) the data before anything is built.
         # Lightning starts the other local processes after it; under torchrun or srun, which start
         # them all at once, they wait for it when the process group is set up, which it joins after this.
-        if not synthetic and node_local_rank() == 0:
+        # A folder of the user's own images is checked here too, before anything is built.
+        self._predict_files = ImageFiles(predict_dir) if predict_dir else None
+        if not synthetic and not predict_dir and node_local_rank() == 0:
             ensure_cifar10(data_dir, download, verify_checksums)
 
     @override
@@ -99,6 +105,9 @@ class CIFAR10DataModule(LightningDataModule):
         if self.datasets:
             return
         hp = self.hparams
+        if self._predict_files is not None and stage == "predict":
+            self.datasets = {"predict": self._predict_files}
+            return
         if hp.synthetic:
             eval_size = max(1, hp.synthetic_size // 4)
             # On the device, synthetic data is uint8 images that go through the same augmentation.
@@ -194,5 +203,13 @@ class CIFAR10DataModule(LightningDataModule):
         return self._loader("test")
 
     @override
-    def predict_dataloader(self) -> DataLoader | DeviceBatches:
-        return self._loader("test")
+    def predict_dataloader(self) -> DataLoader:
+        """The user's images (``predict_dir``) or the test split, in order, each sample with its index."""
+        dataset = self.datasets.get("predict", self.datasets.get("test"))
+        workers = 0 if self.hparams.on_device else self.hparams.num_workers
+        return DataLoader(
+            Indexed(dataset),
+            batch_size=self.batch_size,
+            num_workers=workers,
+            pin_memory=self.hparams.pin_memory and self._device().type == "cuda" and not self.hparams.on_device,
+        )

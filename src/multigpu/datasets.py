@@ -20,6 +20,7 @@ from torchvision.transforms import v2
 from multigpu.errors import UsageError
 
 __all__ = [
+    "CIFAR10_CLASSES",
     "CIFAR10_MEAN",
     "CIFAR10_STD",
     "ImageTensorDataset",
@@ -31,6 +32,7 @@ __all__ = [
     "train_transform",
 ]
 
+CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 _FILES = CIFAR10.train_list + CIFAR10.test_list + [[CIFAR10.meta["filename"], CIFAR10.meta["md5"]]]

@@ -6,12 +6,14 @@ strategies may move or wrap ``self.net`` but touch nothing else here.
 """
 
 import math
+from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.fabric.utilities.throughput import measure_flops
 from lightning.pytorch import LightningModule
-from lightning.pytorch.utilities import rank_zero_deprecation
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_deprecation, rank_zero_info
 from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 from torch import Tensor, nn
 from torch.optim import SGD
@@ -25,6 +27,7 @@ from multigpu.lr_schedule import scaled_lr, warmup_cosine
 from multigpu.network import Stem, resnet50_block_factories
 from multigpu.recomputation import recompute_blocks
 from multigpu.replicas import data_parallel_size
+from multigpu.torchvision_weights import load_torchvision_weights
 
 __all__ = [
     "IMAGE_SHAPE",
@@ -50,9 +53,14 @@ def check_recipe(
     label_smoothing: float,
     recompute_activations: bool,
     compile: bool | dict[str, Any],
+    init_from: str | None = None,
 ) -> None:
-    """Refuse optimizer and loss settings that mean nothing, in one line each (the CLI calls it before it
-    builds anything, the model when it is built)."""
+    """Refuse optimizer and loss settings that mean nothing, and a weights file that is not there, in one line each
+    (the CLI calls it before it builds anything, the model when it is built)."""
+    if init_from is not None and not Path(init_from).is_file():
+        raise UsageError(
+            f"model.init_from={init_from} is not a file: give the path of a torchvision ResNet-50 state dict."
+        )
     for option, value in (
         ("base_lr", base_lr),
         ("momentum", momentum),
@@ -110,6 +118,10 @@ class ResNet50Classifier(LightningModule):
             keyword arguments such as ``{mode: max-autotune}``. Shapes are static unless it
             says ``dynamic``. Parameter names do not change, so checkpoints stay
             interchangeable with uncompiled runs.
+        init_from: start from the weights of a torchvision ``resnet50`` state dict (ImageNet weights, say): each
+            tensor of the same shape is loaded, the others (the classifier of another width, the first
+            convolution under the CIFAR stem) keep their initial values, and the run says which.
+            Only a new run reads it: a resumed one continues from its checkpoint.
         activation_checkpointing: deprecated, the old name of ``recompute_activations``.
     """
 
@@ -128,12 +140,21 @@ class ResNet50Classifier(LightningModule):
         channels_last: bool = False,
         recompute_activations: bool = False,
         compile: bool | dict[str, Any] = False,
+        init_from: str | None = None,
         activation_checkpointing: bool | None = None,
     ) -> None:
         super().__init__()
         recompute_activations = renamed_recompute_option(recompute_activations, activation_checkpointing)
         check_recipe(
-            base_lr, momentum, nesterov, weight_decay, warmup_epochs, label_smoothing, recompute_activations, compile
+            base_lr,
+            momentum,
+            nesterov,
+            weight_decay,
+            warmup_epochs,
+            label_smoothing,
+            recompute_activations,
+            compile,
+            init_from,
         )
         self.save_hyperparameters(ignore=["activation_checkpointing"])
         # On the meta device until configure_model, where the strategy places each block (lazy_blocks).
@@ -151,6 +172,8 @@ class ResNet50Classifier(LightningModule):
     @override
     def configure_model(self) -> None:
         self.net.materialize()
+        if self.hparams.init_from and self._starts_training():
+            rank_zero_info(load_torchvision_weights(self.net, self.hparams.init_from))
         if self.hparams.channels_last:
             self.net.to(memory_format=torch.channels_last)
         if self.hparams.recompute_activations:
@@ -160,6 +183,14 @@ class ResNet50Classifier(LightningModule):
             options = {} if compile_options is True else dict(compile_options)
             self.net.compile(**{"dynamic": False, **options})  # in place: the state dict keeps its names
             self._compiled = True
+
+    def _starts_training(self) -> bool:
+        """Whether this is a new training run (not a resumed one, nor evaluation)."""
+        try:
+            trainer = self.trainer
+        except RuntimeError:  # no trainer
+            return False
+        return trainer.state.fn == TrainerFn.FITTING and trainer.ckpt_path is None
 
     def training_flops_per_image(self) -> int:
         """FLOPs of the forward and backward pass of one training image, counted with torch's flop
@@ -208,8 +239,9 @@ class ResNet50Classifier(LightningModule):
         self._eval_step(batch, "test", self.test_acc)
 
     @override
-    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        return self(batch[0]).argmax(dim=1)
+    def predict_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
+        """The logits of the batch's images (``PredictionWriter`` turns them into classes and probabilities)."""
+        return self(batch[0])
 
     def _param_groups(self) -> list[dict]:
         if not self.hparams.no_decay_norm_bias:

@@ -31,11 +31,19 @@ from torchvision.models.resnet import Bottleneck, conv1x1, conv3x3
 
 from multigpu.lazy_blocks import BlockFactory, LazyBlocks
 
-__all__ = ["NUM_BLOCKS", "BottleneckEntry", "BottleneckExit", "Stem", "resnet50_block_factories", "resnet50_blocks"]
+__all__ = [
+    "LAYERS",
+    "NUM_BLOCKS",
+    "BottleneckEntry",
+    "BottleneckExit",
+    "Stem",
+    "resnet50_block_factories",
+    "resnet50_blocks",
+]
 
 Stem = Literal["cifar", "imagenet"]
 NUM_BLOCKS = 34
-_LAYERS = ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2))  # planes, bottlenecks, stride of the first
+LAYERS = ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2))  # planes, bottlenecks, stride of the first
 
 
 def _init_like_torchvision(build: Callable[[], nn.Module]) -> nn.Module:
@@ -124,7 +132,7 @@ def resnet50_block_factories(num_classes: int = 10, stem: Stem = "cifar") -> lis
         raise ValueError(f"stem must be 'cifar' or 'imagenet', not {stem!r}")
     builds: list[Callable[[], nn.Module]] = [partial(_stem, stem)]
     inplanes = 64
-    for planes, count, stride in _LAYERS:
+    for planes, count, stride in LAYERS:
         for index in range(count):
             first_stride = stride if index == 0 else 1
             builds += [partial(half, inplanes, planes, first_stride) for half in (BottleneckEntry, BottleneckExit)]

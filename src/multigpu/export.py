@@ -1,0 +1,142 @@
+"""``python main.py export``: the trained network out of a Lightning checkpoint, for code that knows torchvision but
+not this project.
+
+    python main.py export --ckpt_path last --to=torchvision --out=resnet50.pt
+    python main.py export --config configs/subset.yaml --ckpt_path last --to=torchscript
+    python main.py export --ckpt_path last --to=onnx --out=resnet50.onnx      # needs the onnx package
+
+It takes ``fit``'s options, so that ``--ckpt_path last`` finds the run's newest checkpoint
+(``--run_name``, ``--checkpoint_root``). The network goes into torchvision's own
+``resnet50(num_classes=...)`` (its first convolution swapped for the 3x3 CIFAR stem and the
+max-pool taken out, when the run used that stem), and is written as
+
+- ``torchvision``: its state dict, which torchvision's ``resnet50`` loads with ``strict=True``;
+- ``torchscript``: ``torch.jit.script`` of that model, which ``torch.jit.load`` runs without this project;
+- ``onnx``: ``torch.onnx.export`` of it, any batch size, which onnxruntime runs.
+
+Before it says done, it compares the export's logits with the checkpoint's network on a batch of
+images (the ONNX file only where onnxruntime is installed).
+"""
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torchvision
+from lightning.pytorch.cli import LightningArgumentParser
+from torch import nn
+from typing_extensions import override
+
+from multigpu.checkpoints import resolve_ckpt_path
+from multigpu.cli import MultiGPUCLI
+from multigpu.errors import UsageError
+from multigpu.lazy_blocks import LazyBlocks
+from multigpu.model import IMAGE_SHAPE
+from multigpu.network import resnet50_block_factories
+from multigpu.torchvision_weights import cifar_stem, to_torchvision
+
+__all__ = ["TOLERANCE", "export", "network_of", "torchvision_model"]
+
+TOLERANCE = 1e-5
+Format = Literal["torchvision", "torchscript", "onnx"]
+_SUFFIXES = {"torchvision": ".pt", "torchscript": ".torchscript.pt", "onnx": ".onnx"}
+
+
+class ExportCLI(MultiGPUCLI):
+    """``fit``'s parser with ``--ckpt_path``, ``--to`` and ``--out``; it builds nothing."""
+
+    @override
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        super().add_arguments_to_parser(parser)
+        parser.add_argument("--ckpt_path", type=str, default="last", help="The checkpoint: a file, last or best.")
+        parser.add_argument("--to", type=Format, default="torchvision", help="torchvision, torchscript or onnx.")
+        parser.add_argument("--out", type=str, default=None, help="The file to write (default: beside the checkpoint).")
+
+    @override
+    def instantiate_classes(self) -> None:
+        """Nothing is built from the options: the network comes from the checkpoint."""
+
+
+def network_of(checkpoint: dict) -> nn.Sequential:
+    """The checkpoint's network (our blocks), on the CPU, in evaluation mode."""
+    hparams = checkpoint.get("hyper_parameters", {})
+    net = LazyBlocks(resnet50_block_factories(hparams.get("num_classes", 10), hparams.get("stem", "cifar")))
+    net.materialize()
+    state = {key[len("net.") :]: value for key, value in checkpoint["state_dict"].items() if key.startswith("net.")}
+    net.load_state_dict(state, strict=True)
+    return net.eval()
+
+
+def torchvision_model(checkpoint: dict) -> nn.Module:
+    """torchvision's ``resnet50`` holding the checkpoint's weights, in evaluation mode."""
+    hparams = checkpoint.get("hyper_parameters", {})
+    model = torchvision.models.resnet50(num_classes=hparams.get("num_classes", 10))
+    if hparams.get("stem", "cifar") == "cifar":
+        cifar_stem(model)
+    model.load_state_dict(to_torchvision(network_of(checkpoint).state_dict()), strict=True)
+    return model.eval()
+
+
+def export(args: Sequence[str], default_config_files: Sequence[str | Path]) -> None:
+    """Run ``python main.py export <args>``."""
+    config = ExportCLI(default_config_files=default_config_files, args=list(args), run=False).config
+    folder = Path(config["checkpoint_root"]) / config["run_name"]
+    path, checkpoint = resolve_ckpt_path(config["ckpt_path"], folder, training=False)
+    if not checkpoint:
+        raise UsageError(f"--ckpt_path {path}: export reads a checkpoint file on this machine; copy it here first.")
+    to = config["to"]
+    out = Path(config["out"] or Path(path).with_name(f"resnet50-{Path(path).stem}{_SUFFIXES[to]}"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    model = torchvision_model(checkpoint)
+    images = torch.randn(8, *IMAGE_SHAPE, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = network_of(checkpoint)(images)
+        if to == "torchvision":
+            torch.save(model.state_dict(), out)
+            got = model(images)
+        elif to == "torchscript":
+            torch.jit.script(model).save(str(out))
+            got = torch.jit.load(str(out))(images)
+        else:
+            got = _export_onnx(model, images, out)
+    checked = f"its logits match the checkpoint's within {TOLERANCE:g} on {len(images)} images"
+    if got is None:
+        checked = "not run here: pip install onnxruntime to check it"
+    elif not torch.allclose(got, expected, atol=TOLERANCE, rtol=0):
+        raise UsageError(
+            f"{out}: the export's logits differ from the checkpoint's by {(got - expected).abs().max():g}."
+        )
+    print(f"export: wrote {out} ({to}) from {path}; {checked}.")
+    if to == "torchvision":
+        stem = "model.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False); model.maxpool = torch.nn.Identity()\n"
+        cifar = checkpoint.get("hyper_parameters", {}).get("stem", "cifar") == "cifar"
+        classes = checkpoint.get("hyper_parameters", {}).get("num_classes", 10)
+        print(
+            f"load it:\n    model = torchvision.models.resnet50(num_classes={classes})\n"
+            + (f"    {stem}" if cifar else "")
+            + f"    model.load_state_dict(torch.load({str(out)!r}))"
+        )
+
+
+def _export_onnx(model: nn.Module, images: torch.Tensor, out: Path) -> torch.Tensor | None:
+    """Write the ONNX file; its logits from onnxruntime, or None without it."""
+    try:
+        torch.onnx.export(
+            model,
+            (images,),
+            str(out),
+            input_names=["images"],
+            output_names=["logits"],
+            dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}},
+        )
+    except ImportError as error:  # torch's exporter needs the onnx package (and onnxscript)
+        raise UsageError(
+            f"--to=onnx needs {error.name or 'the onnx packages'}: pip install onnx onnxscript."
+        ) from error
+    try:
+        import onnxruntime
+    except ImportError:
+        return None
+    session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    return torch.from_numpy(session.run(None, {"images": images.numpy()})[0])
