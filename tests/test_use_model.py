@@ -1,0 +1,178 @@
+"""Using a trained model: ``predict``'s CSV (the test split, the user's images, under ddp), the messages of the
+commands that only evaluate, ``export`` to torchvision, TorchScript and ONNX from every strategy's checkpoint, and
+``--model.init_from`` torchvision weights."""
+
+import csv
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+from conftest import SMOKE, cli_main, run_args, run_cli
+from PIL import Image
+
+from multigpu.checkpoints import check_checkpoint
+from multigpu.datasets import CIFAR10_CLASSES
+from multigpu.export import TOLERANCE, network_of
+from multigpu.torchvision_weights import cifar_stem
+
+STRATEGIES = {
+    "one device": ["--trainer.devices=1"],
+    "ddp": ["--trainer.strategy=ddp", "--trainer.devices=2"],
+    "model parallel": ["--trainer.strategy=manual_model_parallel", "--trainer.devices=2"],
+    "pipeline": ["--trainer.strategy=pipeline", "--trainer.devices=2"],
+    "fsdp": ["--trainer.strategy=fsdp", "--trainer.devices=2"],
+}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A smoke run trained by ddp over 2 processes: its folder."""
+    tmp_path = tmp_path_factory.mktemp("trained")
+    result = run_cli("fit", "--config", SMOKE, *run_args(tmp_path), *STRATEGIES["ddp"], cwd=tmp_path)
+    assert result.returncode == 0, result.stdout
+    return tmp_path
+
+
+def _rows(path) -> list[dict]:
+    with open(path, newline="") as file:
+        return list(csv.DictReader(file))
+
+
+def test_predict_writes_every_image_once_in_order_with_its_top_5_and_says_nothing_of_training(trained):
+    for devices in (STRATEGIES["one device"], STRATEGIES["ddp"]):
+        result = run_cli("predict", "--config", SMOKE, *run_args(trained), *devices, "--ckpt_path=last", cwd=trained)
+        assert result.returncode == 0, result.stdout
+        path = trained / "logs" / "test" / "predictions.csv"
+        rows = _rows(path)
+        assert [row["image"] for row in rows] == [str(index) for index in range(8)]  # a quarter of 32 images
+        for row in rows:
+            probabilities = [float(row[f"prob_{n}"]) for n in range(1, 6)]
+            assert probabilities == sorted(probabilities, reverse=True) and sum(probabilities) <= 1.0001
+            assert {row["label"], *(row[f"class_{n}"] for n in range(1, 6))} <= set(CIFAR10_CLASSES)
+        right = sum(row["class_1"] == row["label"] for row in rows)
+        assert f"predict: 8 images, top-1 accuracy {right / 8:.1%}" in result.stdout
+        assert f"wrote {path}" in result.stdout
+        assert f"predict: the weights of {trained / 'checkpoints' / 'test' / 'last.ckpt'}" in result.stdout
+        assert "global batch" not in result.stdout and "learning rate" not in result.stdout
+
+
+def test_predict_reads_a_folder_of_the_users_images_and_leaves_out_what_is_not_one(trained, tmp_path):
+    folder = tmp_path / "mine"
+    (folder / "more").mkdir(parents=True)
+    sizes = {"a.png": (32, 32), "more/b.jpg": (120, 80), "c.PNG": (500, 375)}
+    for name, (width, height) in sizes.items():
+        Image.fromarray(np.random.randint(0, 255, (height, width, 3), dtype=np.uint8)).save(folder / name)
+    (folder / "broken.png").write_text("not an image")
+    out = tmp_path / "mine.csv"
+    args = ["predict", "--config", SMOKE, *run_args(trained), "--ckpt_path=last", f"--predictions.path={out}"]
+    result = run_cli(*args, f"--data.predict_dir={folder}", "--predictions.top_k=3", "--predictions.plot=true")
+    assert result.returncode == 0, result.stdout
+    rows = _rows(out)
+    assert [row["image"] for row in rows] == [str(folder / name) for name in sorted(sizes)]
+    assert all(row["label"] == "" and "class_3" in row and "class_4" not in row for row in rows)
+    assert f"warning: {folder / 'broken.png'} cannot be read as an image" in result.stdout
+    assert "predict: 3 images; wrote" in result.stdout
+    assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+    for where, message in (
+        (tmp_path / "nowhere", "is not a folder: give the folder that holds your PNG or JPEG images."),
+        (tmp_path / "empty", "holds no readable PNG or JPEG image: put some there, or point it at another folder."),
+    ):
+        (tmp_path / "empty").mkdir(exist_ok=True)
+        failed = run_cli(*args, f"--data.predict_dir={where}")
+        assert failed.returncode == 2
+        assert failed.stdout.strip().splitlines()[-1] == f"error: --data.predict_dir={where} {message}"
+
+
+def test_evaluation_without_a_checkpoint_to_read_stops_with_one_line(tmp_path):
+    result = run_cli("validate", "--config", SMOKE, *run_args(tmp_path), "--ckpt_path=last", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stdout.strip().splitlines()[-1] == (
+        f"error: --ckpt_path last: no checkpoint in {tmp_path / 'checkpoints' / 'test'} yet. Train first (python "
+        "main.py fit with the same --run_name), or pass a checkpoint file."
+    )
+
+
+def _torchvision(path, checkpoint: dict) -> torch.nn.Module:
+    """torchvision's own resnet50, the export loaded into it as the export's docs say."""
+    model = torchvision.models.resnet50(num_classes=10)
+    if checkpoint["hyper_parameters"]["stem"] == "cifar":
+        cifar_stem(model)
+    model.load_state_dict(torch.load(path, weights_only=True), strict=True)
+    return model.eval()
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_every_strategys_checkpoint_exports_to_torchvision_and_torchscript_with_the_same_logits(
+    strategy, tmp_path, capsys
+):
+    trained = run_cli(
+        "fit",
+        "--config",
+        SMOKE,
+        *run_args(tmp_path),
+        "--model.stem=cifar",
+        *STRATEGIES[strategy],
+        "--trainer.max_steps=1",
+        "--trainer.limit_val_batches=0",
+        cwd=tmp_path,
+        timeout=600,
+    )
+    assert trained.returncode == 0, trained.stdout
+    checkpoint = check_checkpoint(tmp_path / "checkpoints" / "test" / "last.ckpt")
+    images = torch.randn(6, 3, 32, 32)
+    with torch.no_grad():
+        expected = network_of(checkpoint)(images)
+        for to in ("torchvision", "torchscript"):
+            out = tmp_path / f"exported-{to}.pt"
+            cli_main("export", "--config", SMOKE, *run_args(tmp_path), f"--to={to}", f"--out={out}")
+            assert f"export: wrote {out} ({to})" in capsys.readouterr().out
+            model = _torchvision(out, checkpoint) if to == "torchvision" else torch.jit.load(str(out))
+            torch.testing.assert_close(model(images), expected, atol=TOLERANCE, rtol=0)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("onnxruntime") is None, reason="needs onnx and onnxruntime")
+def test_the_onnx_export_runs_in_onnxruntime_with_the_same_logits(trained, tmp_path, capsys):
+    import onnxruntime
+
+    out = tmp_path / "model.onnx"
+    cli_main("export", "--config", SMOKE, *run_args(trained), "--to=onnx", f"--out={out}")
+    assert "its logits match the checkpoint's within 1e-05 (relative)" in capsys.readouterr().out
+    checkpoint = check_checkpoint(trained / "checkpoints" / "test" / "last.ckpt")
+    images = torch.randn(5, 3, 32, 32)  # another batch size than the export's
+    session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    got = torch.from_numpy(session.run(None, {"images": images.numpy()})[0])
+    with torch.no_grad():  # ONNX Runtime's fused kernels round otherwise: float32's relative precision
+        torch.testing.assert_close(got, network_of(checkpoint)(images), atol=TOLERANCE, rtol=TOLERANCE)
+
+
+def test_a_run_starts_from_torchvision_weights_and_says_what_it_left(tmp_path):
+    torch.manual_seed(0)
+    weights = torchvision.models.resnet50().state_dict()  # ImageNet's shape: 7x7 stem, 1000 classes
+    torch.save(weights, tmp_path / "resnet50.pth")
+    result = run_cli(
+        "fit",
+        "--config",
+        SMOKE,
+        *run_args(tmp_path),
+        "--model.stem=cifar",
+        f"--model.init_from={tmp_path / 'resnet50.pth'}",
+        "--model.base_lr=0",
+        "--model.weight_decay=0",
+        "--trainer.max_steps=1",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout
+    assert (
+        f"init_from {tmp_path / 'resnet50.pth'}: loaded {len(weights) - 3} tensors; left at their initial values: "
+        "conv1.weight ((64, 3, 7, 7) in the file, (64, 3, 3, 3) here), fc.weight ((1000, 2048) in the file, (10, 2048) "
+        "here), fc.bias ((1000,) in the file, (10,) here)."
+    ) in result.stdout
+    state = check_checkpoint(tmp_path / "checkpoints" / "test" / "last.ckpt")["state_dict"]
+    torch.testing.assert_close(state["net.1.conv1.weight"], weights["layer1.0.conv1.weight"], atol=0, rtol=0)
+    missing = run_cli("fit", "--config", SMOKE, *run_args(tmp_path), "--model.init_from=nope.pth", cwd=tmp_path)
+    assert missing.returncode == 2
+    assert missing.stdout.strip().splitlines()[-1] == (
+        "error: model.init_from=nope.pth is not a file: give the path of a torchvision ResNet-50 state dict."
+    )
