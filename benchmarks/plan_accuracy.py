@@ -10,8 +10,9 @@ predicted), reads the ``plan.json`` it writes, and prints for every layout its p
 images per second, the measured median and range of its windows, and the prediction's error.
 Below the table: the largest and the median error, the rank correlation between predictions and
 measurements (Spearman's), and whether the layout predicted fastest measured within the tie
-interval of the layout measured fastest. Writes ``plan_accuracy.json`` and the chart
-``plan_accuracy.png`` (predicted against measured, with the band of ``PREDICTION_ERROR``) to ``--out``.
+interval of the layout measured fastest. Writes ``plan_accuracy.json``, the table as
+``plan_accuracy.md`` and the chart ``plan_accuracy.png`` (predicted against measured, with the
+band of ``PREDICTION_ERROR``) to ``--out``.
 """
 
 import argparse
@@ -101,6 +102,18 @@ def print_table(figures: dict) -> None:
     )
 
 
+def markdown(figures: dict) -> str:
+    """The table as Markdown, for docs/plan.md."""
+    lines = ["| layout | predicted img/s | measured img/s | range | error |", "| --- | ---: | ---: | ---: | ---: |"]
+    for row in figures["rows"]:
+        low, high = row["interval"]
+        lines.append(
+            f"| {row['layout']} | {row['predicted']:.1f} | {row['measured']:.1f} | {low:.1f}-{high:.1f} | "
+            f"{row['error']:+.0%} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def write_chart(figures: dict, title: str, path: Path) -> None:
     import matplotlib
 
@@ -170,8 +183,9 @@ def main() -> None:
     print_table(figures)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "plan_accuracy.json").write_text(json.dumps({"title": plan["title"], **figures}, indent=2))
+    (args.out / "plan_accuracy.md").write_text(markdown(figures))
     write_chart(figures, f"plan's predictions: {plan['title']}", args.out / "plan_accuracy.png")
-    print(f"\nwrote {args.out / 'plan_accuracy.json'} and {args.out / 'plan_accuracy.png'}")
+    print(f"\nwrote plan_accuracy.json, .md (the table) and .png in {args.out}")
 
 
 if __name__ == "__main__":

@@ -104,15 +104,16 @@ def _torchvision(path, checkpoint: dict) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
-def test_every_strategys_checkpoint_exports_to_torchvision_and_torchscript_with_the_same_logits(
-    strategy, tmp_path, capsys
-):
+def test_every_strategys_checkpoint_exports_to_torchvision_with_the_same_logits(strategy, tmp_path, capsys):
+    # One device with the CIFAR stem (swapped into torchvision's model), also as TorchScript; the others with
+    # the ImageNet stem, which trains faster here.
+    cifar = strategy == "one device"
     trained = run_cli(
         "fit",
         "--config",
         SMOKE,
         *run_args(tmp_path),
-        "--model.stem=cifar",
+        *(["--model.stem=cifar"] if cifar else []),
         *STRATEGIES[strategy],
         "--trainer.max_steps=1",
         "--trainer.limit_val_batches=0",
@@ -124,7 +125,7 @@ def test_every_strategys_checkpoint_exports_to_torchvision_and_torchscript_with_
     images = torch.randn(6, 3, 32, 32)
     with torch.no_grad():
         expected = network_of(checkpoint)(images)
-        for to in ("torchvision", "torchscript"):
+        for to in ("torchvision", "torchscript") if cifar else ("torchvision",):
             out = tmp_path / f"exported-{to}.pt"
             cli_main("export", "--config", SMOKE, *run_args(tmp_path), f"--to={to}", f"--out={out}")
             assert f"export: wrote {out} ({to})" in capsys.readouterr().out

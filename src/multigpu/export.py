@@ -114,7 +114,7 @@ def export(args: Sequence[str], default_config_files: Sequence[str | Path]) -> N
         )
     print(f"export: wrote {out} ({to}) from {path}; {checked}.")
     if to == "torchvision":
-        stem = "model.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False); model.maxpool = torch.nn.Identity()\n"
+        stem = "model.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False)\n    model.maxpool = torch.nn.Identity()\n"
         cifar = checkpoint.get("hyper_parameters", {}).get("stem", "cifar") == "cifar"
         classes = checkpoint.get("hyper_parameters", {}).get("num_classes", 10)
         print(
@@ -133,7 +133,7 @@ def _export_onnx(model: nn.Module, images: torch.Tensor, out: Path) -> torch.Ten
             str(out),
             input_names=["images"],
             output_names=["logits"],
-            dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}},
+            dynamic_shapes=({0: torch.export.Dim("batch")},),
         )
     except ImportError as error:  # torch's exporter needs the onnx package (and onnxscript)
         raise UsageError(
