@@ -21,7 +21,7 @@ def plot_predictions(images: Sequence[torch.Tensor], rows: Sequence[tuple], path
 
     columns = 8
     lines = max(1, -(-len(images) // columns))
-    figure, axes = plt.subplots(lines, columns, figsize=(columns * 1.3, lines * 1.55), squeeze=False)
+    figure, axes = plt.subplots(lines, columns, figsize=(columns * 1.3, lines * 1.8), squeeze=False)
     for axis in axes.flat:
         axis.axis("off")
     shift, scale = torch.tensor(CIFAR10_MEAN)[:, None, None], torch.tensor(CIFAR10_STD)[:, None, None]
