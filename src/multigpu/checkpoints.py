@@ -156,6 +156,7 @@ def check_model_options(path: str, checkpoint: dict[str, Any], options: Mapping[
     if "activation_checkpointing" in saved:  # a checkpoint from before the option's new name
         saved["recompute_activations"] = saved.pop("activation_checkpointing")
     changed = {key: (saved[key], options[key]) for key in saved if key in options and saved[key] != options[key]}
+    changed.pop("init_from", None)  # read only when a run starts: a checkpoint's weights come from the checkpoint
     for key in _NETWORK_OPTIONS:
         if key in changed:
             raise UsageError(
