@@ -3,12 +3,14 @@ and its bad values refused in one line."""
 
 import pytest
 import torch
-from conftest import HELPERS_ENV, SMOKE, cli_error, helper_callback, run_args, run_cli
+import torchvision
+from conftest import HELPERS_ENV, SMOKE, cli_error, cli_main, helper_callback, run_args, run_cli
 from lightning.pytorch.plugins import MixedPrecision
 
 from multigpu.errors import UsageError
 from multigpu.model import ResNet50Classifier
 from multigpu.strategies import FullyShardedStrategy
+from multigpu.torchvision_weights import to_torchvision
 
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
 
@@ -83,10 +85,11 @@ WRITTEN_BY = {
 }
 
 
-def test_checkpoints_move_between_fsdp_and_every_other_strategy_mid_epoch(tmp_path):
+def test_checkpoints_move_between_fsdp_and_every_other_strategy_mid_epoch(tmp_path, capsys):
     """One run, one step at a time, alternating fsdp with each other strategy: each resumes the other's
     checkpoint, and fsdp writes what they read. Each part stops on SIGTERM, as a job's end does, and so in
-    the middle of an epoch: every layout trains the same global batch of 8, and 32 images are 4 steps."""
+    the middle of an epoch: every layout trains the same global batch of 8, and 32 images are 4 steps.
+    Each strategy's checkpoint also exports, tensor for tensor, to torchvision's own resnet50."""
     args = ["fit", "--config", SMOKE, "--trainer.accelerator=cpu", *run_args(tmp_path), "--trainer.max_epochs=9"]
     two, four, eight, by_params = (
         "--trainer.devices=2",
@@ -114,3 +117,13 @@ def test_checkpoints_move_between_fsdp_and_every_other_strategy_mid_epoch(tmp_pa
         assert checkpoint["global_step"] == step, f"{name}: {result.stdout[-3000:]}"
         assert checkpoint["CIFAR10DataModule"] == {"epoch": step // 4, "batches": step % 4}, name
         assert checkpoint["multigpu"]["strategy"] == WRITTEN_BY[name]
+        if step <= 2 or name != "fsdp":
+            out = tmp_path / f"exported-{step}.pt"
+            cli_main("export", "--config", SMOKE, *run_args(tmp_path), "--to=torchvision", f"--out={out}")
+            assert f"export: wrote {out} (torchvision)" in capsys.readouterr().out, name
+            exported = torch.load(out, weights_only=True)
+            network = {key[4:]: value for key, value in checkpoint["state_dict"].items() if key.startswith("net.")}
+            assert exported.keys() == to_torchvision(network).keys(), name
+            for key, tensor in to_torchvision(network).items():
+                assert torch.equal(exported[key], tensor), f"{name}: {key}"
+            torchvision.models.resnet50(num_classes=10).load_state_dict(exported, strict=True)  # the ImageNet stem

@@ -1,0 +1,140 @@
+"""One rank of ``links.measure_links``'s processes, started by ``torchrun``: it times the links and the runtimes'
+own costs and writes them (rank 0) to a JSON file. It imports torch alone, so that its processes start quickly.
+
+    python -m torch.distributed.run --standalone --nproc_per_node=N -m multigpu.planning.link_probe OUT cpu|IDS
+"""
+
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+from multigpu.process_groups import end_process_groups
+
+__all__ = ["REPEATS", "SIZES", "probe_pass"]
+
+SIZES = (2**12, 2**25)  # bytes: one small and one large tensor
+REPEATS = 7
+
+
+def probe_pass(threads: int | None = None) -> float:
+    """Seconds of one 3x3 convolution's forward and backward pass on 8 CIFAR-sized feature maps (the median of
+    ``REPEATS``), with ``threads`` threads."""
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    x = torch.randn(8, 128, 16, 16, requires_grad=True)
+    weight = torch.randn(128, 128, 3, 3, requires_grad=True)
+    times = []
+    for _ in range(REPEATS + 1):
+        start = time.perf_counter()
+        F.conv2d(x, weight, padding=1).sum().backward()
+        times.append(time.perf_counter() - start)
+    torch.set_num_threads(before)
+    return statistics.median(times[1:])
+
+
+def _timed(function, device: torch.device) -> float:
+    """The fastest of ``REPEATS`` runs of ``function()`` after one untimed, all ranks starting together (anything
+    else on the machine only slows a run down)."""
+    times = []
+    for _ in range(REPEATS + 1):
+        dist.barrier()
+        start = time.perf_counter()
+        function()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    return min(times[1:])
+
+
+def _pipeline_action_time(device: torch.device) -> float:
+    """Seconds per action of a GPipe step over every rank, one tiny layer per rank: the schedule's own cost."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    micro_batches = 2 * world
+    stage = PipelineStage(nn.Linear(16, 16).to(device), rank, world, device)  # one stage per process
+    schedule = ScheduleGPipe(stage, micro_batches, loss_fn=lambda output, target: output.sum())
+    x = torch.randn(2 * micro_batches, 16, device=device)
+
+    def step() -> None:
+        if rank == 0:
+            schedule.step(x)
+        elif rank == world - 1:
+            schedule.step(target=x)
+        else:
+            schedule.step()
+
+    # Along the longest path: each micro-batch's forward and backward actions, and the stages' fill and drain.
+    return _timed(step, device) / (2 * (micro_batches + world - 1))
+
+
+def _sharded_costs(device: torch.device, blocks: int = 8) -> tuple[float, float]:
+    """Seconds per block of a forward and backward pass through ``fully_shard``-ed tiny blocks, and per
+    parameter tensor of an SGD step on their shards: the runtime's own costs. Each block holds 5 parameter
+    tensors, as ResNet-50's blocks do on average (161 in 34 blocks)."""
+    net = nn.Sequential(
+        *(nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16), nn.Linear(16, 16, bias=False)) for _ in range(blocks))
+    ).to(device)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    for block in net:
+        fully_shard(block, mesh=mesh)
+    fully_shard(net, mesh=mesh)
+    x = torch.randn(4, 16, device=device)
+    passes = _timed(lambda: net(x).sum().backward(), device) / blocks
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.0, momentum=0.9)
+    return passes, _timed(optimizer.step, device) / len(list(net.parameters()))
+
+
+def _probe(out: str, ids: str) -> None:
+    """One rank of ``measure_links``'s processes (started by ``torchrun``)."""
+    local_rank = int(os.environ["LOCAL_RANK"])
+    cuda = ids != "cpu"
+    device = torch.device("cuda", int(ids.split(",")[local_rank])) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank = dist.get_rank()
+    world = dist.get_world_size()
+    figures: dict = {"send": [], "all_reduce": [], "all_gather": [], "reduce_scatter": []}
+    for size in SIZES:
+        tensor = torch.zeros(size // 4, device=device)
+
+        def ping_pong(tensor=tensor) -> None:
+            if rank == 0:
+                dist.send(tensor, 1)
+                dist.recv(tensor, 1)
+            elif rank == 1:
+                dist.recv(tensor, 0)
+                dist.send(tensor, 0)
+
+        figures["send"].append([size, _timed(ping_pong, device) / 2])
+        figures["all_reduce"].append([size, _timed(lambda tensor=tensor: dist.all_reduce(tensor), device)])
+        shard = tensor[: tensor.numel() // world]
+        gather = lambda tensor=tensor, shard=shard: dist.all_gather_into_tensor(tensor[: len(shard) * world], shard)  # noqa: E731
+        figures["all_gather"].append([size, _timed(gather, device)])
+        scatter = lambda tensor=tensor, shard=shard: dist.reduce_scatter_tensor(shard, tensor[: len(shard) * world])  # noqa: E731
+        figures["reduce_scatter"].append([size, _timed(scatter, device)])
+    figures["pipeline_action"] = _pipeline_action_time(device)
+    figures["sharded_block"], figures["sharded_update"] = _sharded_costs(device)
+    if not cuda:
+        dist.barrier()
+        probe = torch.tensor([probe_pass()])
+        dist.all_reduce(probe)
+        figures["probe"] = probe.item() / dist.get_world_size()
+    if rank == 0:
+        Path(out).write_text(json.dumps(figures))
+    end_process_groups()
+
+
+if __name__ == "__main__":
+    _probe(*sys.argv[1:3])
