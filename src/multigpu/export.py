@@ -73,13 +73,15 @@ def network_of(checkpoint: dict) -> nn.Sequential:
     return net.eval()
 
 
-def torchvision_model(checkpoint: dict) -> nn.Module:
-    """torchvision's ``resnet50`` holding the checkpoint's weights, in evaluation mode."""
+def torchvision_model(checkpoint: dict, network: nn.Module | None = None) -> nn.Module:
+    """torchvision's ``resnet50`` holding the checkpoint's weights (those of ``network``, its network once built),
+    in evaluation mode."""
     hparams = checkpoint.get("hyper_parameters", {})
     model = torchvision.models.resnet50(num_classes=hparams.get("num_classes", 10))
     if hparams.get("stem", "cifar") == "cifar":
         cifar_stem(model)
-    model.load_state_dict(to_torchvision(network_of(checkpoint).state_dict()), strict=True)
+    network = network if network is not None else network_of(checkpoint)
+    model.load_state_dict(to_torchvision(network.state_dict()), strict=True)
     return model.eval()
 
 
@@ -93,10 +95,11 @@ def export(args: Sequence[str], default_config_files: Sequence[str | Path]) -> N
     to = config["to"]
     out = Path(config["out"] or Path(path).with_name(f"resnet50-{Path(path).stem}{_SUFFIXES[to]}"))
     out.parent.mkdir(parents=True, exist_ok=True)
-    model = torchvision_model(checkpoint)
+    network = network_of(checkpoint)  # built once: the export's source and the logits it must give
+    model = torchvision_model(checkpoint, network)
     images = torch.randn(8, *IMAGE_SHAPE, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        expected = network_of(checkpoint)(images)
+        expected = network(images)
         if to == "torchvision":
             torch.save(model.state_dict(), out)
             got = model(images)

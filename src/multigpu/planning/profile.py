@@ -20,6 +20,7 @@ from multigpu.lazy_blocks import LazyBlocks
 from multigpu.model import IMAGE_SHAPE
 from multigpu.partition import block_pass_times
 from multigpu.strategies.block_measures import micro_batch_refusal
+from multigpu.timed_runs import synchronize
 
 __all__ = ["CPU_IMAGES", "BlockProfile", "PassTimes", "cores", "precision_plugin", "threads_per_process"]
 
@@ -62,11 +63,6 @@ def precision_plugin(precision: str, device: torch.device) -> Precision:
     return MixedPrecision("bf16-mixed" if device.type == "cpu" else name, device.type)
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 @contextmanager
 def _threads(count: int | None):
     before = torch.get_num_threads()
@@ -97,10 +93,10 @@ class BlockProfile:
             seconds = []
             with _threads(threads):
                 for _ in range(3):
-                    _synchronize(self.device)
+                    synchronize(self.device)
                     start = time.perf_counter()
                     target.copy_(source)
-                    _synchronize(self.device)
+                    synchronize(self.device)
                     seconds.append(time.perf_counter() - start)
             self._bandwidths[threads] = 2 * source.nbytes / min(seconds)  # read and written
         return self._bandwidths[threads]
