@@ -15,6 +15,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
+from multigpu.checkpoints import count_steps_as_done
 from multigpu.compat import (
     launches_subprocesses,
     save_last_checkpoint,
@@ -22,7 +23,7 @@ from multigpu.compat import (
     stop_after_this_step_as_on_sigterm,
 )
 from multigpu.errors import UsageError
-from multigpu.replicas import data_parallel_size
+from multigpu.replicas import data_parallel_size, forward_chunks
 
 __all__ = ["CheckpointOnSigterm", "LastCheckpoint", "RunMetadata", "StopAllProcessesOnError", "ThroughputSummary"]
 
@@ -101,7 +102,8 @@ class ThroughputSummary(Callback):
 
 
 class RunMetadata(Callback):
-    """Stores in each checkpoint how it was made, under the key ``"multigpu"``, and reports a changed layout on resume.
+    """Stores in each checkpoint how it was made, under the key ``"multigpu"``; on resume, reports in one line
+    what the layout kept and changed, and has Lightning count the resumed epoch in the new layout's batches.
 
     The CLI reads ``log_version`` back on ``--ckpt_path`` so that a resumed run
     continues the same TensorBoard run.
@@ -124,10 +126,14 @@ class RunMetadata(Callback):
 
     @staticmethod
     def _layout(trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
+        batch_size = getattr(pl_module, "hparams", {}).get("batch_size")
         return {
             "strategy": type(trainer.strategy).__name__,
             "world_size": trainer.world_size,
+            "replicas": data_parallel_size(trainer),
+            "accumulated_batches": trainer.accumulate_grad_batches,
             "global_batch_size": getattr(pl_module, "global_batch_size", None),
+            "forward_batch": batch_size // forward_chunks(trainer) if batch_size else None,
         }
 
     @override
@@ -141,24 +147,38 @@ class RunMetadata(Callback):
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         if trainer.state.fn != TrainerFn.FITTING:  # the layout only matters to training
             return
+        resumed = getattr(trainer.datamodule, "resumed_plan", lambda: None)()
+        if resumed is not None and "loops" in checkpoint:
+            count_steps_as_done(
+                checkpoint["loops"]["fit_loop"], resumed[1].skipped_steps, trainer.accumulate_grad_batches
+            )
         saved, now = checkpoint.get(self.KEY, {}), self._layout(trainer, pl_module)
         changes = [
             f"{name.replace('_', ' ')} {saved[name]} -> {now[name]}"
-            for name in ("strategy", "world_size")
+            for name in ("strategy", "world_size", "replicas", "accumulated_batches")
             if name in saved and saved[name] != now[name]
         ]
-        after = now["global_batch_size"]
-        before = saved.get("global_batch_size", after)
-        if not changes and before == after:
+        kept, changed = [], []
+        for name, what in (("global_batch_size", "the global batch"), ("forward_batch", "images per forward pass")):
+            before, after = saved.get(name, now[name]), now[name]
+            (kept if before == after else changed).append(
+                f"{what} {after}" if before == after else f"{what} {before} -> {after}"
+            )
+        if not changes and not changed:
             return
         layout = f"another layout ({', '.join(changes)})" if changes else "the same layout"
-        if before == after:
-            batch = f"the global batch stays {after}"
-        else:
-            batch = (
-                f"the global batch changes {before} -> {after}, and the learning rate keeps the checkpoint's scaling"
-            )
-        rank_zero_info(f"Resuming with {layout}: {batch}.")
+        parts = [f"kept {' and '.join(kept)}"] if kept else []
+        if changed:
+            parts.append(f"changed {' and '.join(changed)}")
+        if saved.get("global_batch_size", now["global_batch_size"]) != now["global_batch_size"]:
+            parts.append("the learning rate keeps the checkpoint's scaling")
+        elif not changed:
+            parts.append("so the same steps train the same images")
+        where = ""
+        if resumed is not None:
+            epoch, plan = resumed
+            where = f"; epoch {epoch} goes on after its first {plan.start} of {plan.samples} images"
+        rank_zero_info(f"Resuming with {layout}: {', '.join(parts)}{where}.")
 
 
 class LastCheckpoint(ModelCheckpoint):

@@ -15,6 +15,7 @@ from multigpu.errors import UsageError
 __all__ = [
     "check_checkpoint",
     "check_model_options",
+    "count_steps_as_done",
     "find_last_checkpoint",
     "finished_training",
     "next_position",
@@ -83,6 +84,21 @@ def next_position(fit_loop: Mapping[str, Any]) -> tuple[int, int]:
     if batches["is_last_batch"] and batches["current"]["processed"] == batches["current"]["ready"]:
         return epochs["processed"] + 1, 0
     return epochs["processed"], batches["current"]["processed"]
+
+
+def count_steps_as_done(fit_loop: dict[str, Any], steps: int, accumulation: int) -> None:
+    """Make a fit loop's state (a checkpoint's ``loops.fit_loop``) count ``steps`` steps of ``accumulation``
+    loader batches as done in its epoch, in place.
+
+    Lightning counts an epoch in loader batches and steps the optimizer after every ``accumulation``-th
+    one; a run resumed with other batches per step goes on counting from the new layout's count,
+    so that each of its steps accumulates whole and the epoch ends where the training order does.
+    """
+    progress = fit_loop["epoch_loop.batch_progress"]
+    shift = steps * accumulation - progress["current"]["processed"]
+    for part in ("current", "total"):
+        for counter in ("ready", "started", "processed", "completed"):
+            progress[part][counter] += shift
 
 
 def finished_training(

@@ -35,6 +35,7 @@ from multigpu.data import CIFAR10DataModule
 from multigpu.errors import RunFinished, UsageError, check_at_least
 from multigpu.model import ResNet50Classifier, check_recipe, renamed_recompute_option, warn_old_recompute_option
 from multigpu.prediction_writer import PredictionWriter
+from multigpu.replicas import accumulation_for, data_parallel_size
 from multigpu.strategies import FullyShardedStrategy, name_to_class_path
 from multigpu.trainer_options import check_trainer_options
 
@@ -226,11 +227,23 @@ class MultiGPUCLI(CheckpointPathCLI):
     before_test = before_predict = before_validate
 
     def before_fit(self) -> None:
-        """Let the strategy refuse the model, and what only training cannot run, before it launches any process."""
+        """Let the strategy refuse the model, and what only training cannot run, before it launches any process;
+        make the accumulated batches give ``--data.global_batch_size`` on this layout."""
         self.before_validate()
         check_training = getattr(self.trainer.strategy, "check_training", None)
         if check_training is not None:
             check_training(self.model)
+        global_batch_size = self.datamodule.hparams.global_batch_size
+        if global_batch_size is not None:
+            trainer = self.trainer
+            accumulation = accumulation_for(global_batch_size, self.datamodule.batch_size, data_parallel_size(trainer))
+            if trainer.accumulate_grad_batches not in (1, accumulation):
+                raise UsageError(
+                    f"--trainer.accumulate_grad_batches={trainer.accumulate_grad_batches} and "
+                    f"--data.global_batch_size={global_batch_size} disagree on this layout, which needs {accumulation} "
+                    "accumulated batches for that global batch: drop --trainer.accumulate_grad_batches."
+                )
+            trainer.accumulate_grad_batches = accumulation
 
     @override
     def instantiate_trainer(self, **kwargs) -> Trainer:

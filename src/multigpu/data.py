@@ -21,7 +21,7 @@ from multigpu.device_data import DeviceBatches
 from multigpu.errors import UsageError, check_at_least
 from multigpu.predict_data import ImageFiles, Indexed
 from multigpu.replicas import data_parallel_rank, data_parallel_size
-from multigpu.sampling import ResumableSampler
+from multigpu.sampling import EpochPlan, ResumableSampler
 
 __all__ = ["CIFAR10DataModule", "node_local_rank"]
 
@@ -46,7 +46,13 @@ class CIFAR10DataModule(LightningDataModule):
         download: download CIFAR-10 with torchvision when it is missing.
         verify_checksums: check the files against torchvision's md5 sums. Turn off for
             your own or a partial copy of the dataset.
-        batch_size: images per device and step (the whole batch of the process under ``dp``).
+        batch_size: images per device and loader batch (the whole batch of the process under ``dp``, of one
+            pipeline under ``pipeline``).
+        global_batch_size: images per optimizer step over all replicas. When set, each replica accumulates
+            ``global_batch_size / (batch_size x replicas)`` loader batches per step, whatever the layout, so a
+            run resumed on other devices trains the same steps (``--trainer.accumulate_grad_batches`` then
+            follows from it); it must split into whole loader batches. Default: ``batch_size x replicas x
+            accumulate_grad_batches``.
         num_workers: loader worker processes per device.
         pin_memory: pin host memory (only when training on CUDA devices).
         persistent_workers: keep the workers alive between epochs (only with workers).
@@ -56,8 +62,9 @@ class CIFAR10DataModule(LightningDataModule):
         synthetic_size: training images per epoch with ``synthetic``; validation, test and
             predict get a quarter of it.
         shuffle_seed: seed of the training set's per-epoch shuffle and of each sample's random
-            augmentation (see ``ResumableSampler``): a run resumed from a checkpoint, even one
-            written mid-epoch, sees the same images, augmented the same way, as a run never stopped.
+            augmentation (see ``multigpu.sampling``): a run resumed from a checkpoint, even one
+            written mid-epoch and resumed on another layout, sees the same images, augmented the same
+            way, as a run never stopped.
         on_device: keep the whole dataset (uint8) on the training device and crop, flip and
             normalise whole batches there, without loader workers (see ``multigpu.device_data``).
             Each rank reads the same shard of the same per-epoch shuffle as without it.
@@ -73,6 +80,7 @@ class CIFAR10DataModule(LightningDataModule):
         download: bool = True,
         verify_checksums: bool = True,
         batch_size: int = 128,
+        global_batch_size: int | None = None,
         num_workers: int = 4,
         pin_memory: bool = True,
         persistent_workers: bool = True,
@@ -85,13 +93,16 @@ class CIFAR10DataModule(LightningDataModule):
     ) -> None:
         super().__init__()
         check_at_least("data.batch_size", batch_size, 1)
+        if global_batch_size is not None:
+            check_at_least("data.global_batch_size", global_batch_size, 1)
         check_at_least("data.num_workers", num_workers, 0)
         check_at_least("data.synthetic_size", synthetic_size, 1)
         check_at_least("data.val_split", val_split, 0)
         self.save_hyperparameters()
         self.batch_size = batch_size
         self.datasets: dict[str, Dataset] = {}
-        self._resume: tuple[int, int] | None = None  # (epoch, batches already trained) from a checkpoint
+        self._resume: dict[str, int] | None = None  # where a checkpoint stands in its epoch (``state_dict``)
+        self._sampler: ResumableSampler | None = None
         # The first process of each machine checks (and downloads) the data before anything is built.
         # Lightning starts the other local processes after it; under torchrun or srun, which start
         # them all at once, they wait for it when the process group is set up, which it joins after this.
@@ -169,30 +180,58 @@ class CIFAR10DataModule(LightningDataModule):
             persistent_workers=self.hparams.persistent_workers and workers > 0,
         )
 
+    def _accumulation(self) -> int:
+        return self.trainer.accumulate_grad_batches if self.trainer else 1
+
+    def _global_batch(self) -> int:
+        return self.batch_size * self._shard()[0] * self._accumulation()
+
+    def resumed_plan(self) -> tuple[int, EpochPlan] | None:
+        """The epoch a checkpoint read by ``load_state_dict`` stopped inside, and how this layout trains the rest
+        of it; ``None`` when it stopped between epochs."""
+        if not self._resume or not (self._resume.get("position") or self._resume.get("batches")):
+            return None
+        position = self._resume.get("position")
+        if position is None:  # a checkpoint of an earlier version: batches of each replica, on this layout
+            position = self._resume["batches"] * self.batch_size * self._shard()[0]
+        return self._resume["epoch"], EpochPlan(len(self.datasets["train"]), self._global_batch(), position)
+
     @override
     def train_dataloader(self) -> DataLoader | DeviceBatches:
         replicas, rank = self._shard()
+        train = self.datasets["train"]
+        if self._global_batch() > len(train):
+            raise UsageError(
+                f"the global batch of {self._global_batch()} images is larger than the {len(train)} training images: "
+                "lower --data.batch_size, --data.global_batch_size or --trainer.accumulate_grad_batches."
+            )
         sampler = ResumableSampler(
-            self.datasets["train"], replicas, rank, self.batch_size, seed=self.hparams.shuffle_seed
+            train, replicas, rank, self.batch_size, self._accumulation(), seed=self.hparams.shuffle_seed
         )
-        if self._resume is not None:
-            sampler.resume_at(*self._resume)
-            self._resume = None
+        if (resumed := self.resumed_plan()) is not None:
+            epoch, plan = resumed
+            sampler.resume_at(epoch, plan.start)
+        self._resume, self._sampler = None, sampler
         return self._loader("train", sampler)
 
     @override
     def state_dict(self) -> dict[str, int]:
-        """Where training stands in the epoch, so that a resumed run skips what it already trained on."""
+        """Where training stands in the epoch: the images of its order already trained, whatever the layout."""
         trainer = self.trainer
         if trainer is None:
             return {}
         epoch, batches = next_position(trainer.fit_loop.state_dict())
-        return {"epoch": epoch, "batches": batches}
+        position = 0
+        if batches:
+            sampler = self._sampler
+            plan = sampler.current if sampler is not None and sampler.epoch == epoch else None
+            plan = plan or EpochPlan(len(self.datasets["train"]), self._global_batch())
+            position = plan.position(batches // self._accumulation())
+        return {"epoch": epoch, "position": position, "global_batch": self._global_batch()}
 
     @override
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
-        if state_dict:
-            self._resume = (state_dict["epoch"], state_dict["batches"])
+        self._resume = dict(state_dict) if state_dict else None
 
     @override
     def val_dataloader(self) -> DataLoader | DeviceBatches:

@@ -2,7 +2,9 @@
 
 from lightning.pytorch import Trainer
 
-__all__ = ["data_parallel_rank", "data_parallel_size"]
+from multigpu.errors import UsageError
+
+__all__ = ["accumulation_for", "data_parallel_rank", "data_parallel_size", "forward_chunks"]
 
 
 def data_parallel_size(trainer: Trainer) -> int:
@@ -21,3 +23,27 @@ def data_parallel_rank(trainer: Trainer) -> int:
     Consecutive ranks form a replica (the stages of one pipeline, say).
     """
     return trainer.global_rank // (trainer.world_size // data_parallel_size(trainer))
+
+
+def forward_chunks(trainer: Trainer) -> int:
+    """The forward passes each loader batch is cut into: a pipeline's micro-batches, else 1."""
+    return getattr(trainer.strategy, "micro_batches", 1)
+
+
+def accumulation_for(global_batch_size: int, batch_size: int, replicas: int) -> int:
+    """The loader batches each of ``replicas`` accumulates per step for a global batch of ``global_batch_size``,
+    or a ``UsageError`` that says what to pass when it does not split into whole batches of ``batch_size``."""
+    per_step = batch_size * replicas
+    if global_batch_size % replicas:
+        raise UsageError(
+            f"--data.global_batch_size={global_batch_size} does not split over this layout's {replicas} replicas: "
+            f"pass a multiple of {per_step}, or use a device count that divides {global_batch_size}."
+        )
+    if global_batch_size % per_step:
+        each = global_batch_size // replicas
+        raise UsageError(
+            f"--data.global_batch_size={global_batch_size} leaves each of {replicas} replica(s) {each} images a step, "
+            f"not whole batches of --data.batch_size={batch_size}: pass a --data.batch_size that divides {each}, "
+            f"or a global batch that is a multiple of {per_step}."
+        )
+    return global_batch_size // per_step
