@@ -21,12 +21,14 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
+from multigpu.compat import layer_sync
 from multigpu.errors import UsageError, check_at_least
 from multigpu.lazy_blocks import LazyBlocks
 from multigpu.lr_schedule import scaled_lr, warmup_cosine
 from multigpu.network import Stem, resnet50_block_factories
 from multigpu.recomputation import recompute_blocks
-from multigpu.replicas import data_parallel_size
+from multigpu.replicas import data_parallel_rank, data_parallel_size, forward_chunks, replica_group
+from multigpu.step_batch_norm import commit_step_statistics, record_step_statistics
 from multigpu.torchvision_weights import load_torchvision_weights
 
 __all__ = [
@@ -174,6 +176,9 @@ class ResNet50Classifier(LightningModule):
         self.net.materialize()
         if self.hparams.init_from and self._starts_training():
             rank_zero_info(load_torchvision_weights(self.net, self.hparams.init_from))
+        if self._replicated():
+            trainer = self.trainer
+            record_step_statistics(self.net, slots=trainer.accumulate_grad_batches * forward_chunks(trainer))
         if self.hparams.channels_last:
             self.net.to(memory_format=torch.channels_last)
         if self.hparams.recompute_activations:
@@ -191,6 +196,25 @@ class ResNet50Classifier(LightningModule):
         except RuntimeError:  # no trainer
             return False
         return trainer.state.fn == TrainerFn.FITTING and trainer.ckpt_path is None
+
+    def _replicated(self) -> bool:
+        """Whether this training runs replicas, each of which sees its own micro-batches of each step (and no
+        ``SyncBatchNorm`` normalises over all of them): BatchNorm's running statistics then come from
+        ``multigpu.step_batch_norm``, as one device's would."""
+        try:
+            trainer = self.trainer
+        except RuntimeError:  # no trainer
+            return False
+        fitting = trainer.state.fn == TrainerFn.FITTING
+        return fitting and data_parallel_size(trainer) > 1 and layer_sync(trainer.strategy) is None
+
+    @override
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        trainer = self.trainer
+        replicas = data_parallel_size(trainer)
+        if replicas > 1:
+            rank = data_parallel_rank(trainer)
+            commit_step_statistics(self.net, replicas, rank, forward_chunks(trainer), replica_group(trainer))
 
     def training_flops_per_image(self) -> int:
         """FLOPs of the forward and backward pass of one training image, counted with torch's flop

@@ -4,7 +4,7 @@ from lightning.pytorch import Trainer
 
 from multigpu.errors import UsageError
 
-__all__ = ["accumulation_for", "data_parallel_rank", "data_parallel_size", "forward_chunks"]
+__all__ = ["accumulation_for", "data_parallel_rank", "data_parallel_size", "forward_chunks", "replica_group"]
 
 
 def data_parallel_size(trainer: Trainer) -> int:
@@ -23,6 +23,12 @@ def data_parallel_rank(trainer: Trainer) -> int:
     Consecutive ranks form a replica (the stages of one pipeline, say).
     """
     return trainer.global_rank // (trainer.world_size // data_parallel_size(trainer))
+
+
+def replica_group(trainer: Trainer):
+    """The process group of the replicas that hold the same layers as this process: a pipeline's processes of
+    the same stages, else all processes (``None``, the default group)."""
+    return getattr(trainer.strategy, "replica_group", None)
 
 
 def forward_chunks(trainer: Trainer) -> int:

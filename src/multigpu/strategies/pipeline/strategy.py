@@ -100,6 +100,11 @@ class PipelineStrategy(SplitNetworkStrategy):
         return self.num_nodes * self.num_processes // self.layout.processes
 
     @property
+    def replica_group(self) -> dist.ProcessGroup | None:
+        """The processes that hold this process's stages, one in each replica."""
+        return self._stage_group
+
+    @property
     def pipe_index(self) -> int:
         """This process's place in its pipeline."""
         return self.global_rank % self.layout.processes

@@ -1,0 +1,119 @@
+"""BatchNorm's running statistics over replicas: those of one device that ran the step's forward passes in order.
+
+One device that accumulates the ``M`` forward passes of a step updates each BatchNorm layer's
+running mean ``M`` times: ``rm <- (1 - m) rm + m x_i`` for the ``i``-th micro-batch's mean ``x_i``,
+which adds up to ``(1 - m)^M rm + sum_i m (1 - m)^(M-1-i) x_i`` (likewise for the variance, and
+``1 / tracked`` in place of ``m`` for a cumulative average). Replicas that each run some of those
+micro-batches would each keep only their own (and DDP keeps the first process's). Here every
+replica records its micro-batches' statistics, weighted by their places in the global batch
+(``multigpu.sampling`` says which micro-batch is which), the weighted sums are all-reduced once
+per step, and every replica applies the same update: running statistics that do not depend on
+how many processes computed the step (the order of the sums aside).
+
+Each micro-batch is still normalised by its own statistics, as plain BatchNorm does: the forward
+and backward passes are unchanged. The records are buffers outside the state dict, so
+checkpoints stay interchangeable with every layout.
+"""
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+from typing_extensions import override
+
+from multigpu.compat import AnyDimBatchNorm, BatchNormBase
+from multigpu.recomputation import is_recomputing
+
+__all__ = ["StepBatchNorm", "commit_step_statistics", "record_step_statistics"]
+
+
+class StepBatchNorm(AnyDimBatchNorm):
+    """BatchNorm that records each training micro-batch's mean and unbiased variance, up to ``slots`` a step,
+    and leaves its running statistics to ``commit_step_statistics``."""
+
+    def __init__(
+        self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True, slots: int = 1
+    ) -> None:
+        super().__init__(num_features, eps, momentum, affine, track_running_stats=True)
+        self.register_buffer("_recorded", torch.zeros((), dtype=torch.long), persistent=False)
+        self.register_buffer("_statistics", torch.zeros(slots, 2, num_features), persistent=False)
+        self.register_buffer("_batch", torch.zeros(2, num_features), persistent=False)
+
+    @override
+    def forward(self, input: Tensor) -> Tensor:
+        if not self.training:
+            return super().forward(input)
+        if is_recomputing():  # its first pass was recorded
+            return F.batch_norm(input, None, None, self.weight, self.bias, True, 0.0, self.eps)
+        # With a momentum of 1, BatchNorm's update leaves the batch's mean and unbiased variance in the buffers.
+        output = F.batch_norm(input, self._batch[0], self._batch[1], self.weight, self.bias, True, 1.0, self.eps)
+        with torch.no_grad():
+            self._statistics.index_copy_(0, self._recorded.view(1), self._batch.unsqueeze(0))
+            self._recorded += 1
+        return output
+
+
+def record_step_statistics(module: nn.Module, slots: int) -> nn.Module:
+    """Replace every BatchNorm layer of ``module`` that tracks running statistics by a ``StepBatchNorm`` with room
+    for ``slots`` micro-batches a step, in place, with the same parameters and buffers. Returns ``module``."""
+    for name, child in module.named_children():
+        if type(child) in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d) and child.track_running_stats:
+            step = StepBatchNorm(child.num_features, child.eps, child.momentum, child.affine, slots)
+            step.to(child.running_mean.device).train(child.training)
+            step.weight, step.bias = child.weight, child.bias
+            step.running_mean, step.running_var = child.running_mean, child.running_var
+            step.num_batches_tracked = child.num_batches_tracked
+            setattr(module, name, step)
+        elif not isinstance(child, BatchNormBase):
+            record_step_statistics(child, slots)
+    return module
+
+
+def _weights(norm: StepBatchNorm, places: list[int], total: int) -> tuple[float, list[float]]:
+    """What the running statistics keep, and each recorded micro-batch's weight, for ``total`` micro-batches
+    of which this replica ran those at ``places``."""
+    if norm.momentum is None:  # a cumulative average over every micro-batch so far
+        tracked = int(norm.num_batches_tracked)
+        return tracked / (tracked + total), [1 / (tracked + total)] * len(places)
+    keep = 1 - norm.momentum
+    return keep**total, [norm.momentum * keep ** (total - 1 - place) for place in places]
+
+
+def commit_step_statistics(
+    module: nn.Module,
+    replicas: int,
+    replica: int,
+    chunks: int = 1,
+    group: dist.ProcessGroup | None = None,
+    device: torch.device | None = None,
+) -> None:
+    """Update the running statistics of every ``StepBatchNorm`` of ``module`` that ran this step, as one device
+    that ran all ``replicas``' micro-batches in order would, and start the next step's records.
+
+    This replica's ``k``-th micro-batch of the step is micro-batch ``(a x replicas + replica) x chunks + j`` of
+    the global batch, with ``a, j = divmod(k, chunks)``: its ``a``-th loader batch, cut into ``chunks``
+    forward passes (a pipeline's micro-batches). Every process of ``group`` (the replicas that hold these
+    layers; default all) calls it at the same point, with layers on ``device`` or moved there to be summed.
+    """
+    norms = [norm for norm in module.modules() if isinstance(norm, StepBatchNorm)]
+    norms = [norm for norm in norms if norm.running_mean.device.type != "meta" and int(norm._recorded)]
+    if not norms:
+        return
+    device = device or norms[0].running_mean.device
+    sums, updates = [], []
+    for norm in norms:
+        recorded = int(norm._recorded)
+        places = [(k // chunks * replicas + replica) * chunks + k % chunks for k in range(recorded)]
+        keep, weights = _weights(norm, places, recorded * replicas)
+        weighted = torch.tensor(weights, dtype=torch.float64, device=norm._statistics.device)
+        sums.append((norm._statistics[:recorded].double() * weighted[:, None, None]).sum(0).flatten().to(device))
+        updates.append((norm, keep, recorded * replicas))
+    summed = torch.cat(sums)
+    if replicas > 1:
+        dist.all_reduce(summed, group=group)
+    for (norm, keep, total), part in zip(updates, summed.split([2 * norm.num_features for norm, _, _ in updates])):
+        mean, variance = part.view(2, -1).to(norm.running_mean.device)
+        norm.running_mean.copy_(norm.running_mean.double() * keep + mean)
+        norm.running_var.copy_(norm.running_var.double() * keep + variance)
+        norm.num_batches_tracked += total
+        norm._recorded.zero_()
