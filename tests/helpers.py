@@ -7,6 +7,8 @@ from pathlib import Path
 from lightning.pytorch import Callback
 from typing_extensions import override
 
+from multigpu.replicas import data_parallel_size
+
 
 class RecordSamples(Callback):
     """Writes a fingerprint of every training image this rank saw to ``out_dir/rank<N>.txt``."""
@@ -61,3 +63,43 @@ class FailOnRank(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if trainer.global_rank == self.rank and trainer.global_step == self.step:
             raise RuntimeError(f"rank {self.rank} failed on purpose at step {self.step}")
+
+
+class RecordIndices(Callback):
+    """Writes, for every loader batch this rank trains, the optimizer step and the indices of its images in the
+    training set, as lines ``step index index ...`` of ``out_dir/rank<N>.txt`` (data without augmentation:
+    each image is found by its first values). Of the processes of one pipeline, which read the same images,
+    only the first records them."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = Path(out_dir)
+        self._index: dict[tuple[float, ...], int] = {}
+
+    @override
+    def on_train_start(self, trainer, pl_module) -> None:
+        train = trainer.datamodule.datasets["train"]
+        self._index = {tuple(train[index][0].flatten()[:4].tolist()): index for index in range(len(train))}
+
+    @override
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_rank % (trainer.world_size // data_parallel_size(trainer)):
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        indices = [self._index[tuple(image.flatten()[:4].tolist())] for image in batch[0].cpu()]
+        with open(self.out_dir / f"rank{trainer.global_rank}.txt", "a") as file:
+            file.write(" ".join(map(str, [trainer.global_step, *indices])) + "\n")
+
+
+def trained_steps(attempts: list[Path]) -> dict[int, list[int]]:
+    """The images each optimizer step trained, from ``RecordIndices``' folders of successive attempts of one run:
+    a step that a later attempt trained again (after a kill) counts as that attempt trained it."""
+    steps: dict[int, list[int]] = {}
+    for folder in attempts:
+        found: dict[int, list[int]] = {}
+        for path in sorted(folder.glob("rank*.txt")):
+            for line in path.read_text().split("\n"):
+                if line:
+                    step, *indices = map(int, line.split())
+                    found.setdefault(step, []).extend(indices)
+        steps.update(found)
+    return steps

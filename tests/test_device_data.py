@@ -58,10 +58,11 @@ def test_ranks_read_the_distributed_samplers_shards_and_a_resumed_epoch_continue
         for number, (images, labels) in enumerate(batches):
             assert torch.equal(labels, train.labels[order[number * 8 : (number + 1) * 8]])
     assert not read[0] & read[1]  # the two ranks' shards do not overlap
-    # Resuming after 2 batches gives the remaining batches bit for bit, augmentation included.
+    # Resuming after 2 steps (the first 32 images of the epoch's order) gives the remaining batches bit for bit,
+    # augmentation included.
     sampler = ResumableSampler(train, 2, 0, batch_size=8, seed=3)
     sampler.set_epoch(1)
-    sampler.resume_at(1, 2)
+    sampler.resume_at(1, 2 * 16)
     resumed = list(DeviceBatches(train, sampler, 8, augment=True))
     assert len(resumed) == len(shards[0]) - 2
     for (x, y), (expected_x, expected_y) in zip(resumed, shards[0][2:]):

@@ -1,0 +1,93 @@
+"""Train a small BatchNorm network on the data module's synthetic CIFAR-10 under one layout, resuming from its
+``last.ckpt`` when there is one; record the images of each step; save the final state.
+
+Run as a script (Lightning relaunches it once per process):
+
+    python tests/layout_training.py LAYOUT FOLDER ATTEMPT STEPS [KILL_AT]
+
+``FOLDER`` holds the run's checkpoints (``last.ckpt`` every step), ``records/ATTEMPT/rank<N>.txt`` (the
+images of each step, ``helpers.RecordIndices``) and ``final.pt`` (every parameter and buffer). With
+``KILL_AT``, every process SIGKILLs itself as optimizer step ``KILL_AT`` starts. Every process uses one
+thread, so that the order of a convolution's sums does not depend on the layout.
+"""
+
+import sys
+from functools import partial
+from pathlib import Path
+
+import torch
+from helpers import KillAt, RecordIndices
+from lightning.pytorch import Trainer, seed_everything
+from torch import nn
+
+from multigpu.callbacks import LastCheckpoint, RunMetadata
+from multigpu.checkpoints import find_last_checkpoint
+from multigpu.data import CIFAR10DataModule
+from multigpu.lazy_blocks import LazyBlocks
+from multigpu.model import ResNet50Classifier
+from multigpu.process_groups import end_process_groups
+from multigpu.strategies import FullyShardedStrategy, PipelineStrategy
+
+
+def _block(index: int) -> nn.Module:
+    if index == 0:
+        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU())
+    if index == 1:
+        return nn.Sequential(nn.Conv2d(8, 16, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+    return nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+
+
+class SmallBatchNormClassifier(ResNet50Classifier):
+    """The recipe's LightningModule (loss, SGD, schedule, BatchNorm's step statistics) on three small blocks."""
+
+    def __init__(self, batch_size: int) -> None:
+        super().__init__(batch_size=batch_size, warmup_epochs=0, base_lr=0.4)
+        self.net = LazyBlocks([partial(_block, index) for index in range(3)], seed=0)
+
+
+# name: (strategy, devices, batch per loader batch, accumulated batches)
+LAYOUTS = {
+    "one_device_x4": ("auto", 1, 4, 4),
+    "ddp_2_x2": ("ddp", 2, 4, 2),
+    "ddp_4": ("ddp", 4, 4, 1),
+    "fsdp_4": (FullyShardedStrategy, 4, 4, 1),
+    "one_device_x2": ("auto", 1, 4, 2),
+    "ddp_2": ("ddp", 2, 4, 1),
+    "fsdp_2": (FullyShardedStrategy, 2, 4, 1),
+    "pipeline_2_replicas": (partial(PipelineStrategy, num_stages=2, micro_batches=2, balance=[2, 1]), 4, 4, 1),
+}
+SAMPLES = 48
+
+
+def main(layout: str, folder: str, attempt: str, steps: str, kill_at: str | None = None) -> None:
+    strategy, devices, batch_size, accumulation = LAYOUTS[layout]
+    torch.set_num_threads(1)
+    seed_everything(0)
+    folder = Path(folder)
+    callbacks = [RunMetadata(), LastCheckpoint(str(folder / "checkpoints"), 1)]
+    callbacks.append(RecordIndices(str(folder / "records" / attempt)))
+    if kill_at is not None:
+        callbacks.append(KillAt(int(kill_at)))
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=devices,
+        strategy=strategy() if callable(strategy) else strategy,
+        accumulate_grad_batches=accumulation,
+        max_steps=int(steps),
+        limit_val_batches=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+    )
+    data = CIFAR10DataModule(synthetic=True, synthetic_size=SAMPLES, batch_size=batch_size, num_workers=0)
+    last = find_last_checkpoint(folder / "checkpoints")
+    trainer.fit(SmallBatchNormClassifier(batch_size), datamodule=data, ckpt_path=str(last) if last else None)
+    state = trainer.strategy.lightning_module_state_dict()
+    if trainer.is_global_zero:
+        torch.save({key: value.cpu() for key, value in state.items()}, folder / "final.pt")
+    end_process_groups()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
