@@ -14,6 +14,8 @@ are not in the state dict: state dicts keep BatchNorm's keys, and checkpoints st
 interchangeable with every other strategy.
 """
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -22,7 +24,7 @@ from typing_extensions import override
 from multigpu.compat import AnyDimBatchNorm, BatchNormBase
 from multigpu.recomputation import is_recomputing
 
-__all__ = ["DeferredBatchNorm", "defer_batch_norm"]
+__all__ = ["DeferredBatchNorm", "defer_batch_norm", "replace_batch_norm"]
 
 
 class DeferredBatchNorm(AnyDimBatchNorm):
@@ -78,18 +80,31 @@ class DeferredBatchNorm(AnyDimBatchNorm):
         return F.batch_norm(input, None, None, self.weight, self.bias, True, 0.0, self.eps)
 
 
+def replace_batch_norm(
+    module: nn.Module, replaces: Callable[[nn.Module], bool], build: Callable[[BatchNormBase], BatchNormBase]
+) -> nn.Module:
+    """Replace every layer of ``module`` that ``replaces`` by ``build(layer)``, in place, the new layer holding
+    the same parameters and buffers (the optimizer's parameters stay the ones it has). Returns ``module``."""
+    for name, child in module.named_children():
+        if replaces(child):
+            new = build(child)
+            new.to(child.running_mean.device).train(child.training)
+            new.weight, new.bias = child.weight, child.bias
+            new.running_mean, new.running_var = child.running_mean, child.running_var
+            new.num_batches_tracked = child.num_batches_tracked
+            setattr(module, name, new)
+        else:
+            replace_batch_norm(child, replaces, build)
+    return module
+
+
 def defer_batch_norm(module: nn.Module, chunks: int) -> nn.Module:
     """Replace every BatchNorm layer in ``module`` that tracks running statistics by a ``DeferredBatchNorm``
-    that commits every ``chunks`` micro-batches, in place; the new layers hold the same parameters and
-    buffers (the optimizer's parameters stay the ones it has). Returns ``module``."""
-    for name, child in module.named_children():
-        if isinstance(child, BatchNormBase) and child.track_running_stats and not isinstance(child, DeferredBatchNorm):
-            deferred = DeferredBatchNorm(child.num_features, child.eps, child.momentum, child.affine, chunks)
-            deferred.to(child.running_mean.device).train(child.training)
-            deferred.weight, deferred.bias = child.weight, child.bias
-            deferred.running_mean, deferred.running_var = child.running_mean, child.running_var
-            deferred.num_batches_tracked = child.num_batches_tracked
-            setattr(module, name, deferred)
-        else:
-            defer_batch_norm(child, chunks)
-    return module
+    that commits every ``chunks`` micro-batches, in place (``replace_batch_norm``). Returns ``module``."""
+    return replace_batch_norm(
+        module,
+        lambda child: (
+            isinstance(child, BatchNormBase) and child.track_running_stats and not isinstance(child, DeferredBatchNorm)
+        ),
+        lambda child: DeferredBatchNorm(child.num_features, child.eps, child.momentum, child.affine, chunks),
+    )

@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from typing_extensions import override
 
-from multigpu.compat import AnyDimBatchNorm, BatchNormBase
+from multigpu.compat import AnyDimBatchNorm
+from multigpu.deferred_batch_norm import replace_batch_norm
 from multigpu.recomputation import is_recomputing
 
 __all__ = ["StepBatchNorm", "commit_step_statistics", "record_step_statistics"]
@@ -54,19 +55,13 @@ class StepBatchNorm(AnyDimBatchNorm):
 
 
 def record_step_statistics(module: nn.Module, slots: int) -> nn.Module:
-    """Replace every BatchNorm layer of ``module`` that tracks running statistics by a ``StepBatchNorm`` with room
-    for ``slots`` micro-batches a step, in place, with the same parameters and buffers. Returns ``module``."""
-    for name, child in module.named_children():
-        if type(child) in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d) and child.track_running_stats:
-            step = StepBatchNorm(child.num_features, child.eps, child.momentum, child.affine, slots)
-            step.to(child.running_mean.device).train(child.training)
-            step.weight, step.bias = child.weight, child.bias
-            step.running_mean, step.running_var = child.running_mean, child.running_var
-            step.num_batches_tracked = child.num_batches_tracked
-            setattr(module, name, step)
-        elif not isinstance(child, BatchNormBase):
-            record_step_statistics(child, slots)
-    return module
+    """Replace every plain BatchNorm layer of ``module`` that tracks running statistics by a ``StepBatchNorm`` with
+    room for ``slots`` micro-batches a step, in place (``replace_batch_norm``). Returns ``module``."""
+    return replace_batch_norm(
+        module,
+        lambda child: type(child) in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d) and child.track_running_stats,
+        lambda child: StepBatchNorm(child.num_features, child.eps, child.momentum, child.affine, slots),
+    )
 
 
 def _weights(norm: StepBatchNorm, places: list[int], total: int) -> tuple[float, list[float]]:
