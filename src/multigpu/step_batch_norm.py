@@ -44,13 +44,14 @@ class StepBatchNorm(AnyDimBatchNorm):
     def forward(self, input: Tensor) -> Tensor:
         if not self.training:
             return super().forward(input)
-        if is_recomputing():  # its first pass was recorded
-            return F.batch_norm(input, None, None, self.weight, self.bias, True, 0.0, self.eps)
         # With a momentum of 1, BatchNorm's update leaves the batch's mean and unbiased variance in the buffers.
+        # A recomputation runs the same operation (torch.utils.checkpoint checks it) but records nothing: its first
+        # pass was recorded, and the buffers come out of it as they went in (``multigpu.recomputation``).
         output = F.batch_norm(input, self._batch[0], self._batch[1], self.weight, self.bias, True, 1.0, self.eps)
-        with torch.no_grad():
-            self._statistics.index_copy_(0, self._recorded.view(1), self._batch.unsqueeze(0))
-            self._recorded += 1
+        if not is_recomputing():
+            with torch.no_grad():
+                self._statistics.index_copy_(0, self._recorded.view(1), self._batch.unsqueeze(0))
+                self._recorded += 1
         return output
 
 
