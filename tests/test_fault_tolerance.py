@@ -275,6 +275,12 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 def _assert_close_state(final: dict, expected: dict, name: str, tolerance: float = 1e-4) -> None:
     """The same step, and every parameter and buffer within ``tolerance`` of the largest value of its tensor."""
     assert final["global_step"] == expected["global_step"], name
+    worst = max(
+        ((final["state_dict"][key] - value).abs().max() / value.abs().max().clamp(min=1e-30)).item()
+        for key, value in expected["state_dict"].items()
+        if value.is_floating_point()
+    )
+    print(f"{name}: step {final['global_step']}, largest difference over each tensor's largest value {worst:.1e}")
     for key, value in expected["state_dict"].items():
         found = final["state_dict"][key]
         if value.is_floating_point():

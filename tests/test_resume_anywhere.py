@@ -118,6 +118,15 @@ def test_a_global_batch_the_layout_cannot_split_is_refused_in_one_line(capsys):
     assert "disagree on this layout, which needs 2 accumulated batches" in line
 
 
+def _worst(found: dict, expected: dict) -> float:
+    """The largest difference of a floating-point tensor from ``expected``'s, over that tensor's largest value."""
+    return max(
+        ((found[name] - value).abs().max() / value.abs().max().clamp(min=1e-30)).item()
+        for name, value in expected.items()
+        if value.is_floating_point()
+    )
+
+
 def _train(layout: str, folder, attempt: str, steps: int, kill_at: int | None = None) -> int:
     """``tests/layout_training.py`` in a subprocess; its exit status."""
     args = [sys.executable, str(REPO / "tests" / "layout_training.py"), layout, str(folder), attempt, str(steps)]
@@ -133,6 +142,7 @@ def _train(layout: str, folder, attempt: str, steps: int, kill_at: int | None = 
     return result.returncode
 
 
+@pytest.mark.internals  # fsdp, and the step statistics' all-reduce, on the lowest torch too
 def test_one_device_ddp_and_fsdp_on_the_same_forward_groups_train_the_same_weights(tmp_path):
     """A global batch of 16 in forward passes of 4: 1 device x 4 accumulated, ddp 2 x 2, ddp 4 x 1 and fsdp 4 train
     the same images per step and, after 4 steps in float32, every parameter and BatchNorm buffer within 1e-5."""
@@ -148,6 +158,7 @@ def test_one_device_ddp_and_fsdp_on_the_same_forward_groups_train_the_same_weigh
     for layout, final in finals.items():
         assert steps[layout] == steps["one_device_x4"], layout
         assert final.keys() == reference.keys()
+        print(f"{layout}: largest difference from one device {_worst(final, reference):.1e}")
         for name, expected in reference.items():
             if expected.is_floating_point():
                 torch.testing.assert_close(final[name], expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
@@ -173,6 +184,7 @@ def uninterrupted(tmp_path_factory):
     ],
     ids=["2 to 1 accumulating", "1 to 2", "ddp to fsdp", "pipeline replicas to ddp"],
 )
+@pytest.mark.internals  # Lightning's batch counters rebased, the pipeline and fsdp: on the lowest torch too
 def test_a_run_killed_mid_epoch_and_resumed_on_another_layout_trains_the_same_images_in_each_step(
     killed, resumed, tmp_path, uninterrupted
 ):
@@ -188,6 +200,7 @@ def test_a_run_killed_mid_epoch_and_resumed_on_another_layout_trains_the_same_im
         assert sorted(found[step]) == sorted(expected[step]), f"step {step}"
     if killed != "pipeline_2_replicas":  # the pipeline's forward passes take 2 images, not 4
         final = torch.load(tmp_path / "run" / "final.pt")
+        print(f"{killed} -> {resumed}: largest difference from uninterrupted {_worst(final, uninterrupted.final):.1e}")
         for name, value in uninterrupted.final.items():
             if value.is_floating_point():
                 torch.testing.assert_close(final[name], value, rtol=1e-5, atol=1e-5 * value.abs().max().item())

@@ -76,12 +76,7 @@ def _weights(norm: StepBatchNorm, places: list[int], total: int) -> tuple[float,
 
 
 def commit_step_statistics(
-    module: nn.Module,
-    replicas: int,
-    replica: int,
-    chunks: int = 1,
-    group: dist.ProcessGroup | None = None,
-    device: torch.device | None = None,
+    module: nn.Module, replicas: int, replica: int, chunks: int = 1, group: dist.ProcessGroup | None = None
 ) -> None:
     """Update the running statistics of every ``StepBatchNorm`` of ``module`` that ran this step, as one device
     that ran all ``replicas``' micro-batches in order would, and start the next step's records.
@@ -89,19 +84,26 @@ def commit_step_statistics(
     This replica's ``k``-th micro-batch of the step is micro-batch ``(a x replicas + replica) x chunks + j`` of
     the global batch, with ``a, j = divmod(k, chunks)``: its ``a``-th loader batch, cut into ``chunks``
     forward passes (a pipeline's micro-batches). Every process of ``group`` (the replicas that hold these
-    layers; default all) calls it at the same point, with layers on ``device`` or moved there to be summed.
+    layers; default all) calls it at the same point. The sums travel on the first layer's device; the device
+    is asked once for the layers' counts.
     """
     norms = [norm for norm in module.modules() if isinstance(norm, StepBatchNorm)]
-    norms = [norm for norm in norms if norm.running_mean.device.type != "meta" and int(norm._recorded)]
+    norms = [norm for norm in norms if norm.running_mean.device.type != "meta"]
     if not norms:
         return
-    device = device or norms[0].running_mean.device
-    sums, updates = [], []
-    for norm in norms:
-        recorded = int(norm._recorded)
+    device = norms[0].running_mean.device
+    counts = torch.stack([norm._recorded.to(device) for norm in norms]).tolist()  # one synchronisation
+    norms, counts = [norm for norm, n in zip(norms, counts) if n], [n for n in counts if n]
+    if not norms:
+        return
+    sums, updates, weights_of = [], [], {}
+    for norm, recorded in zip(norms, counts):
         places = [(k // chunks * replicas + replica) * chunks + k % chunks for k in range(recorded)]
-        keep, weights = _weights(norm, places, recorded * replicas)
-        weighted = torch.tensor(weights, dtype=torch.float64, device=norm._statistics.device)
+        key = (norm.momentum, recorded, norm._statistics.device)
+        if norm.momentum is None or key not in weights_of:  # the same for every layer of a momentum
+            keep, weights = _weights(norm, places, recorded * replicas)
+            weights_of[key] = keep, torch.tensor(weights, dtype=torch.float64, device=norm._statistics.device)
+        keep, weighted = weights_of[key]
         sums.append((norm._statistics[:recorded].double() * weighted[:, None, None]).sum(0).flatten().to(device))
         updates.append((norm, keep, recorded * replicas))
     summed = torch.cat(sums)
