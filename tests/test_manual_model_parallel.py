@@ -128,8 +128,9 @@ def test_cli_trains_prints_its_split_and_resumes_under_ddp(tmp_path):
     assert resumed.returncode == 0, resumed.stdout
     assert "Restored all states" in resumed.stdout and "epoch 1 | step 6" in resumed.stdout
     assert (
-        "Resuming with another layout (strategy ManualModelParallelStrategy -> DDPStrategy, world size 1 -> 2): "
-        "the global batch changes 8 -> 16, and the learning rate keeps the checkpoint's scaling." in resumed.stdout
+        "Resuming with another layout (strategy ManualModelParallelStrategy -> DDPStrategy, world size 1 -> 2, "
+        "replicas 1 -> 2): kept images per forward pass 8, changed the global batch 8 -> 16, the learning rate keeps "
+        "the checkpoint's scaling." in resumed.stdout
     )
 
 
