@@ -13,6 +13,7 @@ from helpers import trained_steps
 from torch import nn
 
 from multigpu.checkpoints import count_steps_as_done
+from multigpu.data import CIFAR10DataModule
 from multigpu.replicas import accumulation_for
 from multigpu.sampling import EpochPlan, ResumableSampler
 from multigpu.step_batch_norm import commit_step_statistics, record_step_statistics
@@ -67,6 +68,18 @@ def test_an_epoch_resumed_on_another_layout_trains_every_image_once(before, afte
     plan = EpochPlan(len(SAMPLES), global_batch, position)
     assert plan.steps == len(resumed) and plan.skipped_steps + plan.steps == len(SAMPLES) // global_batch
     assert plan.position(plan.skipped_steps + 1) == position + global_batch
+
+
+def test_a_checkpoint_written_between_epochs_sets_the_next_epoch_before_the_loader_starts(tiny_cifar10):
+    """Lightning builds the resumed epoch's loader iterator (and its workers draw their first indices) before it
+    sets the sampler's epoch: the data module sets it from the checkpoint, between epochs as within one."""
+    data = CIFAR10DataModule(
+        data_dir=str(tiny_cifar10), download=False, verify_checksums=False, batch_size=4, num_workers=0
+    )
+    data.setup("fit")
+    data.load_state_dict({"epoch": 1, "position": 0, "global_batch": 4})
+    assert data.resumed_plan() is None  # nothing of epoch 1 is trained yet
+    assert data.train_dataloader().sampler.epoch == 1
 
 
 def test_lightnings_batch_counters_are_rebased_on_the_new_accumulation():

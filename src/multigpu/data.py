@@ -186,15 +186,22 @@ class CIFAR10DataModule(LightningDataModule):
     def _global_batch(self) -> int:
         return self.batch_size * self._shard()[0] * self._accumulation()
 
-    def resumed_plan(self) -> tuple[int, EpochPlan] | None:
-        """The epoch a checkpoint read by ``load_state_dict`` stopped inside, and how this layout trains the rest
-        of it; ``None`` when it stopped between epochs."""
-        if not self._resume or not (self._resume.get("position") or self._resume.get("batches")):
+    def _resume_point(self) -> tuple[int, int] | None:
+        """The epoch a checkpoint read by ``load_state_dict`` goes on with, and the images of its order trained."""
+        if not self._resume:
             return None
         position = self._resume.get("position")
         if position is None:  # a checkpoint of an earlier version: batches of each replica, on this layout
-            position = self._resume["batches"] * self.batch_size * self._shard()[0]
-        return self._resume["epoch"], EpochPlan(len(self.datasets["train"]), self._global_batch(), position)
+            position = self._resume.get("batches", 0) * self.batch_size * self._shard()[0]
+        return self._resume["epoch"], position
+
+    def resumed_plan(self) -> tuple[int, EpochPlan] | None:
+        """The epoch a checkpoint read by ``load_state_dict`` stopped inside, and how this layout trains the rest
+        of it; ``None`` when it stopped between epochs."""
+        point = self._resume_point()
+        if point is None or not point[1]:
+            return None
+        return point[0], EpochPlan(len(self.datasets["train"]), self._global_batch(), point[1])
 
     @override
     def train_dataloader(self) -> DataLoader | DeviceBatches:
@@ -208,9 +215,8 @@ class CIFAR10DataModule(LightningDataModule):
         sampler = ResumableSampler(
             train, replicas, rank, self.batch_size, self._accumulation(), seed=self.hparams.shuffle_seed
         )
-        if (resumed := self.resumed_plan()) is not None:
-            epoch, plan = resumed
-            sampler.resume_at(epoch, plan.start)
+        if (point := self._resume_point()) is not None:  # between epochs too: the epoch is set before workers start
+            sampler.resume_at(*point)
         self._resume, self._sampler = None, sampler
         return self._loader("train", sampler)
 

@@ -74,7 +74,7 @@ class PipelineStrategy(SplitNetworkStrategy):
         self.balance_by = balance_by
         self.deferred_batch_norm = deferred_batch_norm
         self._pipe_group: dist.ProcessGroup | None = None
-        self._stage_group: dist.ProcessGroup | None = None
+        self.replica_group: dist.ProcessGroup | None = None  # the processes of these stages, one per replica
         self._stage_blocks: list[range] | None = None
         self._stage_module: nn.ModuleList | None = None  # this process's stages, each a StageBlocks
         self._runner: StageRunner | None = None
@@ -98,11 +98,6 @@ class PipelineStrategy(SplitNetworkStrategy):
     def data_parallel_size(self) -> int:
         """Replicas of the whole pipeline: the processes that see different samples."""
         return self.num_nodes * self.num_processes // self.layout.processes
-
-    @property
-    def replica_group(self) -> dist.ProcessGroup | None:
-        """The processes that hold this process's stages, one in each replica."""
-        return self._stage_group
 
     @property
     def pipe_index(self) -> int:
@@ -132,7 +127,7 @@ class PipelineStrategy(SplitNetworkStrategy):
     @override
     def setup_distributed(self) -> None:
         super().setup_distributed()
-        self._pipe_group, self._stage_group = create_groups(
+        self._pipe_group, self.replica_group = create_groups(
             self.layout.processes, self.data_parallel_size, self.pipe_index, self.replica_index
         )
 
@@ -215,7 +210,7 @@ class PipelineStrategy(SplitNetworkStrategy):
         self.setup_precision_plugin()
         # Processes that hold the same stages start from the same weights.
         for tensor in self._stage_module.state_dict().values():
-            dist.broadcast(tensor, src=self.pipe_index, group=self._stage_group)
+            dist.broadcast(tensor, src=self.pipe_index, group=self.replica_group)
         self._runner = StageRunner.build(
             self._stage_module,
             self.layout,
@@ -268,7 +263,7 @@ class PipelineStrategy(SplitNetworkStrategy):
     def optimizer_step(self, optimizer: Optimizer, closure: Any, model: Any = None, **kwargs: Any) -> Any:
         def closure_then_average() -> Any:
             result = closure()
-            average_between_replicas(list(self._stage_module.parameters()), self._stage_group, self.data_parallel_size)
+            average_between_replicas(list(self._stage_module.parameters()), self.replica_group, self.data_parallel_size)
             return result
 
         return super().optimizer_step(optimizer, closure_then_average, model, **kwargs)
