@@ -418,3 +418,81 @@ def test_a_failing_rank_ends_the_whole_job_quickly_with_its_error(rank, tmp_path
     assert result.returncode != 0
     assert time.monotonic() - start < 60
     assert f"RuntimeError: rank {rank} failed on purpose at step 2" in result.stdout
+
+
+def _process_tree(pid: int) -> list[int]:
+    """``pid`` and every process below it: torchrun starts its workers in sessions of their own."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError):
+            continue  # ended meanwhile
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo.extend(children.get(tree[-1], []))
+    return tree
+
+
+def _torchrun_node(args: list[str], port: int, hosts_rendezvous: bool, log: Path) -> subprocess.Popen:
+    """One elastic torchrun agent ("node") of 1 to 2 on 127.0.0.1 with one process; short heartbeats, so that
+    the other node notices a lost one within seconds (torchrun's defaults take 15 s, and 30 s to start)."""
+    conf = f"is_host={int(hosts_rendezvous)},last_call_timeout=5,keep_alive_interval=1,keep_alive_max_attempt=5"
+    torchrun = [
+        *("--nnodes=1:2", "--nproc-per-node=1", "--max-restarts=2", "--rdzv-backend=c10d"),
+        *(f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=elastic", f"--rdzv-conf={conf}"),
+    ]
+    with open(log, "w") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", *torchrun, str(REPO / "main.py"), *args],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **ONE_THREAD, "PYTHONUNBUFFERED": "1"},
+        )
+
+
+def test_torchrun_elastic_run_that_loses_a_node_goes_on_with_the_node_left(tmp_path, resumable):
+    """`torchrun --nnodes=1:2` on two loopback "nodes" of one process each, sharing a checkpoint folder, with
+    `--data.global_batch_size=8`: ddp over 2 processes with batch 4. At a random moment after the first
+    checkpoint, the node that does not host the rendezvous is lost (SIGKILL to its agent and worker). The other
+    node's worker fails in its next all-reduce, torchrun restarts it on the one node left, and it resumes from
+    last.ckpt accumulating 2 batches: the uninterrupted ddp run's step, and its weights within 1e-4.
+    Replay with MULTIGPU_KILL_SEED=<seed>."""
+    expected = resumable(DDP)
+    first_save, length = resumable.timing[tuple(DDP)]
+    seed = int(os.environ.get("MULTIGPU_KILL_SEED", random.randrange(2**31)))
+    # Within the first third of what follows the first checkpoint: the rest is the last steps and the ending.
+    delay = random.Random(seed).uniform(0, (length - first_save) / 3)
+    print(f"elastic: the node is lost {delay:.1f} s after the first checkpoint (seed {seed})")
+    layout = ["--trainer.strategy=ddp", "--trainer.accelerator=cpu", "--trainer.devices=1", "--data.num_workers=1"]
+    args = [*_resumable_run(resumable.cifar), *layout, "--data.global_batch_size=8", "--ckpt_path=last"]
+    args += run_args(tmp_path, "elastic")
+    port = free_port()
+    staying = _torchrun_node(args, port, True, tmp_path / "staying.log")
+    lost = _torchrun_node(args, port, False, tmp_path / "lost.log")
+    try:
+        deadline = time.monotonic() + 180
+        while _step_on_disk(tmp_path, "elastic") is None:
+            assert time.monotonic() < deadline and staying.poll() is None, (tmp_path / "staying.log").read_text()
+            time.sleep(0.1)
+        time.sleep(delay)
+        assert lost.poll() is None, "the run ended before the node was lost"
+        for pid in _process_tree(lost.pid):
+            os.kill(pid, signal.SIGKILL)
+        lost.wait()
+        staying.wait(timeout=300)
+    finally:
+        for node in (staying, lost):
+            if node.poll() is None:
+                node.kill()
+    output = (tmp_path / "staying.log").read_text()
+    assert staying.returncode == 0, output
+    print(f"elastic: {re.findall(r'Resuming from .*', output)}")
+    assert (
+        "Resuming with another layout (world size 2 -> 1, replicas 2 -> 1, accumulated batches 1 -> 2): kept the "
+        "global batch 8 and images per forward pass 4" in output
+    ), output
+    _assert_close_state(_final_state(tmp_path, "elastic"), expected, f"elastic (seed {seed})")

@@ -1,5 +1,6 @@
 """Beyond one machine: two torchrun "nodes" on this machine, and the Slurm batch script under Slurm's variables."""
 
+import logging
 import os
 import signal
 import subprocess
@@ -9,7 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import HELPERS_ENV, REPO, SMOKE, free_port, helper_callback, run_args
+from conftest import DEFAULT_CONFIG, HELPERS_ENV, REPO, SMOKE, free_port, helper_callback, run_args
+
+from multigpu.cli import MultiGPUCLI
 
 TESTS = Path(__file__).parent
 
@@ -75,6 +78,23 @@ def test_two_torchrun_nodes_train_together(strategy, tmp_path):
         assert len(first) == len(second) == 16 and not set(first) & set(second)
     else:  # one pipeline: 4 steps of 8 images through both stages
         assert len(first) == 32 and first == second
+
+
+@pytest.mark.parametrize(("num_nodes", "processes"), [(1, 2), (2, 1), (2, 2)])
+def test_under_torchrun_the_node_count_is_torchruns(num_nodes, processes, tmp_path, monkeypatch, caplog):
+    """An attempt of an elastic run, on nodes of 1 process: whatever `--trainer.num_nodes` says (the default 1,
+    or the node count the run started with), the Trainer takes torchrun's count, and says so when it differs."""
+    attempt = {"TORCHELASTIC_RUN_ID": "run1", "RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0"}
+    for name, value in {**attempt, "LOCAL_WORLD_SIZE": "1", "WORLD_SIZE": str(processes)}.items():
+        monkeypatch.setenv(name, value)
+    args = ["--config", SMOKE, *run_args(tmp_path), "--trainer.accelerator=cpu", "--trainer.devices=1"]
+    with caplog.at_level(logging.INFO):
+        cli = MultiGPUCLI(
+            default_config_files=[DEFAULT_CONFIG], run=False, args=[*args, f"--trainer.num_nodes={num_nodes}"]
+        )
+    assert cli.trainer.num_nodes == processes and cli.trainer.world_size == processes
+    said = f"torchrun started {processes} node(s): --trainer.num_nodes={processes}." in caplog.text
+    assert said == (num_nodes != processes)
 
 
 def _sbatch(tmp_path: Path, *args: str) -> subprocess.Popen:

@@ -32,6 +32,7 @@ from multigpu.checkpoint_io import AtomicCheckpointIO
 from multigpu.checkpoints import check_model_options, finished_training, resolve_ckpt_path
 from multigpu.compat import CheckpointPathCLI
 from multigpu.data import CIFAR10DataModule
+from multigpu.elastic import torchrun_node_count
 from multigpu.errors import RunFinished, UsageError, check_at_least
 from multigpu.model import ResNet50Classifier, check_recipe, renamed_recompute_option, warn_old_recompute_option
 from multigpu.prediction_writer import PredictionWriter
@@ -214,6 +215,11 @@ class MultiGPUCLI(CheckpointPathCLI):
         # Before the data module, which may download CIFAR-10, and the model are built.
         config = self._config()
         check_trainer_options(config["trainer"])
+        nodes = torchrun_node_count()
+        if nodes is not None and nodes != config["trainer"].get("num_nodes", 1):
+            # torchrun has started the processes: an elastic run has as many nodes as are left.
+            rank_zero_info(f"torchrun started {nodes} node(s): --trainer.num_nodes={nodes}.")
+            config["trainer"]["num_nodes"] = nodes
         check_at_least("--save_every_n_steps", config.get("save_every_n_steps") or 0, 0)
         model = config["model"]
         check_recipe(*(model[name] for name in inspect.signature(check_recipe).parameters))

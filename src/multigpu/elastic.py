@@ -1,4 +1,5 @@
-"""torchrun restarts: each attempt's processes meet under their own keys in torchrun's store.
+"""torchrun restarts: each attempt's processes meet under their own keys in torchrun's store, and
+take the node count torchrun started.
 
 When torchrun (``--max-restarts``) restarts its workers, it keeps the store it serves at
 ``MASTER_ADDR:MASTER_PORT``, and torch's ``env://`` rendezvous no longer prefixes the keys
@@ -6,17 +7,21 @@ with the attempt. The process group of a restarted attempt then reads the addres
 the killed attempt's processes published, and gloo (or NCCL) fails connecting to them, or
 hangs (pytorch/pytorch#167288; seen here with torch 2.15 and gloo, with both static and
 c10d rendezvous). ``separate_restart_attempts()`` puts the attempt back into the keys.
+
+An elastic run (``torchrun --nnodes=1:2``) goes on with the nodes that are left, so no
+``--trainer.num_nodes`` fits every attempt: ``torchrun_node_count()`` says how many this one has.
 """
 
 import os
 from datetime import timedelta
 
+from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from torch.distributed import PrefixStore
 from torch.distributed.constants import default_pg_timeout
 
 from multigpu.compat import rendezvous_handlers
 
-__all__ = ["separate_restart_attempts"]
+__all__ = ["separate_restart_attempts", "torchrun_node_count"]
 
 _ATTEMPT = "TORCHELASTIC_RESTART_COUNT"
 
@@ -36,3 +41,11 @@ def separate_restart_attempts() -> None:
 
     env_handler_of_this_attempt.separates_attempts = True
     handlers["env"] = env_handler_of_this_attempt
+
+
+def torchrun_node_count() -> int | None:
+    """Under torchrun, the nodes of this attempt (its processes over those of one node); else ``None``."""
+    if not TorchElasticEnvironment.detect():
+        return None
+    processes, per_node = int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    return processes // per_node if processes % per_node == 0 else None
