@@ -16,6 +16,12 @@ REPO = Path(__file__).resolve().parents[1]
 SMOKE = str(REPO / "configs" / "smoke.yaml")
 DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
 
+# Under pytest-xdist (`pytest -n 2`, the README's command), two tests share the machine's cores: every process
+# of a worker computes on one thread, so that no thread pool spins waiting for a core the other test holds.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "min_cuda_gpus(n): runs only where at least n CUDA devices are visible")

@@ -95,9 +95,10 @@ def test_pipeline_benchmark_prints_where_each_process_spends_its_time(tmp_path):
     for row in figures["results"]:
         assert len(row["clocks"]) == 2  # each process: forward, backward, send/recv, wait, other
         assert all(clock["forward"] > 0 and clock["backward"] > 0 for clock in row["clocks"])
-    # Two processes at once over twice one, from a single timed step of 4 images: noise moves it past 1.2
-    # (1.23 in one CI run); only a miscount of images or processes takes it to 2.
-    assert 0 < figures["ceilings"]["2"] <= 2
+    # Two processes at once over twice one, from a single timed step of 4 images: a ratio of two timings, which
+    # another test running beside this one (`pytest -n 2`) moves anywhere (2.4 in one run); a figure to read on a
+    # quiet machine, not to assert.
+    assert figures["ceilings"]["2"] > 0
     assert (tmp_path / "pipeline_efficiency.png").read_bytes().startswith(b"\x89PNG")
 
 

@@ -308,34 +308,6 @@ def test_ddp_killed_mid_epoch_and_resumed_on_one_device_accumulating_ends_like_t
     _assert_close_state(_final_state(tmp_path, "moved"), resumable(DDP), "ddp -> 1 device")
 
 
-def test_killed_at_random_moments_and_resumed_on_another_device_count_ends_like_an_uninterrupted_run(
-    tmp_path, resumable
-):
-    """SIGKILL at 2 random moments, the attempts alternating between ddp over 2 processes and 1 device that
-    accumulates 2 batches (the same global batch and forward passes), then 1 device to the end: the uninterrupted
-    ddp run's step, and its weights within 1e-4. Replay with MULTIGPU_KILL_SEED=<seed>."""
-    expected = resumable(DDP)
-    first_save, length = resumable.timing[tuple(DDP)]
-    seed = int(os.environ.get("MULTIGPU_KILL_SEED", random.randrange(2**31)))
-    print(f"another device count: kill moments drawn with seed {seed} between {first_save:.1f} s and {length:.1f} s")
-    draw = random.Random(seed)
-    args = [*_resumable_run(resumable.cifar), *run_args(tmp_path, "killed"), "--ckpt_path=last"]
-    layouts = [DDP, ONE_DEVICE_ACCUMULATING]
-    for attempt in range(2):
-        on_disk = _step_on_disk(tmp_path, "killed")
-        log = tmp_path / f"attempt{attempt}.log"
-        with_layout = [*args, *layouts[attempt % 2]]
-        os.environ.update(ONE_THREAD)  # _start passes this process's environment on
-        output, killed = _run_killed_after(with_layout, draw.uniform(first_save, length), log)
-        left = _step_on_disk(tmp_path, "killed")
-        print(f"attempt {attempt}: from step {on_disk}, {'killed' if killed else 'ended'}, left step {left}")
-        if on_disk not in (None, STEPS["ddp"]):
-            _assert_resumed_from(output, on_disk, f"attempt {attempt} (seed {seed})")
-    resumed = run_cli(*args, *ONE_DEVICE_ACCUMULATING, env=ONE_THREAD)
-    assert resumed.returncode == 0, resumed.stdout
-    _assert_close_state(_final_state(tmp_path, "killed"), expected, f"another device count (seed {seed})")
-
-
 def test_killed_at_chosen_moments_and_resumed_ends_bit_for_bit_like_an_uninterrupted_run(tmp_path, resumable):
     """The moments a random draw rarely hits, each followed by `--ckpt_path last`, give the state of a run
     never killed: SIGKILL while a checkpoint is being written, and SIGTERM in an epoch's last step (the

@@ -79,7 +79,6 @@ def test_bad_values_are_refused_in_one_line_before_launch(capsys, tmp_path):
 WRITTEN_BY = {
     "fsdp": "FullyShardedStrategy",
     "1 device": "SingleDeviceStrategy",
-    "ddp": "DDPStrategy",
     "pipeline": "PipelineStrategy",
     "manual_model_parallel": "ManualModelParallelStrategy",
 }
@@ -87,7 +86,8 @@ WRITTEN_BY = {
 
 def test_checkpoints_move_between_fsdp_and_every_other_strategy_mid_epoch(tmp_path, capsys):
     """One run, one step at a time, alternating fsdp with each other strategy: each resumes the other's
-    checkpoint, and fsdp writes what they read. Each part stops on SIGTERM, as a job's end does, and so in
+    checkpoint, and fsdp writes what they read (ddp writes and reads what one device does; ddp and fsdp resume
+    each other in test_resume_anywhere). Each part stops on SIGTERM, as a job's end does, and so in
     the middle of an epoch: every layout trains the same global batch of 8, and 32 images are 4 steps.
     Each strategy's checkpoint also exports, tensor for tensor, to torchvision's own resnet50."""
     args = ["fit", "--config", SMOKE, "--trainer.accelerator=cpu", *run_args(tmp_path), "--trainer.max_epochs=9"]
@@ -100,7 +100,6 @@ def test_checkpoints_move_between_fsdp_and_every_other_strategy_mid_epoch(tmp_pa
     fsdp = ("fsdp", ["--trainer.strategy=fsdp", two, four])
     others = {
         "1 device": ["--trainer.strategy=auto", "--trainer.devices=1", eight],
-        "ddp": ["--trainer.strategy=ddp", two, four],
         "pipeline": ["--trainer.strategy=pipeline", two, eight, by_params],
         "manual_model_parallel": ["--trainer.strategy=manual_model_parallel", two, eight, by_params],
     }
