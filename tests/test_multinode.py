@@ -80,6 +80,7 @@ def test_two_torchrun_nodes_train_together(strategy, tmp_path):
         assert len(first) == 32 and first == second
 
 
+@pytest.mark.internals  # how Lightning detects torchrun
 @pytest.mark.parametrize(("num_nodes", "processes"), [(1, 2), (2, 1), (2, 2)])
 def test_under_torchrun_the_node_count_is_torchruns(num_nodes, processes, tmp_path, monkeypatch, caplog):
     """An attempt of an elastic run, on nodes of 1 process: whatever `--trainer.num_nodes` says (the default 1,
