@@ -134,16 +134,16 @@ def _kill_config(tmp_path: Path, step: int, moment: str = "step", rank: int | No
     return helper_callback(tmp_path, "KillAt", step=step, moment=moment, rank=rank)
 
 
-def _start(args: list[str], log: Path) -> subprocess.Popen:
+def _start(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     """``python main.py ARGS`` in a session of its own (so that its workers and processes can be killed at
-    once), its output in ``log``."""
+    once), its output in ``log``, with ``env`` over this process's environment."""
     with open(log, "w") as out:
         return subprocess.Popen(
             [sys.executable, str(REPO / "main.py"), *args],
             cwd=REPO,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
             start_new_session=True,
         )
 
@@ -209,10 +209,12 @@ def _assert_resumed_from(output: str, step: int | None, name: str) -> None:
         assert resumed == [str(step)], f"{name}: resumed from step {resumed}, the checkpoint holds {step}\n{output}"
 
 
-def _run_killed_after(args: list[str], seconds: float, log: Path) -> tuple[str, bool]:
+def _run_killed_after(
+    args: list[str], seconds: float, log: Path, env: dict[str, str] | None = None
+) -> tuple[str, bool]:
     """Run the CLI and SIGKILL it, its workers and its other processes ``seconds`` later, unless it has
     ended by then; return its output and whether it was killed."""
-    process = _start(args, log)
+    process = _start(args, log, env)
     try:
         process.wait(timeout=seconds)
         killed = False
@@ -306,6 +308,33 @@ def test_ddp_killed_mid_epoch_and_resumed_on_one_device_accumulating_ends_like_t
         "steps train the same images; epoch 0 goes on after its first 16 of 40 images." in resumed.stdout
     ), resumed.stdout
     _assert_close_state(_final_state(tmp_path, "moved"), resumable(DDP), "ddp -> 1 device")
+
+
+def test_killed_at_random_moments_and_resumed_on_another_device_count_ends_like_an_uninterrupted_run(
+    tmp_path, resumable
+):
+    """SIGKILL at 2 random moments, the attempts alternating between ddp over 2 processes and 1 device that
+    accumulates 2 batches (the same global batch and forward passes), then 1 device to the end: the uninterrupted
+    ddp run's step, and its weights within 1e-4. Replay with MULTIGPU_KILL_SEED=<seed>."""
+    expected = resumable(DDP)
+    first_save, length = resumable.timing[tuple(DDP)]
+    seed = int(os.environ.get("MULTIGPU_KILL_SEED", random.randrange(2**31)))
+    print(f"another device count: kill moments drawn with seed {seed} between {first_save:.1f} s and {length:.1f} s")
+    draw = random.Random(seed)
+    args = [*_resumable_run(resumable.cifar), *run_args(tmp_path, "killed"), "--ckpt_path=last"]
+    layouts = [DDP, ONE_DEVICE_ACCUMULATING]
+    for attempt in range(2):
+        on_disk = _step_on_disk(tmp_path, "killed")
+        log = tmp_path / f"attempt{attempt}.log"
+        with_layout = [*args, *layouts[attempt % 2]]
+        output, killed = _run_killed_after(with_layout, draw.uniform(first_save, length), log, ONE_THREAD)
+        left = _step_on_disk(tmp_path, "killed")
+        print(f"attempt {attempt}: from step {on_disk}, {'killed' if killed else 'ended'}, left step {left}")
+        if on_disk not in (None, STEPS["ddp"]):
+            _assert_resumed_from(output, on_disk, f"attempt {attempt} (seed {seed})")
+    resumed = run_cli(*args, *ONE_DEVICE_ACCUMULATING, env=ONE_THREAD)
+    assert resumed.returncode == 0, resumed.stdout
+    _assert_close_state(_final_state(tmp_path, "killed"), expected, f"another device count (seed {seed})")
 
 
 def test_killed_at_chosen_moments_and_resumed_ends_bit_for_bit_like_an_uninterrupted_run(tmp_path, resumable):
