@@ -1,5 +1,6 @@
 """Checkpoints that survive kills: atomic files, a last.ckpt every N steps, a reported change of layout."""
 
+import contextlib
 import logging
 import os
 import random
@@ -437,6 +438,13 @@ def _process_tree(pid: int) -> list[int]:
     return tree
 
 
+def _kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process below it, as a lost machine ends them."""
+    for process in _process_tree(pid):
+        with contextlib.suppress(ProcessLookupError):  # ended meanwhile
+            os.kill(process, signal.SIGKILL)
+
+
 def _torchrun_node(args: list[str], port: int, hosts_rendezvous: bool, log: Path) -> subprocess.Popen:
     """One elastic torchrun agent ("node") of 1 to 2 on 127.0.0.1 with one process; short heartbeats, so that
     the other node notices a lost one within seconds (torchrun's defaults take 15 s, and 30 s to start)."""
@@ -482,14 +490,13 @@ def test_torchrun_elastic_run_that_loses_a_node_goes_on_with_the_node_left(tmp_p
             time.sleep(0.1)
         time.sleep(delay)
         assert lost.poll() is None, "the run ended before the node was lost"
-        for pid in _process_tree(lost.pid):
-            os.kill(pid, signal.SIGKILL)
+        _kill_tree(lost.pid)
         lost.wait()
         staying.wait(timeout=300)
-    finally:
+    finally:  # a failed test leaves no agent, nor a worker in its own session, running
         for node in (staying, lost):
             if node.poll() is None:
-                node.kill()
+                _kill_tree(node.pid)
     output = (tmp_path / "staying.log").read_text()
     assert staying.returncode == 0, output
     print(f"elastic: {re.findall(r'Resuming from .*', output)}")
