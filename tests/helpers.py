@@ -4,6 +4,7 @@ import os
 import signal
 from pathlib import Path
 
+import torch
 from lightning.pytorch import Callback
 from typing_extensions import override
 
@@ -103,3 +104,34 @@ def trained_steps(attempts: list[Path]) -> dict[int, list[int]]:
                     found.setdefault(step, []).extend(indices)
         steps.update(found)
     return steps
+
+
+class RecordSteps(Callback):
+    """On global rank 0, saves the network's initial weights (``init.pt``, torchvision's names) and, after each of
+    the first ``steps`` optimizer steps, its state dict and the learning rate the step used (``step<K>.pt``), so
+    that a plain loop can be compared with the application step by step."""
+
+    def __init__(self, out_dir: str, steps: int) -> None:
+        self.out_dir, self.steps, self._lr = Path(out_dir), steps, None
+
+    def _save(self, pl_module, name: str, **extra) -> None:
+        from multigpu.torchvision_weights import to_torchvision
+
+        state = {key: tensor.detach().clone() for key, tensor in pl_module.net.state_dict().items()}
+        torch.save({"state": to_torchvision(state), **extra}, self.out_dir / name)
+
+    @override
+    def on_train_start(self, trainer, pl_module) -> None:
+        if trainer.global_rank == 0:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            self._save(pl_module, "init.pt")
+
+    @override
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        self._lr = optimizer.param_groups[0]["lr"]
+
+    @override
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if trainer.global_rank == 0 and 0 < step <= self.steps and not (self.out_dir / f"step{step}.pt").exists():
+            self._save(pl_module, f"step{step}.pt", lr=self._lr)
