@@ -145,24 +145,28 @@ def run_args(tmp_path: Path, run_name: str = "test") -> list[str]:
     ]
 
 
-def write_tiny_cifar10(root: Path, per_batch: int = 20, test: int = 20) -> Path:
-    """Write a CIFAR-10 in the official python layout with ``per_batch`` images per training file."""
+def write_cifar10_files(root: Path, train: np.ndarray, train_labels: list[int], test: np.ndarray, test_labels: list[int]) -> Path:
+    """Write CIFAR-10's official python layout under ``root``: uint8 images (N, 3, 32, 32), split into 5 training
+    files, and the test file."""
     folder = root / "cifar-10-batches-py"
     folder.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
-    for name in names:
-        count = test if name == "test_batch" else per_batch
-        entry = {
-            "batch_label": name,
-            "labels": rng.integers(0, 10, count).tolist(),
-            "data": rng.integers(0, 256, (count, 3072), dtype=np.uint8),
-        }
+    parts = np.array_split(np.arange(len(train)), 5)
+    batches = [(f"data_batch_{i}", train[part], [train_labels[j] for j in part]) for i, part in enumerate(parts, 1)]
+    for name, images, labels in [*batches, ("test_batch", test, test_labels)]:
+        entry = {"batch_label": name, "labels": list(labels), "data": images.reshape(len(images), 3072)}
         with open(folder / name, "wb") as file:
             pickle.dump(entry, file, protocol=4)
     with open(folder / "batches.meta", "wb") as file:
         pickle.dump({"label_names": [f"class{i}" for i in range(10)], "num_vis": 3072}, file, protocol=4)
     return root
+
+
+def write_tiny_cifar10(root: Path, per_batch: int = 20, test: int = 20) -> Path:
+    """Write a CIFAR-10 in the official python layout with ``per_batch`` random images per training file."""
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (5 * per_batch + test, 3, 32, 32), dtype=np.uint8)
+    labels = rng.integers(0, 10, len(images)).tolist()
+    return write_cifar10_files(root, images[:-test], labels[:-test], images[-test:], labels[-test:])
 
 
 @pytest.fixture

@@ -62,9 +62,11 @@ class CIFAR10DataModule(LightningDataModule):
         synthetic_size: training images per epoch with ``synthetic``; validation, test and
             predict get a quarter of it.
         shuffle_seed: seed of the training set's per-epoch shuffle and of each sample's random
-            augmentation (see ``multigpu.sampling``): a run resumed from a checkpoint, even one
-            written mid-epoch and resumed on another layout, sees the same images, augmented the same
-            way, as a run never stopped.
+            augmentation (see ``multigpu.sampling``). Default: the run's ``seed_everything``, so that runs
+            with other seeds also see the images in other orders, augmented otherwise, as a plain
+            ``DataLoader(shuffle=True)`` does. A checkpoint records the seed its run used, and a run resumed
+            from it, even one written mid-epoch and resumed on another layout, goes on with that seed: it sees
+            the same images, augmented the same way, as a run never stopped.
         on_device: keep the whole dataset (uint8) on the training device and crop, flip and
             normalise whole batches there, without loader workers (see ``multigpu.device_data``).
             Each rank reads the same shard of the same per-epoch shuffle as without it.
@@ -87,7 +89,7 @@ class CIFAR10DataModule(LightningDataModule):
         val_split: int = 0,
         synthetic: bool = False,
         synthetic_size: int = 50_000,
-        shuffle_seed: int = 0,
+        shuffle_seed: int | None = None,
         on_device: bool = False,
         predict_dir: str | None = None,
     ) -> None:
@@ -103,6 +105,7 @@ class CIFAR10DataModule(LightningDataModule):
         self.datasets: dict[str, Dataset] = {}
         self._resume: dict[str, int] | None = None  # where a checkpoint stands in its epoch (``state_dict``)
         self._sampler: ResumableSampler | None = None
+        self._shuffle_seed: int | None = None  # the seed this run shuffles with (``_seed``)
         # The first process of each machine checks (and downloads) the data before anything is built.
         # Lightning starts the other local processes after it; under torchrun or srun, which start
         # them all at once, they wait for it when the process group is set up, which it joins after this.
@@ -212,13 +215,28 @@ class CIFAR10DataModule(LightningDataModule):
                 f"the global batch of {self._global_batch()} images is larger than the {len(train)} training images: "
                 "lower --data.batch_size, --data.global_batch_size or --trainer.accumulate_grad_batches."
             )
-        sampler = ResumableSampler(
-            train, replicas, rank, self.batch_size, self._accumulation(), seed=self.hparams.shuffle_seed
-        )
+        sampler = ResumableSampler(train, replicas, rank, self.batch_size, self._accumulation(), seed=self._seed())
         if (point := self._resume_point()) is not None:  # between epochs too: the epoch is set before workers start
             sampler.resume_at(*point)
         self._resume, self._sampler = None, sampler
         return self._loader("train", sampler)
+
+    def _seed(self) -> int:
+        """The shuffle's seed: a resumed run's own, else ``shuffle_seed``, else the run's ``seed_everything``
+        (``PL_GLOBAL_SEED``; 0 without one), the first process's wherever processes might disagree (a random seed
+        drawn by each process that torchrun started)."""
+        if self._resume and "shuffle_seed" in self._resume:
+            self._shuffle_seed = self._resume["shuffle_seed"]
+        elif self._resume and self.hparams.shuffle_seed is None:
+            self._shuffle_seed = 0  # a checkpoint of an earlier version, whose default seed was 0
+        if self._shuffle_seed is None:
+            seed = self.hparams.shuffle_seed
+            if seed is None:
+                seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+                if self.trainer is not None and self.trainer.world_size > 1:
+                    seed = self.trainer.strategy.broadcast(seed)
+            self._shuffle_seed = seed
+        return self._shuffle_seed
 
     @override
     def state_dict(self) -> dict[str, int]:
@@ -233,7 +251,8 @@ class CIFAR10DataModule(LightningDataModule):
             plan = sampler.current if sampler is not None and sampler.epoch == epoch else None
             plan = plan or EpochPlan(len(self.datasets["train"]), self._global_batch())
             position = plan.position(batches // self._accumulation())
-        return {"epoch": epoch, "position": position, "global_batch": self._global_batch()}
+        state = {"epoch": epoch, "position": position, "global_batch": self._global_batch()}
+        return state if self._shuffle_seed is None else {**state, "shuffle_seed": self._shuffle_seed}
 
     @override
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
