@@ -160,7 +160,9 @@ def main() -> None:
         lr=args.base_lr * global_batch / 256, momentum=0.9, nesterov=True, weight_decay=5e-4,
     )  # fmt: skip
     steps_per_epoch = len(loader) // args.accumulate
-    total = args.epochs * steps_per_epoch if args.max_steps is None else min(args.max_steps, args.epochs * steps_per_epoch)
+    total = (
+        args.epochs * steps_per_epoch if args.max_steps is None else min(args.max_steps, args.epochs * steps_per_epoch)
+    )
     warmup = min(total, round(args.warmup_epochs * steps_per_epoch))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(warmup, total))
     trained = nn.parallel.DistributedDataParallel(model) if world > 1 else model

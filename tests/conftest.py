@@ -145,7 +145,9 @@ def run_args(tmp_path: Path, run_name: str = "test") -> list[str]:
     ]
 
 
-def write_cifar10_files(root: Path, train: np.ndarray, train_labels: list[int], test: np.ndarray, test_labels: list[int]) -> Path:
+def write_cifar10_files(
+    root: Path, train: np.ndarray, train_labels: list[int], test: np.ndarray, test_labels: list[int]
+) -> Path:
     """Write CIFAR-10's official python layout under ``root``: uint8 images (N, 3, 32, 32), split into 5 training
     files, and the test file."""
     folder = root / "cifar-10-batches-py"

@@ -167,9 +167,11 @@ class ResNet50Classifier(LightningModule):
             self.example_input_array = torch.zeros(2, *IMAGE_SHAPE)
         self._compiled = False
         self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
-        self.train_acc = MulticlassAccuracy(num_classes)
-        self.val_acc = MulticlassAccuracy(num_classes)
-        self.test_acc = MulticlassAccuracy(num_classes)
+        # Top-1: the share of images whose most probable class is right (torchmetrics' default is the mean over
+        # classes), the accuracy plain loops and ``predict`` report.
+        self.train_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
 
     @override
     def configure_model(self) -> None:
