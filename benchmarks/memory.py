@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from throughput import HERE, REPO, add_run_options, fit_command, where
 
-from multigpu.timed_runs import RunFailed, launch
+from multigpu.planning.timed_runs import RunFailed, launch
 
 PARAMS = "--trainer.strategy.balance_by=params"
 LAYOUTS = {

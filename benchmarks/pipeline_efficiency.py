@@ -33,12 +33,12 @@ from lightning.pytorch import Trainer
 from stage_clock import PARTS, StageClock
 from torch.utils.data import DataLoader
 
-from multigpu.datasets import SyntheticCIFAR10
-from multigpu.model import ResNet50Classifier
-from multigpu.process_groups import end_process_groups
+from multigpu.data.cifar10 import SyntheticCIFAR10
+from multigpu.model.classifier import ResNet50Classifier
+from multigpu.planning.timed_runs import StepTimer
+from multigpu.run.process_groups import end_process_groups
 from multigpu.strategies import PipelineStrategy
 from multigpu.strategies.pipeline.layout import SCHEDULES, natural_stages_per_process
-from multigpu.timed_runs import StepTimer
 
 PROCESSES = 2
 

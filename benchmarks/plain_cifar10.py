@@ -8,7 +8,7 @@ torchvision's ``resnet50`` and its v2 transforms on PIL images (``ToImage``, ``R
 momentum and no weight decay on BatchNorm and biases, a ``LambdaLR`` of linear warm-up then
 cosine written here, and forward / loss / backward / step. It shares nothing with the
 application but, with ``--order app``, the order of the images and each one's augmentation
-seed: the application's sampler (``multigpu.sampling.ResumableSampler``) gives the indices,
+seed: the application's sampler (``multigpu.data.sampling.ResumableSampler``) gives the indices,
 and each image is augmented under ``torch.manual_seed`` of its seed, so that the two can be
 compared step by step (``tests/test_learning_parity.py``). ``--order shuffle`` is the usual
 ``DataLoader(shuffle=True)`` (``DistributedSampler`` under torchrun).
@@ -138,7 +138,7 @@ def main() -> None:
     train_transform = v2.Compose([v2.ToImage(), v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip(), *to_float])
     train = CIFAR10Files(args.data_dir, True, train_transform)
     if args.order == "app":
-        from multigpu.sampling import ResumableSampler  # the order and seeds alone; the images are read here
+        from multigpu.data.sampling import ResumableSampler  # the order and seeds alone; the images are read here
 
         sampler = ResumableSampler(train, world, rank, args.batch_size, args.accumulate, seed=args.shuffle_seed)
         train = SeededSamples(train)

@@ -2,7 +2,7 @@
 
     python benchmarks/plain_loop.py --batch-size 32 --steps 5 --out plain.json
 
-Forward, loss, backward, SGD step, on the application's network (``multigpu.network``),
+Forward, loss, backward, SGD step, on the application's network (``multigpu.model.resnet``),
 with the same optimizer settings as the recipe. ``--data synthetic`` trains on random
 batches made on the device beforehand; ``--data torchvision`` reads random uint8 images
 through a DataLoader with torchvision's augmentations on the CPU, as the recipes do.
@@ -17,9 +17,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from multigpu.datasets import ImageTensorDataset, train_transform
-from multigpu.network import resnet50_blocks
-from multigpu.timed_runs import peak_memory_bytes, result, synchronize
+from multigpu.data.cifar10 import ImageTensorDataset, train_transform
+from multigpu.model.resnet import resnet50_blocks
+from multigpu.planning.timed_runs import peak_memory_bytes, result, synchronize
 
 
 def batches(data: str, batch_size: int, count: int, device: torch.device, workers: int):

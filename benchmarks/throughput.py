@@ -30,9 +30,9 @@ from pathlib import Path
 
 import torch
 
-from multigpu.bar_chart import write_bar_chart
-from multigpu.timed_runs import RunFailed, run, step_timer
-from multigpu.timed_runs import fit_command as timed_fit_command
+from multigpu.planning.bar_chart import write_bar_chart
+from multigpu.planning.timed_runs import RunFailed, run, step_timer
+from multigpu.planning.timed_runs import fit_command as timed_fit_command
 
 REPO = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent

@@ -53,7 +53,7 @@ def _clean_process_state(monkeypatch):
         dist.destroy_process_group()
 
 
-# What a process prints when gloo's threads outlive the interpreter (multigpu.process_groups): a child
+# What a process prints when gloo's threads outlive the interpreter (multigpu.run.process_groups): a child
 # rank's abort leaves the launching process's exit status at 0, so the output is checked as well.
 ABORTED_AT_EXIT = "terminate called without an active exception"
 
@@ -100,7 +100,7 @@ def train_setup(tmp_path_factory):
 
 def cli_main(*args: str) -> None:
     """Run the CLI in this process, with configs/default.yaml read first as main.py does."""
-    from multigpu.commands import main
+    from multigpu.cli.commands import main
 
     main(list(args), default_config_files=[DEFAULT_CONFIG])
 

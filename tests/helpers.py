@@ -8,7 +8,7 @@ import torch
 from lightning.pytorch import Callback
 from typing_extensions import override
 
-from multigpu.replicas import data_parallel_size
+from multigpu.run.replicas import data_parallel_size
 
 
 class RecordSamples(Callback):
@@ -115,7 +115,7 @@ class RecordSteps(Callback):
         self.out_dir, self.steps, self._lr = Path(out_dir), steps, None
 
     def _save(self, pl_module, name: str, **extra) -> None:
-        from multigpu.torchvision_weights import to_torchvision
+        from multigpu.model.torchvision_weights import to_torchvision
 
         state = {key: tensor.detach().clone() for key, tensor in pl_module.net.state_dict().items()}
         torch.save({"state": to_torchvision(state), **extra}, self.out_dir / name)

@@ -20,12 +20,12 @@ from helpers import KillAt, RecordIndices
 from lightning.pytorch import Trainer, seed_everything
 from torch import nn
 
-from multigpu.callbacks import LastCheckpoint, RunMetadata
-from multigpu.checkpoints import find_last_checkpoint
-from multigpu.data import CIFAR10DataModule
-from multigpu.lazy_blocks import LazyBlocks
-from multigpu.model import ResNet50Classifier
-from multigpu.process_groups import end_process_groups
+from multigpu.data.datamodule import CIFAR10DataModule
+from multigpu.model.classifier import ResNet50Classifier
+from multigpu.model.lazy_blocks import LazyBlocks
+from multigpu.run.callbacks import LastCheckpoint, RunMetadata
+from multigpu.run.checkpoints import find_last_checkpoint
+from multigpu.run.process_groups import end_process_groups
 from multigpu.strategies import FullyShardedStrategy, PipelineStrategy
 
 

@@ -19,7 +19,7 @@ from strategy_training import TinyBlocks
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
 
-from multigpu.process_groups import end_process_groups
+from multigpu.run.process_groups import end_process_groups
 from multigpu.strategies import PipelineStrategy
 from multigpu.strategies.pipeline.layout import SCHEDULES, natural_stages_per_process
 

@@ -23,11 +23,11 @@ from lightning.pytorch.plugins import MixedPrecision
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from multigpu.datasets import SyntheticCIFAR10
-from multigpu.deferred_batch_norm import defer_batch_norm
-from multigpu.lazy_blocks import LazyBlocks, is_materialized
-from multigpu.model import ResNet50Classifier
-from multigpu.process_groups import end_process_groups
+from multigpu.data.cifar10 import SyntheticCIFAR10
+from multigpu.model.classifier import ResNet50Classifier
+from multigpu.model.deferred_batch_norm import defer_batch_norm
+from multigpu.model.lazy_blocks import LazyBlocks, is_materialized
+from multigpu.run.process_groups import end_process_groups
 from multigpu.strategies import (
     DataParallelStrategy,
     FullyShardedStrategy,

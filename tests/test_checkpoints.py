@@ -6,10 +6,10 @@ import pytest
 import torch
 from lightning.pytorch import Trainer
 
-from multigpu.checkpoints import check_checkpoint, resolve_ckpt_path
-from multigpu.data import CIFAR10DataModule
+from multigpu.data.datamodule import CIFAR10DataModule
 from multigpu.errors import UsageError
-from multigpu.model import ResNet50Classifier
+from multigpu.model.classifier import ResNet50Classifier
+from multigpu.run.checkpoints import check_checkpoint, resolve_ckpt_path
 
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
 

@@ -9,9 +9,9 @@ from conftest import DEFAULT_CONFIG, REPO, SMOKE, run_args
 from lightning.fabric.utilities.rank_zero import LightningDeprecationWarning
 from lightning.pytorch.strategies import DDPStrategy
 
-from multigpu.cli import MultiGPUCLI
-from multigpu.data import CIFAR10DataModule
-from multigpu.model import ResNet50Classifier
+from multigpu.cli.lightning_cli import MultiGPUCLI
+from multigpu.data.datamodule import CIFAR10DataModule
+from multigpu.model.classifier import ResNet50Classifier
 from multigpu.strategies import FullyShardedStrategy
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))

@@ -5,7 +5,7 @@ from urllib.error import URLError
 import pytest
 import torch
 
-from multigpu.data import CIFAR10DataModule
+from multigpu.data.datamodule import CIFAR10DataModule
 from multigpu.errors import UsageError
 
 

@@ -7,7 +7,7 @@ from lightning.pytorch import Trainer, seed_everything
 from strategy_training import TinyBlocks
 from torch.utils.data import DataLoader, TensorDataset
 
-from multigpu.model import ResNet50Classifier
+from multigpu.model.classifier import ResNet50Classifier
 from multigpu.strategies import DataParallelStrategy
 from multigpu.strategies.data_parallel import TransparentDataParallel
 

@@ -19,8 +19,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
-from multigpu.data import CIFAR10DataModule
-from multigpu.datasets import CIFAR10_MEAN, CIFAR10_STD
+from multigpu.data.cifar10 import CIFAR10_MEAN, CIFAR10_STD
+from multigpu.data.datamodule import CIFAR10DataModule
 
 IMAGES, BATCH, EPOCHS = 44, 8, 40  # 5 whole batches an epoch: 4 images left out of each, as with drop_last
 CELLS = 9 * 9 * 2  # crop offsets (0..8 each way) and flip

@@ -4,10 +4,10 @@ import torch
 import torch.nn.functional as F
 from conftest import SMOKE, cli_main, run_args
 
-from multigpu.data import CIFAR10DataModule
-from multigpu.datasets import eval_transform
-from multigpu.device_data import DeviceBatches, cifar10_stats, normalize, random_crop_flip
-from multigpu.sampling import ResumableSampler
+from multigpu.data.cifar10 import eval_transform
+from multigpu.data.datamodule import CIFAR10DataModule
+from multigpu.data.on_device import DeviceBatches, cifar10_stats, normalize, random_crop_flip
+from multigpu.data.sampling import ResumableSampler
 
 
 def _module(data_dir, **kwargs) -> CIFAR10DataModule:

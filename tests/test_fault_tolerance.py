@@ -25,7 +25,7 @@ from conftest import (
     write_tiny_cifar10,
 )
 
-from multigpu.checkpoint_io import AtomicCheckpointIO
+from multigpu.run.checkpoint_io import AtomicCheckpointIO
 
 
 def test_an_interrupted_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
@@ -463,7 +463,7 @@ def _torchrun_node(args: list[str], port: int, hosts_rendezvous: bool, log: Path
         )
 
 
-@pytest.mark.internals  # torchrun's c10d rendezvous and the attempts' keys (multigpu.elastic)
+@pytest.mark.internals  # torchrun's c10d rendezvous and the attempts' keys (multigpu.run.elastic)
 def test_torchrun_elastic_run_that_loses_a_node_goes_on_with_the_node_left(tmp_path, resumable):
     """`torchrun --nnodes=1:2` on two loopback "nodes" of one process each, sharing a checkpoint folder, with
     `--data.global_batch_size=8`: ddp over 2 processes with batch 4. At a random moment after the first

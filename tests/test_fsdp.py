@@ -8,9 +8,9 @@ from conftest import HELPERS_ENV, SMOKE, cli_error, cli_main, helper_callback, r
 from lightning.pytorch.plugins import MixedPrecision
 
 from multigpu.errors import UsageError
-from multigpu.model import ResNet50Classifier
+from multigpu.model.classifier import ResNet50Classifier
+from multigpu.model.torchvision_weights import to_torchvision
 from multigpu.strategies import FullyShardedStrategy
-from multigpu.torchvision_weights import to_torchvision
 
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
 

@@ -104,7 +104,7 @@ def test_ddp_trains_as_the_plain_ddp_loop_and_keeps_one_devices_statistics(tmp_p
 
     BatchNorm's running statistics differ from that loop's by design: a plain DDP loop keeps the first
     process's (``broadcast_buffers``), the app keeps those one device makes running the step's micro-batches in
-    order (``multigpu.step_batch_norm``). So the app is also held against the plain loop on one process that
+    order (``multigpu.model.step_batch_norm``). So the app is also held against the plain loop on one process that
     accumulates the two micro-batches: its parameters and its running statistics."""
     app = train_app(tmp_path, data, "--data.batch_size=4", "--trainer.strategy=ddp", "--trainer.devices=2")
     init = initial_weights(app)

@@ -1,6 +1,6 @@
 import pytest
 
-from multigpu.lr_schedule import scaled_lr, warmup_cosine
+from multigpu.model.lr_schedule import scaled_lr, warmup_cosine
 
 
 def test_lr_scales_linearly_with_the_global_batch():

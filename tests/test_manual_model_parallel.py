@@ -12,9 +12,9 @@ from torch import nn
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
-from multigpu.datasets import SyntheticCIFAR10
+from multigpu.data.cifar10 import SyntheticCIFAR10
 from multigpu.errors import UsageError
-from multigpu.model import ResNet50Classifier
+from multigpu.model.classifier import ResNet50Classifier
 from multigpu.strategies import ManualModelParallelStrategy
 
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too

@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import DEFAULT_CONFIG, HELPERS_ENV, REPO, SMOKE, free_port, helper_callback, run_args
 
-from multigpu.cli import MultiGPUCLI
+from multigpu.cli.lightning_cli import MultiGPUCLI
 
 TESTS = Path(__file__).parent
 

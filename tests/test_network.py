@@ -4,7 +4,7 @@ import torchvision
 from torch import nn
 from torchvision.models.resnet import Bottleneck
 
-from multigpu.network import NUM_BLOCKS, resnet50_blocks
+from multigpu.model.resnet import NUM_BLOCKS, resnet50_blocks
 
 
 def test_network_is_stem_sixteen_bottlenecks_in_halves_and_head():
@@ -47,7 +47,7 @@ def test_blocks_applied_one_by_one_equal_the_whole_network():
 
 
 def test_channels_last_model_keeps_the_format_and_the_result():
-    from multigpu.model import ResNet50Classifier
+    from multigpu.model.classifier import ResNet50Classifier
 
     torch.manual_seed(0)
     plain = ResNet50Classifier().eval()

@@ -3,8 +3,8 @@ import torch
 from torch import nn
 
 from multigpu.errors import UsageError
-from multigpu.network import resnet50_blocks
-from multigpu.partition import (
+from multigpu.model.resnet import resnet50_blocks
+from multigpu.strategies.partition import (
     balance_by_cost,
     block_times,
     check_balance,

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import SMOKE, cli_error, cli_main, run_args, run_cli
 
-from multigpu.deferred_batch_norm import defer_batch_norm
+from multigpu.model.deferred_batch_norm import defer_batch_norm
 
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
 

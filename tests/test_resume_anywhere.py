@@ -12,11 +12,11 @@ from conftest import ABORTED_AT_EXIT, HELPERS_ENV, REPO, cli_error
 from helpers import trained_steps
 from torch import nn
 
-from multigpu.checkpoints import count_steps_as_done
-from multigpu.data import CIFAR10DataModule
-from multigpu.replicas import accumulation_for
-from multigpu.sampling import EpochPlan, ResumableSampler
-from multigpu.step_batch_norm import commit_step_statistics, record_step_statistics
+from multigpu.data.datamodule import CIFAR10DataModule
+from multigpu.data.sampling import EpochPlan, ResumableSampler
+from multigpu.model.step_batch_norm import commit_step_statistics, record_step_statistics
+from multigpu.run.checkpoints import count_steps_as_done
+from multigpu.run.replicas import accumulation_for
 
 SAMPLES = list(range(40))
 

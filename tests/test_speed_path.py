@@ -12,9 +12,9 @@ from lightning.fabric.utilities.throughput import measure_flops
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
-from multigpu.lazy_blocks import LazyBlocks
-from multigpu.model import ResNet50Classifier
-from multigpu.network import resnet50_block_factories
+from multigpu.model.classifier import ResNet50Classifier
+from multigpu.model.lazy_blocks import LazyBlocks
+from multigpu.model.resnet import resnet50_block_factories
 
 # TorchDynamo captures the network, and runs the captured graphs as they are: the wiring of
 # torch.compile under test, without minutes of C++ code generation on this CPU.

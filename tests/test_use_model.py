@@ -12,10 +12,10 @@ import torchvision
 from conftest import SMOKE, cli_main, run_args, run_cli
 from PIL import Image
 
-from multigpu.checkpoints import check_checkpoint
-from multigpu.datasets import CIFAR10_CLASSES
-from multigpu.export import TOLERANCE, network_of
-from multigpu.torchvision_weights import cifar_stem
+from multigpu.data.cifar10 import CIFAR10_CLASSES
+from multigpu.model.torchvision_weights import cifar_stem
+from multigpu.run.checkpoints import check_checkpoint
+from multigpu.trained.export import TOLERANCE, network_of
 
 
 @pytest.fixture(scope="module")

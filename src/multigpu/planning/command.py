@@ -11,7 +11,7 @@ what would not fit. It times each block on the first device (``profile``), balan
 layouts by those times, measures the links between the devices (``links``) and predicts each
 layout's images per second (``prediction``). Then it trains, in fresh processes through
 ``main.py fit`` on synthetic data of CIFAR-10's shape, the reference (one device) and the best
-predicted layouts (``ranking``), timing repeated windows of steps (``multigpu.timed_runs``, as
+predicted layouts (``ranking``), timing repeated windows of steps (``multigpu.planning.timed_runs``, as
 the benchmarks do), and picks the simplest of the layouts tied with the fastest (``report``).
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 from lightning.pytorch.cli import LightningArgumentParser
 from typing_extensions import override
 
-from multigpu.cli import MultiGPUCLI
+from multigpu.cli.lightning_cli import MultiGPUCLI
 from multigpu.errors import UsageError
 from multigpu.planning.layouts import Refusal, candidate_layouts
 from multigpu.planning.links import measure_links

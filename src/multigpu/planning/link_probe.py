@@ -19,7 +19,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
-from multigpu.process_groups import end_process_groups
+from multigpu.run.process_groups import end_process_groups
 
 __all__ = ["REPEATS", "SIZES", "probe_pass"]
 

@@ -8,13 +8,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from multigpu.errors import UsageError
-from multigpu.partition import balance_by_cost
 from multigpu.planning.layouts import Layout, Refusal
 from multigpu.planning.options import without_plan_options
 from multigpu.planning.profile import BlockProfile
 from multigpu.planning.ranking import Outcome
 from multigpu.planning.selection import Setting
-from multigpu.timed_runs import RunFailed, fit_command, run, step_timer
+from multigpu.planning.timed_runs import RunFailed, fit_command, run, step_timer
+from multigpu.strategies.partition import balance_by_cost
 
 __all__ = ["LAYOUT_TIMEOUT_S", "balanced", "measure"]
 

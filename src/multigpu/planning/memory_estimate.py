@@ -25,11 +25,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from multigpu.lazy_blocks import LazyBlocks
-from multigpu.model import IMAGE_SHAPE
-from multigpu.network import Stem, resnet50_block_factories
-from multigpu.partition import stage_ranges
+from multigpu.model.classifier import IMAGE_SHAPE
+from multigpu.model.lazy_blocks import LazyBlocks
+from multigpu.model.resnet import Stem, resnet50_block_factories
 from multigpu.planning.layouts import Layout
+from multigpu.strategies.partition import stage_ranges
 
 __all__ = ["BlockMemory", "block_memory", "estimate"]
 

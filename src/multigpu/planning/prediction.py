@@ -24,12 +24,12 @@ With activation recomputation each backward pass also runs its block's forward p
 
 from collections.abc import Callable, Sequence
 
-from multigpu.partition import stage_ranges
 from multigpu.planning.layouts import Layout
 from multigpu.planning.links import Links
 from multigpu.planning.memory_estimate import BlockMemory
 from multigpu.planning.pipeline_simulation import simulate_step
 from multigpu.planning.profile import BlockProfile
+from multigpu.strategies.partition import stage_ranges
 
 __all__ = ["predict"]
 

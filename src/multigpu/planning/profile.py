@@ -16,11 +16,11 @@ from dataclasses import dataclass
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 
-from multigpu.lazy_blocks import LazyBlocks
-from multigpu.model import IMAGE_SHAPE
-from multigpu.partition import block_pass_times
+from multigpu.model.classifier import IMAGE_SHAPE
+from multigpu.model.lazy_blocks import LazyBlocks
+from multigpu.planning.timed_runs import synchronize
 from multigpu.strategies.block_measures import micro_batch_refusal
-from multigpu.timed_runs import synchronize
+from multigpu.strategies.partition import block_pass_times
 
 __all__ = ["CPU_IMAGES", "BlockProfile", "PassTimes", "cores", "precision_plugin", "threads_per_process"]
 

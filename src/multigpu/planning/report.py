@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from multigpu.bar_chart import write_bar_chart
+from multigpu.planning.bar_chart import write_bar_chart
 from multigpu.planning.layouts import Refusal
 from multigpu.planning.ranking import REFERENCE, Outcome, choice, ranked, tied
 

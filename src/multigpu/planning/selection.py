@@ -5,14 +5,14 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from multigpu.data import CIFAR10DataModule
-from multigpu.lazy_blocks import LazyBlocks
-from multigpu.network import Stem, resnet50_block_factories
+from multigpu.cli.trainer_options import accelerator_name, device_request
+from multigpu.data.datamodule import CIFAR10DataModule
+from multigpu.model.lazy_blocks import LazyBlocks
+from multigpu.model.resnet import Stem, resnet50_block_factories
 from multigpu.planning.layouts import Layout, Refusal
 from multigpu.planning.memory_estimate import BlockMemory, block_memory, estimate
 from multigpu.planning.profile import BlockProfile, precision_plugin
 from multigpu.planning.resources import resident_bytes
-from multigpu.trainer_options import accelerator_name, device_request
 
 __all__ = ["MIB", "Setting", "choose", "fits", "setting_of"]
 

@@ -10,7 +10,7 @@ from lightning.pytorch.strategies import Strategy
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from multigpu.partition import block_times
+from multigpu.strategies.partition import block_times
 
 __all__ = ["block_times_in", "micro_batch_refusal", "time_blocks"]
 

@@ -25,9 +25,9 @@ from typing_extensions import override
 
 from multigpu.compat import set_default_process_group_backend
 from multigpu.errors import UsageError
-from multigpu.partition import BalanceBy, choose_balance, split_table, stage_ranges
 from multigpu.strategies.block_measures import time_blocks
 from multigpu.strategies.network_lookup import block_sequence
+from multigpu.strategies.partition import BalanceBy, choose_balance, split_table, stage_ranges
 from multigpu.strategies.split_network import SplitNetworkStrategy
 
 __all__ = ["ManualModelParallelStrategy"]

@@ -2,7 +2,7 @@
 
 Each block of ``pl_module.net`` goes straight to the device of its stage, or to none in
 a process that does not hold its stage: a network built as ``LazyBlocks`` is
-materialised block by block in ``configure_model`` (see ``multigpu.lazy_blocks``),
+materialised block by block in ``configure_model`` (see ``multigpu.model.lazy_blocks``),
 and any other network is moved block by block, its foreign blocks to the meta device.
 The whole network is never on one device, and optimizer state exists only for the
 parameters a process holds.
@@ -19,7 +19,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from multigpu.compat import without_child
-from multigpu.lazy_blocks import is_materialized, placed
+from multigpu.model.lazy_blocks import is_materialized, placed
 from multigpu.strategies.network_lookup import block_sequence
 
 __all__ = ["SplitNetworkStrategy"]

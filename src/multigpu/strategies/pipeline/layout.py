@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle, get_schedule_class
 
 from multigpu.errors import UsageError
-from multigpu.partition import stage_ranges
+from multigpu.strategies.partition import stage_ranges
 
 __all__ = ["SCHEDULES", "PipelineLayout", "check_options", "natural_stages_per_process", "schedule_class"]
 

@@ -4,9 +4,9 @@ from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 
 from multigpu.errors import UsageError
-from multigpu.partition import BalanceBy, check_stage_count, choose_balance
 from multigpu.strategies.block_measures import micro_batch_refusal
 from multigpu.strategies.network_lookup import block_sequence
+from multigpu.strategies.partition import BalanceBy, check_stage_count, choose_balance
 
 __all__ = ["pipeline_blocks", "refuse_untrainable_micro_batches"]
 

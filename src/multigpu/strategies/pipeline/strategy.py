@@ -13,11 +13,11 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from multigpu.compat import layer_sync
-from multigpu.deferred_batch_norm import defer_batch_norm
 from multigpu.errors import UsageError
-from multigpu.partition import BalanceBy, choose_balance, split_table
+from multigpu.model.deferred_batch_norm import defer_batch_norm
 from multigpu.strategies.block_measures import time_blocks
 from multigpu.strategies.network_lookup import block_sequence
+from multigpu.strategies.partition import BalanceBy, choose_balance, split_table
 from multigpu.strategies.pipeline.checkpoints import gather_optimizer_state, gather_state_dict
 from multigpu.strategies.pipeline.gradients import average_between_replicas, micro_batch_loss, over_stages
 from multigpu.strategies.pipeline.layout import PipelineLayout, check_options

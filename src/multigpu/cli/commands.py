@@ -1,6 +1,6 @@
 """``main.py``'s commands: ``plan``, ``export``, or one of the training CLI's, each with the same error handling.
 
-Both sides build on ``multigpu.cli``; neither imports the other.
+Both sides build on ``multigpu.cli.lightning_cli``; neither imports the other.
 """
 
 import sys
@@ -11,18 +11,18 @@ from pathlib import Path
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities import rank_zero_info
 
-from multigpu.cli import MultiGPUCLI
-from multigpu.elastic import separate_restart_attempts
+from multigpu.cli.lightning_cli import MultiGPUCLI
 from multigpu.errors import RunFinished, UsageError
-from multigpu.export import export
 from multigpu.planning.command import plan
-from multigpu.process_groups import end_process_groups
+from multigpu.run.elastic import separate_restart_attempts
+from multigpu.run.process_groups import end_process_groups
+from multigpu.trained.export import export
 
 __all__ = ["main"]
 
 
 def main(args: list[str] | None = None, default_config_files: Sequence[str | Path] = ()) -> None:
-    """Run ``main.py``'s command: ``plan`` (``multigpu.planning``), ``export`` (``multigpu.export``), or one of
+    """Run ``main.py``'s command: ``plan`` (``multigpu.planning``), ``export`` (``multigpu.trained.export``), or one of
     LightningCLI's (``fit``, ``validate``,
     ``test``, ``predict``); a bad request ends with one ``error: ...`` line and exit status 2."""
     separate_restart_attempts()

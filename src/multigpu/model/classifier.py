@@ -1,7 +1,7 @@
-"""``ResNet50Classifier``: the LightningModule that trains the network of ``network.py``.
+"""``ResNet50Classifier``: the LightningModule that trains the network of ``resnet.py``.
 
 It holds the loss, the metrics and the optimizer. The network itself is the plain
-``nn.Sequential`` in ``self.net`` (see ``multigpu.network`` for its block layout);
+``nn.Sequential`` in ``self.net`` (see ``multigpu.model.resnet`` for its block layout);
 strategies may move or wrap ``self.net`` but touch nothing else here.
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 from lightning.fabric.utilities.throughput import measure_flops
-from lightning.pytorch import LightningModule
+from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_deprecation, rank_zero_info
 from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
@@ -21,15 +21,15 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
-from multigpu.compat import layer_sync
 from multigpu.errors import UsageError, check_at_least
-from multigpu.lazy_blocks import LazyBlocks
-from multigpu.lr_schedule import scaled_lr, warmup_cosine
-from multigpu.network import Stem, resnet50_block_factories
-from multigpu.recomputation import recompute_blocks
-from multigpu.replicas import data_parallel_rank, data_parallel_size, forward_chunks, replica_group
-from multigpu.step_batch_norm import commit_step_statistics, record_step_statistics
-from multigpu.torchvision_weights import load_torchvision_weights
+from multigpu.model.lazy_blocks import LazyBlocks
+from multigpu.model.lr_schedule import scaled_lr, warmup_cosine
+from multigpu.model.recomputation import recompute_blocks
+from multigpu.model.resnet import Stem, resnet50_block_factories
+from multigpu.model.step_batch_norm import record_step_statistics
+from multigpu.model.torchvision_weights import load_torchvision_weights
+from multigpu.run.replica_statistics import ReplicaStatistics, records_step_statistics, step_statistics_slots
+from multigpu.run.replicas import data_parallel_size
 
 __all__ = [
     "IMAGE_SHAPE",
@@ -113,7 +113,7 @@ class ResNet50Classifier(LightningModule):
         label_smoothing: label smoothing of the cross-entropy loss.
         channels_last: keep the network and its inputs in channels-last memory format.
         recompute_activations: recompute each block's forward pass during the backward pass
-            instead of keeping its activations (``multigpu.recomputation``; torch calls it activation
+            instead of keeping its activations (``multigpu.model.recomputation``; torch calls it activation
             checkpointing), under every strategy: same gradients, less activation memory, about one
             more forward pass.
         compile: run the network through ``torch.compile``: ``true``, or a mapping of its
@@ -178,9 +178,8 @@ class ResNet50Classifier(LightningModule):
         self.net.materialize()
         if self.hparams.init_from and self._starts_training():
             rank_zero_info(load_torchvision_weights(self.net, self.hparams.init_from))
-        if self._replicated():
-            trainer = self.trainer
-            record_step_statistics(self.net, slots=trainer.accumulate_grad_batches * forward_chunks(trainer))
+        if (trainer := self._trainer_if_any()) is not None and records_step_statistics(trainer):
+            record_step_statistics(self.net, slots=step_statistics_slots(trainer))
         if self.hparams.channels_last:
             self.net.to(memory_format=torch.channels_last)
         if self.hparams.recompute_activations:
@@ -191,32 +190,20 @@ class ResNet50Classifier(LightningModule):
             self.net.compile(**{"dynamic": False, **options})  # in place: the state dict keeps its names
             self._compiled = True
 
+    def _trainer_if_any(self) -> Trainer | None:
+        try:
+            return self.trainer
+        except RuntimeError:  # built outside a Trainer
+            return None
+
     def _starts_training(self) -> bool:
         """Whether this is a new training run (not a resumed one, nor evaluation)."""
-        try:
-            trainer = self.trainer
-        except RuntimeError:  # no trainer
-            return False
-        return trainer.state.fn == TrainerFn.FITTING and trainer.ckpt_path is None
-
-    def _replicated(self) -> bool:
-        """Whether this training runs replicas, each of which sees its own micro-batches of each step (and no
-        ``SyncBatchNorm`` normalises over all of them): BatchNorm's running statistics then come from
-        ``multigpu.step_batch_norm``, as one device's would."""
-        try:
-            trainer = self.trainer
-        except RuntimeError:  # no trainer
-            return False
-        fitting = trainer.state.fn == TrainerFn.FITTING
-        return fitting and data_parallel_size(trainer) > 1 and layer_sync(trainer.strategy) is None
+        trainer = self._trainer_if_any()
+        return trainer is not None and trainer.state.fn == TrainerFn.FITTING and trainer.ckpt_path is None
 
     @override
-    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        trainer = self.trainer
-        replicas = data_parallel_size(trainer)
-        if replicas > 1:
-            rank = data_parallel_rank(trainer)
-            commit_step_statistics(self.net, replicas, rank, forward_chunks(trainer), replica_group(trainer))
+    def configure_callbacks(self) -> list[Callback]:
+        return [ReplicaStatistics()]  # BatchNorm's statistics over replicas: the callback talks to the others
 
     def training_flops_per_image(self) -> int:
         """FLOPs of the forward and backward pass of one training image, counted with torch's flop

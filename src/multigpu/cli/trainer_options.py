@@ -12,7 +12,7 @@ from lightning.pytorch.accelerators import AcceleratorRegistry, CUDAAccelerator,
 from lightning.pytorch.strategies import StrategyRegistry
 
 from multigpu.errors import UsageError, check_at_least
-from multigpu.model import LR_SCHEDULE_NEEDS_AN_END
+from multigpu.model.classifier import LR_SCHEDULE_NEEDS_AN_END
 
 __all__ = ["accelerator_name", "check_trainer_options", "device_request"]
 

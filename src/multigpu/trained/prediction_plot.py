@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from multigpu.datasets import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
+from multigpu.data.cifar10 import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
 
 __all__ = ["plot_predictions"]
 

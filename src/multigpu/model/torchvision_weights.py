@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from multigpu.errors import UsageError
-from multigpu.network import LAYERS
+from multigpu.model.resnet import LAYERS
 
 __all__ = ["cifar_stem", "from_torchvision", "load_torchvision_weights", "to_torchvision"]
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import DistributedSampler
 
-from multigpu.datasets import CIFAR10_MEAN, CIFAR10_STD, ImageTensorDataset
+from multigpu.data.cifar10 import CIFAR10_MEAN, CIFAR10_STD, ImageTensorDataset
 
 __all__ = ["DeviceBatches", "cifar10_stats", "normalize", "random_crop_flip"]
 

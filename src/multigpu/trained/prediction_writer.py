@@ -19,9 +19,9 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from multigpu.datasets import CIFAR10_CLASSES
+from multigpu.data.cifar10 import CIFAR10_CLASSES
 from multigpu.errors import check_at_least
-from multigpu.prediction_plot import plot_predictions
+from multigpu.trained.prediction_plot import plot_predictions
 
 __all__ = ["PredictionWriter", "class_name"]
 

@@ -15,7 +15,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
-from multigpu.datasets import eval_transform
+from multigpu.data.cifar10 import eval_transform
 from multigpu.errors import UsageError
 
 __all__ = ["IMAGE_SUFFIXES", "ImageFiles", "Indexed"]

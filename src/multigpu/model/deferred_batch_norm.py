@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from multigpu.compat import AnyDimBatchNorm, BatchNormBase
-from multigpu.recomputation import is_recomputing
+from multigpu.model.recomputation import is_recomputing
 
 __all__ = ["DeferredBatchNorm", "defer_batch_norm", "replace_batch_norm"]
 

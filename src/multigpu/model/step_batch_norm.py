@@ -6,7 +6,7 @@ which adds up to ``(1 - m)^M rm + sum_i m (1 - m)^(M-1-i) x_i`` (likewise for th
 ``1 / tracked`` in place of ``m`` for a cumulative average). Replicas that each run some of those
 micro-batches would each keep only their own (and DDP keeps the first process's). Here every
 replica records its micro-batches' statistics, weighted by their places in the global batch
-(``multigpu.sampling`` says which micro-batch is which), the weighted sums are all-reduced once
+(``multigpu.data.sampling`` says which micro-batch is which), the weighted sums are all-reduced once
 per step, and every replica applies the same update: running statistics that do not depend on
 how many processes computed the step (the order of the sums aside).
 
@@ -22,8 +22,8 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from multigpu.compat import AnyDimBatchNorm
-from multigpu.deferred_batch_norm import replace_batch_norm
-from multigpu.recomputation import is_recomputing
+from multigpu.model.deferred_batch_norm import replace_batch_norm
+from multigpu.model.recomputation import is_recomputing
 
 __all__ = ["StepBatchNorm", "commit_step_statistics", "record_step_statistics"]
 
@@ -46,7 +46,7 @@ class StepBatchNorm(AnyDimBatchNorm):
             return super().forward(input)
         # With a momentum of 1, BatchNorm's update leaves the batch's mean and unbiased variance in the buffers.
         # A recomputation runs the same operation (torch.utils.checkpoint checks it) but records nothing: its first
-        # pass was recorded, and the buffers come out of it as they went in (``multigpu.recomputation``).
+        # pass was recorded, and the buffers come out of it as they went in (``multigpu.model.recomputation``).
         output = F.batch_norm(input, self._batch[0], self._batch[1], self.weight, self.bias, True, 1.0, self.eps)
         if not is_recomputing():
             with torch.no_grad():

@@ -15,7 +15,6 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
-from multigpu.checkpoints import count_steps_as_done
 from multigpu.compat import (
     launches_subprocesses,
     save_last_checkpoint,
@@ -23,7 +22,8 @@ from multigpu.compat import (
     stop_after_this_step_as_on_sigterm,
 )
 from multigpu.errors import UsageError
-from multigpu.replicas import data_parallel_size, forward_chunks
+from multigpu.run.checkpoints import count_steps_as_done
+from multigpu.run.replicas import data_parallel_size, forward_chunks
 
 __all__ = ["CheckpointOnSigterm", "LastCheckpoint", "RunMetadata", "StopAllProcessesOnError", "ThroughputSummary"]
 

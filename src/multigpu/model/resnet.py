@@ -29,7 +29,7 @@ from typing import Literal
 from torch import Tensor, nn
 from torchvision.models.resnet import Bottleneck, conv1x1, conv3x3
 
-from multigpu.lazy_blocks import BlockFactory, LazyBlocks
+from multigpu.model.lazy_blocks import BlockFactory, LazyBlocks
 
 __all__ = [
     "LAYERS",

@@ -21,24 +21,29 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from multigpu.callbacks import (
+from multigpu.cli.trainer_options import check_trainer_options
+from multigpu.compat import CheckpointPathCLI
+from multigpu.data.datamodule import CIFAR10DataModule
+from multigpu.errors import RunFinished, UsageError, check_at_least
+from multigpu.model.classifier import (
+    ResNet50Classifier,
+    check_recipe,
+    renamed_recompute_option,
+    warn_old_recompute_option,
+)
+from multigpu.run.callbacks import (
     CheckpointOnSigterm,
     LastCheckpoint,
     RunMetadata,
     StopAllProcessesOnError,
     ThroughputSummary,
 )
-from multigpu.checkpoint_io import AtomicCheckpointIO
-from multigpu.checkpoints import check_model_options, finished_training, resolve_ckpt_path
-from multigpu.compat import CheckpointPathCLI
-from multigpu.data import CIFAR10DataModule
-from multigpu.elastic import torchrun_node_count
-from multigpu.errors import RunFinished, UsageError, check_at_least
-from multigpu.model import ResNet50Classifier, check_recipe, renamed_recompute_option, warn_old_recompute_option
-from multigpu.prediction_writer import PredictionWriter
-from multigpu.replicas import accumulation_for, data_parallel_size
+from multigpu.run.checkpoint_io import AtomicCheckpointIO
+from multigpu.run.checkpoints import check_model_options, finished_training, resolve_ckpt_path
+from multigpu.run.elastic import torchrun_node_count
+from multigpu.run.replicas import accumulation_for, data_parallel_size
 from multigpu.strategies import FullyShardedStrategy, name_to_class_path
-from multigpu.trainer_options import check_trainer_options
+from multigpu.trained.prediction_writer import PredictionWriter
 
 __all__ = ["MultiGPUCLI"]
 

@@ -21,7 +21,7 @@ import torch
 from lightning.pytorch import Callback
 from typing_extensions import override
 
-from multigpu.replicas import data_parallel_size
+from multigpu.run.replicas import data_parallel_size
 from multigpu.strategies import DataParallelStrategy
 
 __all__ = [
@@ -138,7 +138,7 @@ class StepTimer(Callback):
 def step_timer(warmup: int, out: Path, window: int | None = None) -> list[str]:
     """The ``fit`` options that add a ``StepTimer``."""
     return [
-        "--trainer.callbacks+=multigpu.timed_runs.StepTimer",
+        "--trainer.callbacks+=multigpu.planning.timed_runs.StepTimer",
         f"--trainer.callbacks.warmup={warmup}",
         f"--trainer.callbacks.out={out}",
         *([f"--trainer.callbacks.window={window}"] if window else []),

@@ -15,7 +15,7 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor, nn
 
 from multigpu.errors import UsageError
-from multigpu.lazy_blocks import LazyBlocks
+from multigpu.model.lazy_blocks import LazyBlocks
 
 __all__ = [
     "BalanceBy",

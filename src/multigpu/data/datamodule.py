@@ -7,8 +7,7 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from typing_extensions import override
 
-from multigpu.checkpoints import next_position
-from multigpu.datasets import (
+from multigpu.data.cifar10 import (
     ImageTensorDataset,
     SyntheticCIFAR10,
     ensure_cifar10,
@@ -17,11 +16,12 @@ from multigpu.datasets import (
     synthetic_images,
     train_transform,
 )
-from multigpu.device_data import DeviceBatches
+from multigpu.data.image_files import ImageFiles, Indexed
+from multigpu.data.on_device import DeviceBatches
+from multigpu.data.sampling import EpochPlan, ResumableSampler
 from multigpu.errors import UsageError, check_at_least
-from multigpu.predict_data import ImageFiles, Indexed
-from multigpu.replicas import data_parallel_rank, data_parallel_size
-from multigpu.sampling import EpochPlan, ResumableSampler
+from multigpu.run.checkpoints import next_position
+from multigpu.run.replicas import data_parallel_rank, data_parallel_size
 
 __all__ = ["CIFAR10DataModule", "node_local_rank"]
 
@@ -62,16 +62,16 @@ class CIFAR10DataModule(LightningDataModule):
         synthetic_size: training images per epoch with ``synthetic``; validation, test and
             predict get a quarter of it.
         shuffle_seed: seed of the training set's per-epoch shuffle and of each sample's random
-            augmentation (see ``multigpu.sampling``). Default: the run's ``seed_everything``, so that runs
+            augmentation (see ``multigpu.data.sampling``). Default: the run's ``seed_everything``, so that runs
             with other seeds also see the images in other orders, augmented otherwise, as a plain
             ``DataLoader(shuffle=True)`` does. A checkpoint records the seed its run used, and a run resumed
             from it, even one written mid-epoch and resumed on another layout, goes on with that seed: it sees
             the same images, augmented the same way, as a run never stopped.
         on_device: keep the whole dataset (uint8) on the training device and crop, flip and
-            normalise whole batches there, without loader workers (see ``multigpu.device_data``).
+            normalise whole batches there, without loader workers (see ``multigpu.data.on_device``).
             Each rank reads the same shard of the same per-epoch shuffle as without it.
         predict_dir: ``predict`` reads the PNG and JPEG images under this folder, of any size, instead of
-            the test split (``multigpu.predict_data``); CIFAR-10 need not be on disk then.
+            the test split (``multigpu.data.image_files``); CIFAR-10 need not be on disk then.
     """
 
     num_classes = 10

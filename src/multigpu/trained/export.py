@@ -29,13 +29,13 @@ from lightning.pytorch.cli import LightningArgumentParser
 from torch import nn
 from typing_extensions import override
 
-from multigpu.checkpoints import resolve_ckpt_path
-from multigpu.cli import MultiGPUCLI
+from multigpu.cli.lightning_cli import MultiGPUCLI
 from multigpu.errors import UsageError
-from multigpu.lazy_blocks import LazyBlocks
-from multigpu.model import IMAGE_SHAPE
-from multigpu.network import resnet50_block_factories
-from multigpu.torchvision_weights import cifar_stem, to_torchvision
+from multigpu.model.classifier import IMAGE_SHAPE
+from multigpu.model.lazy_blocks import LazyBlocks
+from multigpu.model.resnet import resnet50_block_factories
+from multigpu.model.torchvision_weights import cifar_stem, to_torchvision
+from multigpu.run.checkpoints import resolve_ckpt_path
 
 __all__ = ["TOLERANCE", "export", "network_of", "torchvision_model"]
 

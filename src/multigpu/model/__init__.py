@@ -1,0 +1,22 @@
+"""The model: the LightningModule, the network as a sequence of blocks, and what changes how blocks compute.
+
+classifier            ResNet50Classifier: the loss, the metrics, the optimizer and its schedule (``--model.*``)
+resnet                torchvision's ResNet-50 as a flat sequence of blocks
+lazy_blocks           blocks built one at a time, each where a strategy places it, from its own seed
+lr_schedule           the learning rate's scaling, warm-up and cosine decay
+recomputation         activations recomputed in the backward pass (``--model.recompute_activations``)
+deferred_batch_norm   BatchNorm statistics updated once per mini-batch of micro-batches (the pipeline)
+step_batch_norm       BatchNorm statistics of replicas, as one device would make them
+torchvision_weights   our parameter names against torchvision's (``--model.init_from``, ``export``)
+"""
+
+__all__ = [
+    "classifier",
+    "deferred_batch_norm",
+    "lazy_blocks",
+    "lr_schedule",
+    "recomputation",
+    "resnet",
+    "step_batch_norm",
+    "torchvision_weights",
+]

@@ -1,0 +1,43 @@
+"""BatchNorm's running statistics when replicas train: those one device would keep (``multigpu.model.step_batch_norm``).
+
+The LightningModule asks ``records_step_statistics(trainer)`` whether to record them when it builds its network,
+and gets ``ReplicaStatistics`` from its ``configure_callbacks``, so that any Trainer it runs in commits them: one
+all-reduce a step, over the replicas that hold the same layers. The module itself talks to no other process.
+"""
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.trainer.states import TrainerFn
+from typing_extensions import override
+
+from multigpu.compat import layer_sync
+from multigpu.model.step_batch_norm import commit_step_statistics
+from multigpu.run.replicas import data_parallel_rank, data_parallel_size, forward_chunks, replica_group
+
+__all__ = ["ReplicaStatistics", "records_step_statistics", "step_statistics_slots"]
+
+
+def records_step_statistics(trainer: Trainer) -> bool:
+    """Whether this training runs replicas, each of which sees its own micro-batches of each step, and no
+    ``SyncBatchNorm`` normalises over all of them: BatchNorm's running statistics are then recorded per
+    micro-batch and committed each step, as one device's would be."""
+    fitting = trainer.state.fn == TrainerFn.FITTING
+    return fitting and data_parallel_size(trainer) > 1 and layer_sync(trainer.strategy) is None
+
+
+def step_statistics_slots(trainer: Trainer) -> int:
+    """The forward passes of one replica in a step: the records each BatchNorm layer keeps room for."""
+    return trainer.accumulate_grad_batches * forward_chunks(trainer)
+
+
+class ReplicaStatistics(Callback):
+    """Commits the step's BatchNorm statistics of every replica before the optimizer step (one all-reduce)."""
+
+    @override
+    def on_before_optimizer_step(
+        self, trainer: Trainer, pl_module: LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        replicas = data_parallel_size(trainer)
+        if replicas > 1:
+            rank, chunks = data_parallel_rank(trainer), forward_chunks(trainer)
+            commit_step_statistics(pl_module.net, replicas, rank, chunks, replica_group(trainer))

@@ -1,0 +1,8 @@
+"""The trained model: ``predict``'s CSV and picture, and ``export`` to torchvision, TorchScript or ONNX.
+
+prediction_writer   predictions.csv and the summary line
+prediction_plot     predictions.png
+export              the checkpoint's network for code that knows torchvision but not this project
+"""
+
+__all__ = ["export", "prediction_plot", "prediction_writer"]
