@@ -5,9 +5,10 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, write_tiny_cifar10
+from helpers import REPO, write_tiny_cifar10
 
 
+@pytest.mark.slow
 def test_throughput_harness_prints_its_table_and_writes_json_and_chart(tmp_path):
     command = [
         sys.executable,
@@ -37,6 +38,7 @@ def test_throughput_harness_prints_its_table_and_writes_json_and_chart(tmp_path)
     assert (tmp_path / "throughput.png").read_bytes().startswith(b"\x89PNG")
 
 
+@pytest.mark.slow
 def test_unknown_configuration_is_refused_with_the_way_out(tmp_path):
     command = [sys.executable, str(REPO / "benchmarks" / "throughput.py"), "--configs", "nope", f"--out={tmp_path}"]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
@@ -44,6 +46,7 @@ def test_unknown_configuration_is_refused_with_the_way_out(tmp_path):
     assert result.stderr.strip() == "error: unknown configuration 'nope'; --list shows them all."
 
 
+@pytest.mark.slow
 def test_memory_harness_counts_what_each_pipeline_stage_and_each_fsdp_process_holds(tmp_path):
     command = [
         sys.executable,
@@ -75,6 +78,7 @@ def test_memory_harness_counts_what_each_pipeline_stage_and_each_fsdp_process_ho
     assert sum(held(shard) for shard in shards) >= held(whole)
 
 
+@pytest.mark.slow
 def test_pipeline_benchmark_prints_where_each_process_spends_its_time(tmp_path):
     command = [
         sys.executable,
@@ -102,6 +106,7 @@ def test_pipeline_benchmark_prints_where_each_process_spends_its_time(tmp_path):
     assert (tmp_path / "pipeline_efficiency.png").read_bytes().startswith(b"\x89PNG")
 
 
+@pytest.mark.slow
 def test_plan_accuracy_sets_each_prediction_against_its_measurement(tmp_path):
     def row(layout, predicted, windows):
         return {"layout": layout, "predicted": predicted, "images_per_s": sorted(windows)[1], "interval": windows}
@@ -128,6 +133,7 @@ def test_plan_accuracy_sets_each_prediction_against_its_measurement(tmp_path):
     assert (tmp_path / "plan_accuracy.png").read_bytes().startswith(b"\x89PNG")
 
 
+@pytest.mark.slow
 def test_learning_benchmark_pairs_the_app_with_the_plain_loop_and_reports_the_difference(tmp_path):
     data = write_tiny_cifar10(tmp_path / "cifar", per_batch=8, test=8)
     command = [

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SMOKE, cli_main, run_args, run_cli
+from helpers import SMOKE, cli_main, run_args, run_cli
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
@@ -22,6 +22,7 @@ def _scalars(log_dir: Path) -> dict[str, list[int]]:
     return steps
 
 
+@pytest.mark.slow
 def test_fit_writes_checkpoints_tensorboard_and_config_then_resumes_the_same_run(tmp_path):
     first = run_cli("fit", "--config", SMOKE, *run_args(tmp_path))
     assert first.returncode == 0, first.stdout
@@ -48,6 +49,7 @@ def test_fit_writes_checkpoints_tensorboard_and_config_then_resumes_the_same_run
     assert sorted(_scalars(log_dir)["train/loss"]) == list(range(8))
 
 
+@pytest.mark.slow
 def test_ckpt_path_last_without_a_checkpoint_starts_from_scratch(tmp_path):
     result = run_cli("fit", "--config", SMOKE, *run_args(tmp_path), "--ckpt_path=last")
     assert result.returncode == 0, result.stdout
@@ -55,6 +57,7 @@ def test_ckpt_path_last_without_a_checkpoint_starts_from_scratch(tmp_path):
     assert (tmp_path / "checkpoints" / "test" / "last.ckpt").is_file()
 
 
+@pytest.mark.slow
 def test_help_and_print_config():
     assert run_cli("--help").returncode == 0
     printed = run_cli("fit", "--print_config")
@@ -63,6 +66,7 @@ def test_help_and_print_config():
     assert "nesterov: true" in printed.stdout and "max_epochs: 100" in printed.stdout
 
 
+@pytest.mark.slow
 def test_ddp_spawn_two_cpu_processes(tmp_path):
     result = run_cli(
         "fit", "--config", SMOKE, "--trainer.strategy=ddp_spawn", "--trainer.devices=2", *run_args(tmp_path)

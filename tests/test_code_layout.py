@@ -3,11 +3,12 @@ outside the compat module."""
 
 import ast
 import importlib
+import importlib.util
 import inspect
 import re
 from pathlib import Path
 
-from conftest import REPO
+from helpers import REPO
 
 SOURCE = REPO / "src" / "multigpu"
 FOREIGN = ("torch", "torchvision", "lightning")
@@ -79,6 +80,18 @@ def _foreign_names(cls: type) -> set[str]:
     return names
 
 
+def _loaded(path: Path):
+    """The module in ``path``, a file outside the package (a test's probe)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _shown(path: Path) -> str:
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else path.name
+
+
 def private_names_used(paths: list[Path]) -> list[str]:
     """``file:line: what`` for each private torch, torchvision or Lightning name the files use: imported, read on an
     object, or overridden or read on ``self`` in a class derived from theirs."""
@@ -86,6 +99,8 @@ def private_names_used(paths: list[Path]) -> list[str]:
     ours, found = set(), []
     for path, tree in trees.items():
         module = importlib.import_module(_module_name(path)) if path.is_relative_to(SOURCE) else None
+        if not path.is_relative_to(REPO):  # a test's probe
+            module = _loaded(path)
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and _private(node.name):
                 ours.add(node.name)
@@ -108,9 +123,7 @@ def private_names_used(paths: list[Path]) -> list[str]:
                     )
                     if name and _private(name):
                         if name in foreign:
-                            found.append(
-                                f"{path.relative_to(REPO)}:{inner.lineno}: {name}, of {cls.__mro__[1].__name__}"
-                            )
+                            found.append(f"{_shown(path)}:{inner.lineno}: {name}, of {cls.__mro__[1].__name__}")
                         else:
                             ours.add(name)
     for path, tree in trees.items():
@@ -118,16 +131,16 @@ def private_names_used(paths: list[Path]) -> list[str]:
             if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in FOREIGN:
                 names = [part for part in node.module.split(".") if _private(part)]
                 names += [alias.name for alias in node.names if _private(alias.name)]
-                found += [f"{path.relative_to(REPO)}:{node.lineno}: {name}, from {node.module}" for name in names]
+                found += [f"{_shown(path)}:{node.lineno}: {name}, from {node.module}" for name in names]
             elif isinstance(node, ast.Import):
                 found += [
-                    f"{path.relative_to(REPO)}:{node.lineno}: {alias.name}"
+                    f"{_shown(path)}:{node.lineno}: {alias.name}"
                     for alias in node.names
                     if alias.name.split(".")[0] in FOREIGN and any(map(_private, alias.name.split(".")))
                 ]
             elif isinstance(node, ast.Attribute) and _private(node.attr) and node.attr not in ours:
                 if not (isinstance(node.value, ast.Name) and node.value.id == "self"):
-                    found.append(f"{path.relative_to(REPO)}:{node.lineno}: .{node.attr}")
+                    found.append(f"{_shown(path)}:{node.lineno}: .{node.attr}")
     return sorted(set(found))
 
 
@@ -138,15 +151,12 @@ def test_no_private_torch_or_lightning_name_outside_the_compat_module():
     assert not used, "private torch/Lightning names outside multigpu/compat.py (put them there):\n" + "\n".join(used)
 
 
-def test_the_private_name_check_finds_one():
+def test_the_private_name_check_finds_one(tmp_path):
     """The check above, on a file that reads a private Lightning attribute and overrides a private torch method."""
-    path = SOURCE / "_private_name_probe.py"
+    path = tmp_path / "private_name_probe.py"
     path.write_text(
         "from torch import nn\n\nclass Probe(nn.Module):\n    def _apply(self, fn, recurse=True):\n"
         "        return self\n\ndef stop(trainer):\n    trainer._signal_connector.received_sigterm = True\n"
     )
-    try:
-        used = private_names_used([path])
-    finally:
-        path.unlink()
+    used = private_names_used([path])
     assert [entry.split(": ", 1)[1] for entry in used] == ["_apply, of Module", "._signal_connector"]

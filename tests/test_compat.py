@@ -6,7 +6,7 @@ import inspect
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import free_port
+from helpers import free_port
 from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe

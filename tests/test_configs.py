@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import DEFAULT_CONFIG, REPO, SMOKE, run_args
+from helpers import DEFAULT_CONFIG, REPO, SMOKE, run_args
 from lightning.fabric.utilities.rank_zero import LightningDeprecationWarning
 from lightning.pytorch.strategies import DDPStrategy
 

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import SMOKE, cli_error, cli_main, run_args
+from helpers import SMOKE, cli_error, cli_main, run_args
 from lightning.pytorch import Trainer, seed_everything
 from strategy_training import TinyBlocks
 from torch.utils.data import DataLoader, TensorDataset

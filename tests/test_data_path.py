@@ -13,7 +13,7 @@ from itertools import combinations
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, write_cifar10_files
+from helpers import REPO, write_cifar10_files
 from lightning.pytorch import LightningModule, Trainer, seed_everything
 from torch import nn
 from torch.utils.data import DataLoader

@@ -1,8 +1,10 @@
 """DDP with two gloo processes on the CPU, launched by Lightning from the CLI."""
 
-from conftest import HELPERS_ENV, REPO, SMOKE, helper_callback, run_args, run_cli
+import pytest
+from helpers import HELPERS_ENV, REPO, SMOKE, helper_callback, run_args, run_cli
 
 
+@pytest.mark.slow
 def test_ddp_two_cpu_processes_train_on_disjoint_shards(tmp_path):
     record = tmp_path / "samples"
     extra = helper_callback(tmp_path, "RecordSamples", out_dir=record)

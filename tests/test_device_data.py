@@ -2,7 +2,7 @@
 
 import torch
 import torch.nn.functional as F
-from conftest import SMOKE, cli_main, run_args
+from helpers import SMOKE, cli_main, run_args
 
 from multigpu.data.cifar10 import eval_transform
 from multigpu.data.datamodule import CIFAR10DataModule

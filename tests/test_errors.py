@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import SMOKE, cli_error, cli_main, run_args
+from helpers import SMOKE, cli_error, cli_main, run_args
 
 
 def test_wrong_config_key(capsys, tmp_path):

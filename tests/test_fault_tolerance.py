@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import (
+from helpers import (
     HELPERS_ENV,
     REPO,
     SMOKE,
@@ -227,6 +227,7 @@ def _run_killed_after(
     return log.read_text(), killed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name",
     [pytest.param(name, marks=pytest.mark.internals) if name in ("pipeline", "fsdp") else name for name in KILLED],
@@ -293,6 +294,7 @@ def _assert_close_state(final: dict, expected: dict, name: str, tolerance: float
             assert torch.equal(found, value), f"{name}: {key}"
 
 
+@pytest.mark.slow
 def test_ddp_killed_mid_epoch_and_resumed_on_one_device_accumulating_ends_like_the_uninterrupted_run(
     tmp_path, resumable
 ):
@@ -311,6 +313,7 @@ def test_ddp_killed_mid_epoch_and_resumed_on_one_device_accumulating_ends_like_t
     _assert_close_state(_final_state(tmp_path, "moved"), resumable(DDP), "ddp -> 1 device")
 
 
+@pytest.mark.slow
 def test_killed_at_random_moments_and_resumed_on_another_device_count_ends_like_an_uninterrupted_run(
     tmp_path, resumable
 ):
@@ -338,6 +341,7 @@ def test_killed_at_random_moments_and_resumed_on_another_device_count_ends_like_
     _assert_close_state(_final_state(tmp_path, "killed"), expected, f"another device count (seed {seed})")
 
 
+@pytest.mark.slow
 def test_killed_at_chosen_moments_and_resumed_ends_bit_for_bit_like_an_uninterrupted_run(tmp_path, resumable):
     """The moments a random draw rarely hits, each followed by `--ckpt_path last`, give the state of a run
     never killed: SIGKILL while a checkpoint is being written, and SIGTERM in an epoch's last step (the
@@ -356,6 +360,7 @@ def test_killed_at_chosen_moments_and_resumed_ends_bit_for_bit_like_an_uninterru
     _assert_same_state(_final_state(tmp_path, "killed"), resumable([]), 20, "chosen moments")
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_ddp_process_stops_both_after_the_same_step(tmp_path, resumable):
     """Only rank 1 gets SIGTERM (at step 7): both processes stop after step 8 and exit cleanly,
     rather than one waiting for the other in a collective; the run then resumes bit for bit."""
@@ -368,6 +373,7 @@ def test_sigterm_to_one_ddp_process_stops_both_after_the_same_step(tmp_path, res
     _assert_same_state(_final_state(tmp_path, "killed"), resumable(DDP), 10, "SIGTERM to rank 1")
 
 
+@pytest.mark.slow
 def test_torchrun_restarts_resume_from_the_last_checkpoint_on_their_own(tmp_path, resumable):
     """torchrun --max-restarts=1 restarts both DDP processes after a SIGKILL at step 7; the restart,
     the same command with `--ckpt_path last`, resumes and ends bit for bit like an uninterrupted run.
@@ -399,6 +405,7 @@ def test_torchrun_restarts_resume_from_the_last_checkpoint_on_their_own(tmp_path
     _assert_same_state(_final_state(tmp_path, "restarted"), resumable(DDP), 10, "torchrun restart")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rank", [1, 0])
 def test_a_failing_rank_ends_the_whole_job_quickly_with_its_error(rank, tmp_path):
     fail = helper_callback(tmp_path, "FailOnRank", rank=rank, step=2)
@@ -463,6 +470,7 @@ def _torchrun_node(args: list[str], port: int, hosts_rendezvous: bool, log: Path
         )
 
 
+@pytest.mark.slow
 @pytest.mark.internals  # torchrun's c10d rendezvous and the attempts' keys (multigpu.run.elastic)
 def test_torchrun_elastic_run_that_loses_a_node_goes_on_with_the_node_left(tmp_path, resumable):
     """`torchrun --nnodes=1:2` on two loopback "nodes" of one process each, sharing a checkpoint folder, with

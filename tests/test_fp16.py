@@ -6,6 +6,7 @@ import torch
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setup", ["ddp_fp16", "mmp_fp16", "pipe_fp16", "pipe_2x2_fp16"])
 def test_an_overflow_on_one_process_skips_the_step_on_every_process_as_on_one_device(setup, train_setup):
     """The second step's gradients are infinite on one process, one that holds only the first block: every

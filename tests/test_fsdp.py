@@ -4,7 +4,7 @@ and its bad values refused in one line."""
 import pytest
 import torch
 import torchvision
-from conftest import HELPERS_ENV, SMOKE, cli_error, cli_main, helper_callback, run_args, run_cli
+from helpers import HELPERS_ENV, SMOKE, cli_error, cli_main, helper_callback, run_args, run_cli
 from lightning.pytorch.plugins import MixedPrecision
 
 from multigpu.errors import UsageError
@@ -23,6 +23,7 @@ def _assert_within(found: dict, expected: dict, relative: float) -> None:
         torch.testing.assert_close(found[name], tensor, rtol=0, atol=relative * scale, msg=name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("sharded", "replicated", "relative"),
     [
@@ -84,6 +85,7 @@ WRITTEN_BY = {
 }
 
 
+@pytest.mark.slow
 def test_checkpoints_move_between_fsdp_and_every_other_strategy_mid_epoch(tmp_path, capsys):
     """One run, one step at a time, alternating fsdp with each other strategy: each resumes the other's
     checkpoint, and fsdp writes what they read (ddp writes and reads what one device does; ddp and fsdp resume

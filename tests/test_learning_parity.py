@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import HELPERS_ENV, REPO, SMOKE, free_port, helper_callback, run_args, run_cli, write_tiny_cifar10
+from helpers import HELPERS_ENV, REPO, SMOKE, free_port, helper_callback, run_args, run_cli, write_tiny_cifar10
 
 STEPS = 7  # 5 steps an epoch: the warm-up (1 epoch), the cosine and the second epoch's new order and augmentation
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
@@ -91,6 +91,7 @@ def largest_differences(app: Path, plain: Path) -> list[dict[str, float]]:
     return steps
 
 
+@pytest.mark.slow
 def test_one_device_trains_as_the_plain_loop_step_by_step(tmp_path, data):
     app = train_app(tmp_path, data, "--data.batch_size=8")
     plain = train_plain(tmp_path, data, initial_weights(app), "plain", "--batch-size=8")
@@ -98,6 +99,7 @@ def test_one_device_trains_as_the_plain_loop_step_by_step(tmp_path, data):
         assert worst == {"lr": 0.0, "parameters": 0.0, "buffers": 0.0}
 
 
+@pytest.mark.slow
 def test_ddp_trains_as_the_plain_ddp_loop_and_keeps_one_devices_statistics(tmp_path, data):
     """``ddp`` over 2 processes against the plain loop under torch's ``DistributedDataParallel`` (2 processes,
     gloo, the app's ``DistributedSampler``): the same parameters and learning rate after every step.

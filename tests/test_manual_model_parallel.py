@@ -6,7 +6,7 @@ import time
 
 import pytest
 import torch
-from conftest import SMOKE, cli_error, cli_main, run_args, run_cli
+from helpers import SMOKE, cli_error, cli_main, run_args, run_cli
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from torch import nn
 from torch.utils.data import DataLoader
@@ -76,6 +76,7 @@ def test_split_over_two_devices_trains_exactly_like_one_device(precision, accumu
         assert torch.equal(tensor, expected[name]), name
 
 
+@pytest.mark.slow
 def test_two_processes_of_two_stages_equal_one_process_on_both_shards(train_setup):
     reference, split = train_setup("single"), train_setup("mmp_2x2")
     assert split.keys() == reference.keys()
@@ -118,6 +119,7 @@ def test_balance_by_parameters_and_by_time_differ_on_blocks_of_unequal_cost(capl
     assert {parameter.dtype for parameter in module.parameters()} == {torch.bfloat16}
 
 
+@pytest.mark.slow
 def test_cli_trains_prints_its_split_and_resumes_under_ddp(tmp_path):
     args = ["fit", "--config", SMOKE, "--trainer.accelerator=cpu", "--trainer.devices=2", *run_args(tmp_path)]
     first = run_cli(*args, "--trainer.strategy=manual_model_parallel", "--trainer.strategy.balance_by=params")
@@ -202,6 +204,7 @@ def test_errors_in_the_network():
         _fit_tiny(ManualModelParallelStrategy(), 2, unsized)
 
 
+@pytest.mark.slow
 @pytest.mark.min_cuda_gpus(2)
 @pytest.mark.parametrize("devices_per_replica", [2, 1])
 def test_stages_on_two_gpus_fit_then_validate(devices_per_replica, tmp_path):
@@ -220,6 +223,7 @@ def test_stages_on_two_gpus_fit_then_validate(devices_per_replica, tmp_path):
     assert validate.returncode == 0, validate.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.min_cuda_gpus(4)
 def test_two_replicas_of_two_gpus(tmp_path):
     result = run_cli(

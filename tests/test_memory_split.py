@@ -22,6 +22,7 @@ def _records(train_setup, tmp_path_factory, setup: str, ranks: int) -> list[list
     return [json.loads((folder / f"{setup}.pt.rank{rank}.json").read_text()) for rank in range(ranks)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setup", ["factory_pipe", "factory_mmp"])
 def test_a_factory_network_trains_like_one_device(setup, train_setup):
     reference, split = train_setup("factory_single"), train_setup(setup)
@@ -30,6 +31,7 @@ def test_a_factory_network_trains_like_one_device(setup, train_setup):
         torch.testing.assert_close(tensor, reference[name], rtol=0, atol=1e-6, msg=name)
 
 
+@pytest.mark.slow
 def test_no_pipeline_process_ever_builds_or_holds_another_stage(train_setup, tmp_path_factory):
     stages = [range(0, 4), range(4, 8)]  # balance by parameters: 4 equal blocks each, save the narrower ends
     timed = list(range(8))  # rank 0 times every block for the split table, each on a copy of its own, one at a time
@@ -43,6 +45,7 @@ def test_no_pipeline_process_ever_builds_or_holds_another_stage(train_setup, tmp
             assert all((device == "meta") != (index in stages[rank]) for index, device in enumerate(record["devices"]))
 
 
+@pytest.mark.slow
 def test_model_parallel_builds_each_block_once_where_it_goes(train_setup, tmp_path_factory):
     (records,) = _records(train_setup, tmp_path_factory, "factory_mmp", ranks=1)
     assert {record["hook"] for record in records} == EVERY_HOOK
@@ -52,6 +55,7 @@ def test_model_parallel_builds_each_block_once_where_it_goes(train_setup, tmp_pa
         assert record["built"] == list(range(8)) * 2 and record["held"] == list(range(8)), record
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("setup", "reference"),
     [

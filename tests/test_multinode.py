@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import DEFAULT_CONFIG, HELPERS_ENV, REPO, SMOKE, free_port, helper_callback, run_args
+from helpers import DEFAULT_CONFIG, HELPERS_ENV, REPO, SMOKE, free_port, helper_callback, run_args
 
 from multigpu.cli.lightning_cli import MultiGPUCLI
 
@@ -25,6 +25,7 @@ def _seen(tmp_path: Path, rank: int) -> list[str]:
     return (tmp_path / "seen" / f"rank{rank}.txt").read_text().split()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "pipeline"])
 def test_two_torchrun_nodes_train_together(strategy, tmp_path):
     """`torchrun --nnodes=2 --node-rank=0|1` on 127.0.0.1, one process per "node", gloo.
@@ -147,6 +148,7 @@ def _start_and_signal(tmp_path: Path, signal_number: int, *args: str) -> str:
 LONG_RUN = ["--data.synthetic_size=100000", "--model.stem=imagenet", "--data.batch_size=2"]
 
 
+@pytest.mark.slow
 def test_sbatch_script_trains_under_slurm_and_requeues_itself_before_the_time_limit(tmp_path):
     """The script's own command, under Slurm's variables: Lightning takes the SLURM environment.
 
@@ -167,6 +169,7 @@ def test_sbatch_script_trains_under_slurm_and_requeues_itself_before_the_time_li
     assert [path.name for path in last.parent.glob("last*")] == ["last.ckpt"]  # one file, rewritten
 
 
+@pytest.mark.slow
 def test_sbatch_script_on_preemption_waits_for_the_checkpoint_and_leaves_the_requeue_to_slurm(tmp_path):
     """SIGTERM to the whole job (pre-emption): the script passes it on and waits; it does not requeue."""
     _start_and_signal(tmp_path, signal.SIGTERM, *LONG_RUN)

@@ -4,13 +4,14 @@ import re
 
 import pytest
 import torch
-from conftest import SMOKE, cli_error, cli_main, run_args, run_cli
+from helpers import SMOKE, cli_error, cli_main, run_args, run_cli
 
 from multigpu.model.deferred_batch_norm import defer_batch_norm
 
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setup", ["pipe_gpipe", "pipe_1f1b", "pipe_2x2"])
 def test_pipeline_trains_like_one_process(setup, train_setup):
     """2 stages (and 2 stages x 2 replicas) against one process on the same samples."""
@@ -20,12 +21,14 @@ def test_pipeline_trains_like_one_process(setup, train_setup):
         torch.testing.assert_close(tensor, reference[name], rtol=0, atol=1e-6, msg=name)
 
 
+@pytest.mark.slow
 def test_clipping_takes_the_norm_over_all_stages_in_bf16_with_accumulation(train_setup):
     reference, piped = train_setup("single_clipped"), train_setup("pipe_clipped")
     for name, tensor in piped.items():
         torch.testing.assert_close(tensor, reference[name], rtol=0, atol=1e-4, msg=name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_resnet_pipeline_equals_one_device_accumulating_the_micro_batches(schedule, train_setup):
     """With BatchNorm, each micro-batch is normalised on its own, as when one device accumulates them."""
@@ -35,6 +38,7 @@ def test_resnet_pipeline_equals_one_device_accumulating_the_micro_batches(schedu
         assert torch.equal(tensor, reference[name]), name
 
 
+@pytest.mark.slow
 def test_cli_trains_evaluates_and_shares_checkpoints_with_ddp_and_one_device(tmp_path):
     args = ["--config", SMOKE, "--trainer.accelerator=cpu", *run_args(tmp_path)]
     pipeline = ["--trainer.strategy=pipeline", "--trainer.devices=2"]
@@ -72,6 +76,7 @@ def test_cli_trains_evaluates_and_shares_checkpoints_with_ddp_and_one_device(tmp
     assert torch.load(last)["global_step"] == 14
 
 
+@pytest.mark.slow
 def test_two_stages_per_process_train_and_evaluate_from_the_command_line(tmp_path):
     """The looped and the V-shaped placement, each through training and evaluation (its own forward pass),
     with the fast path's options: channels_last activations are not contiguous, sends need them so. The batch
@@ -157,6 +162,7 @@ def test_errors_before_anything_is_launched(capsys, tmp_path):
     assert error == "error: balance [17, 16] sums to 33, but the network has 34 blocks."
 
 
+@pytest.mark.slow
 @pytest.mark.min_cuda_gpus(2)
 @pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
 def test_two_gpu_stages_over_nccl(precision, tmp_path):
@@ -201,6 +207,7 @@ def test_deferred_batch_norm_normalises_each_micro_batch_and_keeps_the_statistic
     assert deferred.state_dict().keys() == whole.state_dict().keys()
 
 
+@pytest.mark.slow
 def test_pipeline_with_deferred_batch_norm_equals_one_device_with_whole_batch_statistics(train_setup):
     """Same parameters as without it; running statistics those of one device that defers them the same way."""
     reference, deferred = train_setup("resnet_accumulated_deferred"), train_setup("resnet_pipe_deferred")

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ABORTED_AT_EXIT, REPO
+from helpers import ABORTED_AT_EXIT, REPO
 
 from multigpu.errors import UsageError
 from multigpu.strategies.pipeline.layout import SCHEDULES, PipelineLayout
@@ -50,6 +50,7 @@ def _compare(piped: dict, reference: dict, atol: float, buffers: bool = True) ->
         torch.testing.assert_close(piped["momentum"][index], momentum, rtol=0, atol=atol, msg=f"momentum {index}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["2", "4"])
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_one_pipeline_equals_one_device_accumulating_its_micro_batches(schedule, layout, trained):
@@ -57,6 +58,7 @@ def test_one_pipeline_equals_one_device_accumulating_its_micro_batches(schedule,
     _compare(trained(layout)[schedule], trained("reference-2")["reference"], REORDERED.get(schedule, 0.0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_two_replicas_of_a_pipeline_equal_one_device_accumulating_both(schedule, trained):
     """In float64: the replicas' average rounds differently from one device's sum (1e-15 seen).

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 import yaml
-from conftest import SMOKE, cli_main, run_args, run_cli
+from helpers import SMOKE, cli_main, run_args, run_cli
 from lightning.fabric.utilities.rank_zero import LightningDeprecationWarning
 
 from multigpu.planning.layouts import candidate_layouts
@@ -206,6 +206,7 @@ def _table(stdout: str) -> list[list[str]]:
     return [[cell for cell in re.split(r"\s{2,}", line.strip()) if cell] for line in lines]
 
 
+@pytest.mark.slow
 def test_dry_run_predicts_every_layout_with_its_estimate_and_runs_none(tmp_path):
     result = run_cli(
         "plan",
@@ -239,6 +240,7 @@ def test_dry_run_predicts_every_layout_with_its_estimate_and_runs_none(tmp_path)
     assert not (tmp_path / "logs" / "test" / "plan.yaml").exists()
 
 
+@pytest.mark.slow
 def test_plan_predicts_measures_the_best_marks_ties_and_writes_a_config_that_fit_trains_with(tmp_path):
     result = run_cli(
         "plan",

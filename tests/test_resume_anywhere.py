@@ -8,8 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ABORTED_AT_EXIT, HELPERS_ENV, REPO, cli_error
-from helpers import trained_steps
+from helpers import ABORTED_AT_EXIT, HELPERS_ENV, REPO, cli_error, trained_steps
 from torch import nn
 
 from multigpu.data.datamodule import CIFAR10DataModule
@@ -155,6 +154,7 @@ def _train(layout: str, folder, attempt: str, steps: int, kill_at: int | None = 
     return result.returncode
 
 
+@pytest.mark.slow
 @pytest.mark.internals  # fsdp, and the step statistics' all-reduce, on the lowest torch too
 def test_one_device_ddp_and_fsdp_on_the_same_forward_groups_train_the_same_weights(tmp_path):
     """A global batch of 16 in forward passes of 4: 1 device x 4 accumulated, ddp 2 x 2, ddp 4 x 1 and fsdp 4 train
@@ -187,6 +187,7 @@ def uninterrupted(tmp_path_factory):
     return SimpleNamespace(steps=trained_steps([folder / "records" / "a0"]), final=torch.load(folder / "final.pt"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("killed", "resumed"),
     [

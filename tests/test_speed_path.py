@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, SMOKE, cli_error, cli_main, run_args, run_cli
+from helpers import REPO, SMOKE, cli_error, cli_main, run_args, run_cli
 from lightning.fabric.utilities.throughput import measure_flops
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
@@ -73,6 +73,7 @@ def _first_loss(output: str) -> float:
     return float(re.search(r"^epoch 0 \| step 1 \| train/loss ([\d.]+)", output, re.MULTILINE)[1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_compiled_network_trains_with_the_plain_networks_loss_and_parameter_names(
     backend, tmp_path, kernel_cache, capsys
@@ -90,6 +91,7 @@ def test_compiled_network_trains_with_the_plain_networks_loss_and_parameter_name
     assert "net.0.0.weight" in keys and not any("_orig_mod" in key for key in keys)
 
 
+@pytest.mark.slow
 def test_compiled_network_trains_under_ddp(tmp_path):
     """DDP over the compiled network: TorchDynamo splits the graph at DDP's buckets. The eager backend runs the
     split graphs (inductor's kernels are the test above's; here they would take another minute to compile)."""

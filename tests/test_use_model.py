@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torchvision
-from conftest import SMOKE, cli_main, run_args, run_cli
+from helpers import SMOKE, cli_main, run_args, run_cli
 from PIL import Image
 
 from multigpu.data.cifar10 import CIFAR10_CLASSES
@@ -32,6 +32,7 @@ def _rows(path) -> list[dict]:
         return list(csv.DictReader(file))
 
 
+@pytest.mark.slow
 def test_predict_writes_every_image_once_in_order_with_its_top_5_and_says_nothing_of_training(trained):
     for devices in (["--trainer.devices=1"], ["--trainer.strategy=ddp", "--trainer.devices=2"]):
         result = run_cli("predict", "--config", SMOKE, *run_args(trained), *devices, "--ckpt_path=last", cwd=trained)
@@ -50,6 +51,7 @@ def test_predict_writes_every_image_once_in_order_with_its_top_5_and_says_nothin
         assert "global batch" not in result.stdout and "learning rate" not in result.stdout
 
 
+@pytest.mark.slow
 def test_predict_reads_a_folder_of_the_users_images_and_leaves_out_what_is_not_one(trained, tmp_path):
     folder = tmp_path / "mine"
     (folder / "more").mkdir(parents=True)
@@ -96,6 +98,7 @@ def _torchvision(path, checkpoint: dict) -> torch.nn.Module:
     return model.eval()
 
 
+@pytest.mark.slow
 def test_an_export_to_torchvision_and_torchscript_gives_the_checkpoints_logits(tmp_path, capsys):
     # The CIFAR stem, swapped into torchvision's model. Every strategy's checkpoint exports tensor for tensor:
     # tests/test_fsdp.py's chain of checkpoints through every strategy.
@@ -122,6 +125,7 @@ def test_an_export_to_torchvision_and_torchscript_gives_the_checkpoints_logits(t
             torch.testing.assert_close(model(images), expected, atol=TOLERANCE, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("onnxruntime") is None, reason="needs onnx and onnxruntime")
 def test_the_onnx_export_runs_in_onnxruntime_with_the_same_logits(trained, tmp_path, capsys):
     import onnxruntime
@@ -137,6 +141,7 @@ def test_the_onnx_export_runs_in_onnxruntime_with_the_same_logits(trained, tmp_p
         torch.testing.assert_close(got, network_of(checkpoint)(images), atol=TOLERANCE, rtol=TOLERANCE)
 
 
+@pytest.mark.slow
 def test_a_run_starts_from_torchvision_weights_and_says_what_it_left(tmp_path):
     torch.manual_seed(0)
     weights = torchvision.models.resnet50().state_dict()  # ImageNet's shape: 7x7 stem, 1000 classes
