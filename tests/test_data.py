@@ -102,3 +102,27 @@ def test_under_srun_only_the_first_task_of_each_node_checks_the_dataset(tmp_path
     monkeypatch.setenv("SLURM_LOCALID", "0")
     with pytest.raises(UsageError, match="CIFAR-10 is not in"):
         CIFAR10DataModule(**missing)
+
+
+@pytest.mark.parametrize(
+    ("shuffle_seed", "checkpoint", "expected"),
+    [
+        (None, None, 7),  # a new run: the run's seed_everything
+        (3, None, 3),  # an explicit seed wins
+        (None, {"epoch": 1, "position": 4, "global_batch": 4, "shuffle_seed": 5}, 5),  # a resumed run keeps its own
+        (3, {"epoch": 1, "position": 4, "global_batch": 4, "shuffle_seed": 5}, 5),
+        (None, {"epoch": 1, "position": 4, "global_batch": 4}, 0),  # a checkpoint of an earlier version: seed 0
+    ],
+)
+def test_the_training_order_follows_the_runs_seed_and_a_resumed_run_keeps_its_checkpoints(
+    tiny_cifar10, monkeypatch, shuffle_seed, checkpoint, expected
+):
+    monkeypatch.setenv("PL_GLOBAL_SEED", "7")  # what seed_everything(7) sets
+    data = CIFAR10DataModule(
+        data_dir=str(tiny_cifar10), download=False, verify_checksums=False, batch_size=4, num_workers=0,
+        shuffle_seed=shuffle_seed,
+    )  # fmt: skip
+    data.setup("fit")
+    if checkpoint:
+        data.load_state_dict(checkpoint)
+    assert data.train_dataloader().sampler.seed == expected
