@@ -137,19 +137,19 @@ def test_plan_accuracy_sets_each_prediction_against_its_measurement(tmp_path):
 def test_learning_benchmark_pairs_the_app_with_the_plain_loop_and_reports_the_difference(tmp_path):
     data = write_tiny_cifar10(tmp_path / "cifar", per_batch=8, test=8)
     command = [
-        sys.executable, str(REPO / "benchmarks" / "learning.py"), f"--data-dir={data}", "--seeds", "1", "2",
+        sys.executable, str(REPO / "benchmarks" / "learning.py"), f"--data-dir={data}", "--seeds", "1",
         "--epochs=1", "--batch-size=8", "--warmup-epochs=0", f"--out={tmp_path / 'out'}",
     ]  # fmt: skip
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     figures = json.loads((tmp_path / "out" / "learning.json").read_text())
     runs = {(run["side"], run["seed"]): run for run in figures["runs"]}
-    assert set(runs) == {(side, seed) for side in ("app", "plain-paired", "plain-independent") for seed in (1, 2)}
-    for seed in (1, 2):  # the same weights, images and augmentation: the same epoch (TensorBoard keeps float32)
-        app, plain = runs["app", seed]["epochs"], runs["plain-paired", seed]["epochs"]
-        assert [row["test_acc"] for row in app] == pytest.approx([row["test_acc"] for row in plain], rel=1e-6)
-        assert [row["train_loss"] for row in app] == pytest.approx([row["train_loss"] for row in plain], rel=1e-6)
-    assert figures["summary"]["paired"]["interval"] == [0.0, 0.0]
+    assert set(runs) == {("app", 1), ("plain-paired", 1), ("plain-independent", 1)}
+    # The same weights, images and augmentation: the same epoch (TensorBoard keeps the app's figures in float32).
+    app, plain = runs["app", 1]["epochs"], runs["plain-paired", 1]["epochs"]
+    assert [row["test_acc"] for row in app] == pytest.approx([row["test_acc"] for row in plain], rel=1e-6)
+    assert [row["train_loss"] for row in app] == pytest.approx([row["train_loss"] for row in plain], rel=1e-6)
+    assert figures["summary"]["paired"]["interval"] == pytest.approx([0.0, 0.0], abs=1e-4)
     low, high = figures["summary"]["independent"]["interval"]
     assert low <= figures["summary"]["independent"]["mean_difference"] <= high
     assert (tmp_path / "out" / "learning.png").read_bytes().startswith(b"\x89PNG")
