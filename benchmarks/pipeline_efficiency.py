@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader
 
 from multigpu.data.cifar10 import SyntheticCIFAR10
 from multigpu.model.classifier import ResNet50Classifier
-from multigpu.planning.timed_runs import StepTimer
+from multigpu.planning.step_timer import StepTimer
 from multigpu.run.process_groups import end_process_groups
 from multigpu.strategies import PipelineStrategy
 from multigpu.strategies.pipeline.layout import SCHEDULES, natural_stages_per_process

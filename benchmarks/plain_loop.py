@@ -19,7 +19,8 @@ from torch.utils.data import DataLoader
 
 from multigpu.data.cifar10 import ImageTensorDataset, train_transform
 from multigpu.model.resnet import resnet50_blocks
-from multigpu.planning.timed_runs import peak_memory_bytes, result, synchronize
+from multigpu.planning.step_timer import peak_memory_bytes, result
+from multigpu.strategies.block_timing import synchronize
 
 
 def batches(data: str, batch_size: int, count: int, device: torch.device, workers: int):

@@ -31,7 +31,8 @@ from pathlib import Path
 import torch
 
 from multigpu.planning.bar_chart import write_bar_chart
-from multigpu.planning.timed_runs import RunFailed, run, step_timer
+from multigpu.planning.step_timer import step_timer
+from multigpu.planning.timed_runs import RunFailed, run
 from multigpu.planning.timed_runs import fit_command as timed_fit_command
 
 REPO = Path(__file__).resolve().parents[1]

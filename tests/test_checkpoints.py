@@ -1,5 +1,6 @@
 """Checkpoints load back under each precision, and bad ones are refused with one line."""
 
+import logging
 import os
 
 import pytest
@@ -9,7 +10,7 @@ from lightning.pytorch import Trainer
 from multigpu.data.datamodule import CIFAR10DataModule
 from multigpu.errors import UsageError
 from multigpu.model.classifier import ResNet50Classifier
-from multigpu.run.checkpoints import check_checkpoint, resolve_ckpt_path
+from multigpu.run.checkpoints import check_checkpoint, check_model_options, resolve_ckpt_path
 
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
 
@@ -65,3 +66,13 @@ def test_last_is_the_newest_last_checkpoint(tmp_path):
     os.utime(older, (1, 1))
     assert resolve_ckpt_path("last", tmp_path)[0] == str(newer)
     assert resolve_ckpt_path("last", tmp_path / "empty") == (None, {})
+
+
+def test_a_checkpoint_older_than_a_rename_reads_its_options_under_the_new_names(caplog):
+    """A checkpoint saved ``activation_checkpointing``, the old name of ``recompute_activations``."""
+    old = {"hyper_parameters": {"activation_checkpointing": True, "stem": "cifar"}}
+    with caplog.at_level(logging.INFO):
+        check_model_options("old.ckpt", old, {"recompute_activations": True, "stem": "cifar"})
+        assert "changed" not in caplog.text
+        check_model_options("old.ckpt", old, {"recompute_activations": False, "stem": "cifar"})
+    assert "Model options changed since old.ckpt: recompute_activations True -> False." in caplog.text

@@ -2,30 +2,37 @@
 supported torch."""
 
 import inspect
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.distributed as dist
 from helpers import free_port
+from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
 from multigpu.compat import (
+    LIGHTNING_CONTRACTS,
     PRIVATE_HOOKS,
     STAGE_HOOKS_OF_TORCH_211,
     _StageOfTorch211,
     pipeline_stage,
+    resolve,
     set_default_process_group_backend,
 )
+from multigpu.errors import UsageError
+from multigpu.strategies import DataParallelStrategy
 
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
 
 
 @pytest.mark.parametrize("hook", PRIVATE_HOOKS, ids=lambda hook: hook.name)
 def test_each_private_hook_is_where_compat_uses_it_and_takes_the_same_arguments(hook):
-    owner = getattr(hook.owner, "__name__", str(hook.owner))
-    where = hook.instance() if hook.instance else hook.owner
+    owner = hook.owner
+    where = hook.instance() if hook.instance else resolve(hook.owner)
     if not hasattr(where, hook.name):
         assert hook.optional, (
             f"{owner}.{hook.name} is gone from this torch/Lightning release, and multigpu/compat.py relies on it: "
@@ -74,3 +81,64 @@ def test_a_strategy_that_shows_the_cpu_while_its_group_is_made_keeps_its_devices
     for strategy in (on_gpus, chosen):
         set_default_process_group_backend(strategy, torch.device("cuda", 1))
     assert on_gpus.process_group_backend == "nccl" and chosen.process_group_backend == "gloo"
+
+
+# A private name imported when compat loaded would break every import below.
+_EVERY_FEATURE = (
+    "multigpu.compat, multigpu.cli.lightning_cli, multigpu.model.classifier, multigpu.strategies, "
+    "multigpu.planning.command, multigpu.run.elastic, multigpu.run.callbacks"
+)
+
+
+@pytest.mark.parametrize(
+    ("missing", "feature"),
+    [
+        (
+            "sys.modules['torch.distributed.pipelining._schedule_visualizer'] = None",
+            "schedule_actions('1F1B', 2, 2, 1)",
+        ),
+        ("sys.modules['torch.distributed.rendezvous'] = None", "rendezvous_handlers()"),
+        (
+            "del lightning.pytorch.strategies.launchers._SubprocessScriptLauncher",
+            "launches_subprocesses(SimpleNamespace(launcher=None))",
+        ),
+    ],
+    ids=["schedule visualiser", "rendezvous registry", "subprocess launcher"],
+)
+def test_a_missing_private_name_breaks_only_the_feature_that_uses_it(missing, feature):
+    """A torch or Lightning release without one private name: the whole project still imports, and only the compat
+    function that uses the name fails."""
+    code = f"""
+import sys
+from types import SimpleNamespace
+import lightning.pytorch.strategies.launchers
+{missing}
+import {_EVERY_FEATURE}
+from multigpu.compat import *
+from multigpu.compat import rendezvous_handlers, launches_subprocesses, schedule_actions
+print("imported")
+try:
+    {feature}
+except ImportError:
+    print("feature fails")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.splitlines()[:1] == ["imported"], done.stderr[-2000:]
+    assert done.stdout.splitlines()[1:] == ["feature fails"], done.stdout + done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("contract", LIGHTNING_CONTRACTS, ids=lambda contract: contract.name)
+def test_each_attribute_lightning_reads_by_name_is_still_read_and_ours_defines_it(contract):
+    reader = resolve(contract.reader)
+    reader = inspect.getsource(reader.fget if isinstance(reader, property) else reader)
+    assert f'hasattr(self.strategy, "{contract.name}")' in reader, (
+        f"{contract.reader} no longer reads the strategy's {contract.name}, so without a word {contract.what}: "
+        "find where this Lightning release reads it, and update LIGHTNING_CONTRACTS in multigpu/compat.py"
+    )
+    assert contract.name in vars(resolve(contract.provider)), contract.provider
+
+
+def test_dps_node_count_contract_refuses_a_second_machine():
+    """What the ``num_nodes`` contract does, through public Lightning: dp takes one machine only."""
+    with pytest.raises(UsageError, match="dp runs in one process on one machine, not 2"):
+        Trainer(strategy=DataParallelStrategy(), accelerator="cpu", devices=1, num_nodes=2, logger=False)

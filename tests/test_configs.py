@@ -44,8 +44,9 @@ def test_the_old_name_of_the_recomputation_option_still_works_with_a_deprecation
         (["--model.activation_checkpointing=true"], True),
         (["--config", str(old_config)], True),
         (["--model.activation_checkpointing=true", "--model.recompute_activations=false"], False),  # the later wins
+        (["--config", str(old_config), "--model.recompute_activations=false"], False),  # the command line wins
     ):
-        with pytest.warns(LightningDeprecationWarning, match="use model.recompute_activations"):
+        with pytest.warns(LightningDeprecationWarning, match="use --model.recompute_activations"):
             cli = _build(tmp_path, "--config", SMOKE, *args)
         assert cli.model.hparams.recompute_activations is recomputes, args
         assert "activation_checkpointing" not in cli.model.hparams  # checkpoints keep the new name only

@@ -4,9 +4,9 @@ from torch import nn
 
 from multigpu.errors import UsageError
 from multigpu.model.resnet import resnet50_blocks
+from multigpu.strategies.block_timing import block_times
 from multigpu.strategies.partition import (
     balance_by_cost,
-    block_times,
     check_balance,
     choose_balance,
     param_counts,

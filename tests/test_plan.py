@@ -10,9 +10,9 @@ import yaml
 from helpers import SMOKE, cli_main, run_args, run_cli
 from lightning.fabric.utilities.rank_zero import LightningDeprecationWarning
 
+from multigpu.planning.command import PlanCLI
 from multigpu.planning.layouts import candidate_layouts
 from multigpu.planning.memory_estimate import block_memory, estimate
-from multigpu.planning.options import PlanOptions
 from multigpu.planning.ranking import PREDICTION_ERROR
 from multigpu.planning.selection import Setting, choose
 
@@ -161,10 +161,18 @@ def test_bad_plan_options_end_with_one_line(capsys, option, message):
     assert capsys.readouterr().err.strip().splitlines()[-1] == message
 
 
-def test_the_old_name_of_the_recomputation_option_still_works_with_a_deprecation_line():
-    with pytest.warns(LightningDeprecationWarning, match="use --plan.recompute_activations"):
-        options = PlanOptions(activation_checkpointing="both")
-    assert options.recompute == "both"
+def test_the_old_name_of_the_recomputation_option_still_works_with_a_deprecation_line(tmp_path):
+    old_config = tmp_path / "old.yaml"
+    old_config.write_text("plan:\n  activation_checkpointing: both\n")
+    for args, recomputes in (
+        (["--plan.activation_checkpointing=yes"], "yes"),
+        (["--config", str(old_config)], "both"),
+        (["--config", str(old_config), "--plan.recompute_activations=no"], "no"),  # the command line wins
+    ):
+        with pytest.warns(LightningDeprecationWarning, match="use --plan.recompute_activations"):
+            cli = PlanCLI(args=["--config", SMOKE, *args], run=False)
+        assert cli.config["plan"]["recompute_activations"] == recomputes, args
+        assert "activation_checkpointing" not in cli.config["plan"]
 
 
 def test_a_plan_that_trains_no_layout_says_so_and_fails(capsys, tmp_path):

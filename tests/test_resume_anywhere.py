@@ -14,7 +14,7 @@ from torch import nn
 from multigpu.data.datamodule import CIFAR10DataModule
 from multigpu.data.sampling import EpochPlan, ResumableSampler
 from multigpu.model.step_batch_norm import commit_step_statistics, record_step_statistics
-from multigpu.run.checkpoints import count_steps_as_done
+from multigpu.run.loop_position import count_steps_as_done
 from multigpu.run.replicas import accumulation_for
 
 SAMPLES = list(range(40))

@@ -3,7 +3,12 @@
 Nothing outside this module touches a private name of torch, torchvision or Lightning
 (``tests/test_code_layout.py`` fails if something does). Each use says why no public API serves,
 and ``PRIVATE_HOOKS`` lists them, so that ``tests/test_compat.py`` fails by name, with the hook's
-owner, when a torch or Lightning release removes one or changes its arguments. The
+owner, when a torch or Lightning release removes one or changes its arguments. Each private name
+is imported inside the function (or, for a class, at the first use of the name) that needs it,
+so a release without it breaks only the feature that uses it, not every import of the project.
+
+``LIGHTNING_CONTRACTS`` lists the other way we depend on Lightning's internals: attributes of
+our strategies that Lightning reads by name (``hasattr``), outside any interface it declares. The
 versions we support are in ``pyproject.toml`` (torch 2.11 to 2.15); the differences
 between them are here too.
 """
@@ -12,7 +17,8 @@ import importlib
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, NamedTuple
+from functools import cache
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -21,16 +27,20 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.strategies import DDPStrategy, ParallelStrategy, Strategy
-from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 from torch import Tensor, nn
 from torch.distributed.pipelining import PipelineStage
-from torch.nn.modules.batchnorm import _BatchNorm
+
+if TYPE_CHECKING:  # at run time both are made at their first import (``_LAZY_CLASSES``)
+    from torch.nn.modules.batchnorm import _BatchNorm as BatchNormBase
+
+    AnyDimBatchNorm = BatchNormBase
 
 __all__ = [
     "AnyDimBatchNorm",
     "BatchNormBase",
     "BuiltBlocksMove",
     "CheckpointPathCLI",
+    "LIGHTNING_CONTRACTS",
     "PRIVATE_HOOKS",
     "STAGE_HOOKS_OF_TORCH_211",
     "found_inf_flags",
@@ -48,16 +58,43 @@ __all__ = [
 ]
 
 
-class PrivateHook(NamedTuple):
-    """A private name we use: ``name`` on ``owner`` (a class or module) or, for an attribute set at construction, on
-    ``instance()``; a function taking ``parameters`` (None: not a function). ``optional``: only some supported
-    releases have it, and the code here checks for it."""
+def resolve(path: str) -> Any:
+    """The module, class or function at the dotted ``path`` (``torch.nn.modules.batchnorm._BatchNorm``), imported."""
+    parts = path.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:split]))
+        except ModuleNotFoundError:
+            continue
+        for name in parts[split:]:
+            found = getattr(found, name)
+        return found
+    raise ModuleNotFoundError(path)
 
-    owner: Any
+
+class PrivateHook(NamedTuple):
+    """A private name we use: ``name`` on ``owner`` (the dotted path of a class or module) or, for an attribute set
+    at construction, on ``instance()``; a function taking ``parameters`` (None: not a function). ``optional``: only
+    some supported releases have it, and the code here checks for it. ``used_by``: the function or class of this
+    module that needs it, the only one a release without it breaks."""
+
+    owner: str
     name: str
+    used_by: str
     parameters: tuple[str, ...] | None = None
     instance: Callable[[], Any] | None = None
     optional: bool = False
+
+
+class LightningContract(NamedTuple):
+    """An attribute ``name`` of our strategy ``provider`` (a dotted path) that Lightning reads by name in ``reader``
+    (``hasattr``, outside any interface it declares): a release that stops reading it would silently change
+    ``what``."""
+
+    name: str
+    provider: str
+    reader: str
+    what: str
 
 
 STAGE_HOOKS_OF_TORCH_211 = ("_shape_inference", "_get_init_p2p_neighbors_ops")
@@ -120,10 +157,6 @@ def time_pipeline_parts(wrap: Callable[[str, Callable], Callable]) -> None:
     pipeline_schedules._wait_batch_p2p = wrap("wait", pipeline_schedules._wait_batch_p2p)
 
 
-# The module of torch's schedule visualiser, which builds a schedule on stand-in stages to list its actions.
-_schedule_visualizer = importlib.import_module("torch.distributed.pipelining._schedule_visualizer")
-
-
 def schedule_actions(
     schedule: str, processes: int, micro_batches: int, stages_per_process: int
 ) -> list[list[tuple[str, int, int]]]:
@@ -133,7 +166,9 @@ def schedule_actions(
     empty slots are left out."""
     # torch lists a schedule's actions only by building it on stages; its visualiser builds one on stand-ins,
     # and has no public counterpart.
-    ops = _schedule_visualizer.get_schedule_ops(schedule, processes, micro_batches, stages_per_process)
+    from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
+
+    ops = get_schedule_ops(schedule, processes, micro_batches, stages_per_process)
     return [
         [
             (kind, int(stage), int(micro_batch))
@@ -147,21 +182,42 @@ def schedule_actions(
 
 # --- torch: modules, mixed precision, rendezvous ---------------------------------------------------------------
 
-# The module, which the function `torch.distributed.rendezvous` hides as an attribute.
-_rendezvous = importlib.import_module("torch.distributed.rendezvous")
 
-BatchNormBase = _BatchNorm
-"""The base of every BatchNorm layer (1d, 2d, 3d, lazy, ``SyncBatchNorm``). torch exports each layer but not
-their base, which also holds the running statistics' update that ``DeferredBatchNorm`` builds on."""
+@cache
+def _batch_norm_base() -> type[nn.Module]:
+    # torch exports each BatchNorm layer but not their base.
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    return _BatchNorm
 
 
-class AnyDimBatchNorm(_BatchNorm):
-    """BatchNorm of any input with a channel dimension: ``(N, C)``, ``(N, C, L)``, ``(N, C, H, W)``..."""
+@cache
+def _any_dim_batch_norm() -> type[nn.Module]:
+    class AnyDimBatchNorm(_batch_norm_base()):
+        """BatchNorm of any input with a channel dimension: ``(N, C)``, ``(N, C, L)``, ``(N, C, H, W)``..."""
 
-    def _check_input_dim(self, input: Tensor) -> None:
-        # The one hook by which BatchNorm1d/2d/3d differ; no public way to accept every dimension.
-        if input.dim() < 2:
-            raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
+        def _check_input_dim(self, input: Tensor) -> None:
+            # The one hook by which BatchNorm1d/2d/3d differ; no public way to accept every dimension.
+            if input.dim() < 2:
+                raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
+
+    AnyDimBatchNorm.__module__, AnyDimBatchNorm.__qualname__ = __name__, "AnyDimBatchNorm"  # pickled by that name
+    return AnyDimBatchNorm
+
+
+_LAZY_CLASSES = {"BatchNormBase": _batch_norm_base, "AnyDimBatchNorm": _any_dim_batch_norm}
+"""Classes built on a private torch class, made when first imported (``from multigpu.compat import ...``):
+
+- ``BatchNormBase``: the base of every BatchNorm layer (1d, 2d, 3d, lazy, ``SyncBatchNorm``), which also holds
+  the running statistics' update that ``DeferredBatchNorm`` builds on;
+- ``AnyDimBatchNorm``: BatchNorm of any input with a channel dimension, ``(N, C)``, ``(N, C, L)``, ``(N, C, H, W)``...
+"""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY_CLASSES:
+        return _LAZY_CLASSES[name]()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class BuiltBlocksMove(nn.Sequential):
@@ -208,9 +264,10 @@ def found_inf_flags(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimiz
 def rendezvous_handlers() -> dict[str, Callable]:
     """torch's registry of ``init_method`` schemes (``env://``, ``tcp://``...), by scheme.
 
-    ``register_rendezvous_handler`` is public but refuses to replace one; the registry itself is private.
+    ``register_rendezvous_handler`` is public but refuses to replace one; the registry itself is private (in the
+    module that the function ``torch.distributed.rendezvous`` hides as an attribute).
     """
-    return _rendezvous._rendezvous_handlers
+    return importlib.import_module("torch.distributed.rendezvous")._rendezvous_handlers
 
 
 # --- Lightning ----------------------------------------------------------------------------------------------------
@@ -238,6 +295,8 @@ def set_default_process_group_backend(strategy: DDPStrategy, device: torch.devic
 def launches_subprocesses(strategy: Strategy) -> bool:
     """Whether this process started the others with Lightning's subprocess launcher (``ddp`` without torchrun
     or SLURM), and so must stop them itself. The launcher's class is private; its ``kill`` is not."""
+    from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
+
     return isinstance(strategy.launcher, _SubprocessScriptLauncher)
 
 
@@ -271,24 +330,60 @@ class CheckpointPathCLI(LightningCLI):
         self.resolve_checkpoint_path()
 
 
+_PIPELINE_STAGE = "torch.distributed.pipelining.PipelineStage"
+_SCHEDULES = "torch.distributed.pipelining.schedules"
+_CHECKPOINT = "lightning.pytorch.callbacks.ModelCheckpoint"
+
 PRIVATE_HOOKS = (
-    PrivateHook(PipelineStage, "_shape_inference", ("self", "args", "kwargs"), optional=True),
-    PrivateHook(PipelineStage, "_get_init_p2p_neighbors_ops", ("self",), optional=True),
-    PrivateHook(pipeline_schedules, "_batch_p2p", ("p2p_ops", "desc")),
-    PrivateHook(pipeline_schedules, "_wait_batch_p2p", ("work",)),
-    PrivateHook(_schedule_visualizer, "get_schedule_ops"),
-    PrivateHook(torch.nn.modules.batchnorm, "_BatchNorm"),
-    PrivateHook(_BatchNorm, "_check_input_dim", ("self", "input")),
-    PrivateHook(nn.Module, "_apply", ("self", "fn", "recurse")),
-    PrivateHook(nn.Module, "_modules", instance=nn.Module),
-    PrivateHook(torch.amp.GradScaler, "_per_optimizer_states", instance=lambda: torch.amp.GradScaler("cpu")),
-    PrivateHook(_rendezvous, "_rendezvous_handlers"),
-    PrivateHook(ParallelStrategy, "_layer_sync", instance=DDPStrategy),
-    PrivateHook(DDPStrategy, "_process_group_backend", instance=DDPStrategy),
-    PrivateHook(importlib.import_module("lightning.pytorch.strategies.launchers"), "_SubprocessScriptLauncher"),
-    PrivateHook(Trainer, "_signal_connector", instance=lambda: Trainer(accelerator="cpu", logger=False)),
-    PrivateHook(ModelCheckpoint, "_should_skip_saving_checkpoint", ("self", "trainer")),
-    PrivateHook(ModelCheckpoint, "_save_last_checkpoint", ("self", "trainer", "monitor_candidates")),
-    PrivateHook(ModelCheckpoint, "_monitor_candidates", ("self", "trainer")),
-    PrivateHook(LightningCLI, "_parse_ckpt_path", ("self",)),
+    PrivateHook(_PIPELINE_STAGE, "_shape_inference", "pipeline_stage", ("self", "args", "kwargs"), optional=True),
+    PrivateHook(_PIPELINE_STAGE, "_get_init_p2p_neighbors_ops", "pipeline_stage", ("self",), optional=True),
+    PrivateHook(_SCHEDULES, "_batch_p2p", "time_pipeline_parts", ("p2p_ops", "desc")),
+    PrivateHook(_SCHEDULES, "_wait_batch_p2p", "time_pipeline_parts", ("work",)),
+    PrivateHook("torch.distributed.pipelining._schedule_visualizer", "get_schedule_ops", "schedule_actions"),
+    PrivateHook("torch.nn.modules.batchnorm", "_BatchNorm", "BatchNormBase"),
+    PrivateHook("torch.nn.modules.batchnorm._BatchNorm", "_check_input_dim", "AnyDimBatchNorm", ("self", "input")),
+    PrivateHook("torch.nn.Module", "_apply", "BuiltBlocksMove", ("self", "fn", "recurse")),
+    PrivateHook("torch.nn.Module", "_modules", "without_child", instance=nn.Module),
+    PrivateHook(
+        "torch.amp.GradScaler", "_per_optimizer_states", "found_inf_flags", instance=lambda: torch.amp.GradScaler("cpu")
+    ),
+    PrivateHook("torch.distributed.rendezvous", "_rendezvous_handlers", "rendezvous_handlers"),
+    PrivateHook("lightning.pytorch.strategies.ParallelStrategy", "_layer_sync", "layer_sync", instance=DDPStrategy),
+    PrivateHook(
+        "lightning.pytorch.strategies.DDPStrategy",
+        "_process_group_backend",
+        "set_default_process_group_backend",
+        instance=DDPStrategy,
+    ),
+    PrivateHook("lightning.pytorch.strategies.launchers", "_SubprocessScriptLauncher", "launches_subprocesses"),
+    PrivateHook(
+        "lightning.pytorch.Trainer",
+        "_signal_connector",
+        "stop_after_this_step_as_on_sigterm",
+        instance=lambda: Trainer(accelerator="cpu", logger=False),
+    ),
+    PrivateHook(_CHECKPOINT, "_should_skip_saving_checkpoint", "should_skip_saving", ("self", "trainer")),
+    PrivateHook(
+        _CHECKPOINT, "_save_last_checkpoint", "save_last_checkpoint", ("self", "trainer", "monitor_candidates")
+    ),
+    PrivateHook(_CHECKPOINT, "_monitor_candidates", "save_last_checkpoint", ("self", "trainer")),
+    PrivateHook("lightning.pytorch.cli.LightningCLI", "_parse_ckpt_path", "CheckpointPathCLI", ("self",)),
+)
+
+_ACCELERATOR_CONNECTOR = "lightning.pytorch.trainer.connectors.accelerator_connector._AcceleratorConnector"
+_DATA_PARALLEL = "multigpu.strategies.data_parallel.DataParallelStrategy"
+
+LIGHTNING_CONTRACTS = (
+    LightningContract(
+        "is_distributed",
+        _DATA_PARALLEL,
+        f"{_ACCELERATOR_CONNECTOR}.is_distributed",
+        "dp's one process would be given a DistributedSampler's share of the data",
+    ),
+    LightningContract(
+        "num_nodes",
+        _DATA_PARALLEL,
+        f"{_ACCELERATOR_CONNECTOR}._lazy_init_strategy",
+        "dp would take --trainer.num_nodes above 1 without a word",
+    ),
 )

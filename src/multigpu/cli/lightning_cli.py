@@ -28,9 +28,8 @@ from multigpu.errors import RunFinished, UsageError, check_at_least
 from multigpu.model.classifier import (
     ResNet50Classifier,
     check_recipe,
-    renamed_recompute_option,
-    warn_old_recompute_option,
 )
+from multigpu.renamed_options import add_old_names, move_to_new_names, new_names
 from multigpu.run.callbacks import (
     CheckpointOnSigterm,
     LastCheckpoint,
@@ -39,8 +38,9 @@ from multigpu.run.callbacks import (
     ThroughputSummary,
 )
 from multigpu.run.checkpoint_io import AtomicCheckpointIO
-from multigpu.run.checkpoints import check_model_options, finished_training, resolve_ckpt_path
+from multigpu.run.checkpoints import check_model_options, resolve_ckpt_path
 from multigpu.run.elastic import torchrun_node_count
+from multigpu.run.loop_position import finished_training
 from multigpu.run.replicas import accumulation_for, data_parallel_size
 from multigpu.strategies import FullyShardedStrategy, name_to_class_path
 from multigpu.trained.prediction_writer import PredictionWriter
@@ -48,16 +48,6 @@ from multigpu.trained.prediction_writer import PredictionWriter
 __all__ = ["MultiGPUCLI"]
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
-
-
-def _new_option_names(args: Sequence[str]) -> list[str]:
-    """``args`` with ``--model.activation_checkpointing`` under its new name, in its place: an option given
-    after it (``plan`` adds each layout's) still wins."""
-    old, new = "--model.activation_checkpointing", "--model.recompute_activations"
-    renamed = [new + arg[len(old) :] if arg == old or arg.startswith(old + "=") else arg for arg in args]
-    if renamed != list(args):
-        warn_old_recompute_option()
-    return renamed
 
 
 def _checkpoint_dir(checkpoint_root: str, run_name: str) -> str:
@@ -88,6 +78,8 @@ class MultiGPUCLI(CheckpointPathCLI):
     ``config.yaml``. ``--ckpt_path`` is checked before anything is built, and a
     resumed ``fit`` continues the TensorBoard run of its checkpoint.
     """
+
+    option_sections = ("model",)  # the sections whose renamed options it reads (``multigpu.renamed_options``)
 
     def __init__(self, default_config_files: Sequence[str | Path] = (), **kwargs) -> None:
         self._log_version: int | str | None = None
@@ -125,6 +117,7 @@ class MultiGPUCLI(CheckpointPathCLI):
         parser.add_lightning_class_args(ThroughputSummary, "throughput")
         parser.add_lightning_class_args(PredictionWriter, "predictions")
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        add_old_names(parser, "model")
         parser.set_defaults(
             {
                 "checkpoint.monitor": "val/acc",
@@ -141,20 +134,17 @@ class MultiGPUCLI(CheckpointPathCLI):
 
     @override
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        command_line: list[str] = []
         if args is None or isinstance(args, (list, tuple)):
             # `--trainer.strategy=manual_model_parallel --trainer.strategy.balance=[9,9]` reads as the class.
-            self.config = parser.parse_args(
-                _new_option_names(name_to_class_path(sys.argv[1:] if args is None else args))
-            )
+            command_line = new_names(name_to_class_path(sys.argv[1:] if args is None else args))
+            self.config = parser.parse_args(command_line)
         else:
             super().parse_arguments(parser, args)
-        # The old name from a config file: moved to the new one before the checkpoint's options are compared and
+        # Old names from a config file: moved to the new ones before the checkpoint's options are compared and
         # the model is built (its hyperparameters are this config).
-        model = self._config()["model"]
-        model["recompute_activations"] = renamed_recompute_option(
-            model["recompute_activations"], model["activation_checkpointing"]
-        )
-        model["activation_checkpointing"] = None
+        for section in self.option_sections:
+            move_to_new_names(self._config(), command_line, section)
 
     def _config(self):
         """This run's configuration: the subcommand's, or the whole one with ``run=False``."""

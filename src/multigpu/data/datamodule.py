@@ -20,7 +20,7 @@ from multigpu.data.image_files import ImageFiles, Indexed
 from multigpu.data.on_device import DeviceBatches
 from multigpu.data.sampling import EpochPlan, ResumableSampler
 from multigpu.errors import UsageError, check_at_least
-from multigpu.run.checkpoints import next_position
+from multigpu.run.loop_position import next_position
 from multigpu.run.replicas import data_parallel_rank, data_parallel_size
 
 __all__ = ["CIFAR10DataModule", "node_local_rank"]

@@ -13,7 +13,7 @@ import torch
 from lightning.fabric.utilities.throughput import measure_flops
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_deprecation, rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 from torch import Tensor, nn
 from torch.optim import SGD
@@ -36,8 +36,6 @@ __all__ = [
     "LR_SCHEDULE_NEEDS_AN_END",
     "ResNet50Classifier",
     "check_recipe",
-    "renamed_recompute_option",
-    "warn_old_recompute_option",
 ]
 
 IMAGE_SHAPE = (3, 32, 32)
@@ -80,22 +78,6 @@ def check_recipe(
         )
 
 
-def warn_old_recompute_option() -> None:
-    rank_zero_deprecation(
-        "model.activation_checkpointing is deprecated: use model.recompute_activations, the same setting under a "
-        "name that leaves 'checkpoint' to checkpoint files."
-    )
-
-
-def renamed_recompute_option(recompute_activations: bool, activation_checkpointing: bool | None) -> bool:
-    """``recompute_activations``, unless its deprecated old name ``activation_checkpointing`` was given (then
-    that, with a deprecation line)."""
-    if activation_checkpointing is None:
-        return recompute_activations
-    warn_old_recompute_option()
-    return activation_checkpointing
-
-
 class ResNet50Classifier(LightningModule):
     """ResNet-50 image classifier with SGD, linear LR scaling, warm-up and cosine decay.
 
@@ -124,7 +106,6 @@ class ResNet50Classifier(LightningModule):
             tensor of the same shape is loaded, the others (the classifier of another width, the first
             convolution under the CIFAR stem) keep their initial values, and the run says which.
             Only a new run reads it: a resumed one continues from its checkpoint.
-        activation_checkpointing: deprecated, the old name of ``recompute_activations``.
     """
 
     def __init__(
@@ -143,10 +124,8 @@ class ResNet50Classifier(LightningModule):
         recompute_activations: bool = False,
         compile: bool | dict[str, Any] = False,
         init_from: str | None = None,
-        activation_checkpointing: bool | None = None,
     ) -> None:
         super().__init__()
-        recompute_activations = renamed_recompute_option(recompute_activations, activation_checkpointing)
         check_recipe(
             base_lr,
             momentum,
@@ -158,7 +137,7 @@ class ResNet50Classifier(LightningModule):
             compile,
             init_from,
         )
-        self.save_hyperparameters(ignore=["activation_checkpointing"])
+        self.save_hyperparameters()
         # On the meta device until configure_model, where the strategy places each block (lazy_blocks).
         self.net = LazyBlocks(resnet50_block_factories(num_classes, stem))
         if not compile:

@@ -32,6 +32,7 @@ from multigpu.planning.ranking import Outcome, to_measure
 from multigpu.planning.report import print_report, write_outputs
 from multigpu.planning.resources import budget as memory_budget
 from multigpu.planning.selection import choose, setting_of
+from multigpu.renamed_options import add_old_names
 
 __all__ = ["PlanCLI", "plan"]
 
@@ -39,10 +40,13 @@ __all__ = ["PlanCLI", "plan"]
 class PlanCLI(MultiGPUCLI):
     """``fit``'s parser with ``--plan.*`` added; it checks the options and builds nothing."""
 
+    option_sections = ("model", "plan")
+
     @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         super().add_arguments_to_parser(parser)
         parser.add_class_arguments(PlanOptions, "plan")
+        add_old_names(parser, "plan")
 
     @override
     def instantiate_classes(self) -> None:

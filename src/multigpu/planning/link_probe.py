@@ -20,6 +20,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
 from multigpu.run.process_groups import end_process_groups
+from multigpu.strategies.block_timing import synchronize
 
 __all__ = ["REPEATS", "SIZES", "probe_pass"]
 
@@ -52,8 +53,7 @@ def _timed(function, device: torch.device) -> float:
         dist.barrier()
         start = time.perf_counter()
         function()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return min(times[1:])
 

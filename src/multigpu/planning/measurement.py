@@ -13,7 +13,8 @@ from multigpu.planning.options import without_plan_options
 from multigpu.planning.profile import BlockProfile
 from multigpu.planning.ranking import Outcome
 from multigpu.planning.selection import Setting
-from multigpu.planning.timed_runs import RunFailed, fit_command, run, step_timer
+from multigpu.planning.step_timer import step_timer
+from multigpu.planning.timed_runs import RunFailed, fit_command, run
 from multigpu.strategies.partition import balance_by_cost
 
 __all__ = ["LAYOUT_TIMEOUT_S", "balanced", "measure"]

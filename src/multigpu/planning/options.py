@@ -5,7 +5,6 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from lightning.pytorch.utilities import rank_zero_deprecation
 
 from multigpu.errors import UsageError, check_at_least
 from multigpu.planning.layouts import PLANNED_STRATEGIES
@@ -31,7 +30,6 @@ class PlanOptions:
             (it adds a forward pass per step and saves only memory); ``both``, ``no`` or ``yes``.
         memory_per_device: GiB each device may use (on the CPU: each process), instead of the free memory.
         dry_run: list the layouts, the ones left out and the memory estimates, and train none.
-        activation_checkpointing: deprecated, the old name of ``recompute_activations``.
     """
 
     def __init__(
@@ -47,13 +45,7 @@ class PlanOptions:
         recompute_activations: Literal["auto", "both", "no", "yes"] = "auto",
         memory_per_device: float | None = None,
         dry_run: bool = False,
-        activation_checkpointing: Literal["auto", "both", "no", "yes"] | None = None,
     ) -> None:
-        if activation_checkpointing is not None:
-            rank_zero_deprecation(
-                "--plan.activation_checkpointing is deprecated: use --plan.recompute_activations, the same setting."
-            )
-            recompute_activations = activation_checkpointing
         for option, value, least in (
             ("warmup", warmup, 0),
             ("steps", steps, 1),

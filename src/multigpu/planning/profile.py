@@ -18,9 +18,8 @@ from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 
 from multigpu.model.classifier import IMAGE_SHAPE
 from multigpu.model.lazy_blocks import LazyBlocks
-from multigpu.planning.timed_runs import synchronize
-from multigpu.strategies.block_measures import micro_batch_refusal
-from multigpu.strategies.partition import block_pass_times
+from multigpu.strategies.block_timing import block_pass_times, synchronize
+from multigpu.strategies.micro_batch_check import micro_batch_refusal
 
 __all__ = ["CPU_IMAGES", "BlockProfile", "PassTimes", "cores", "precision_plugin", "threads_per_process"]
 

@@ -1,148 +1,23 @@
 """Timed training runs in fresh processes: how ``plan`` and the benchmarks launch a configuration and read its figures.
 
-A run is a command (usually ``main.py fit`` with ``StepTimer`` among its callbacks) in
-processes of its own. ``StepTimer`` times the optimizer steps after a warm-up; each
-rank writes the peak memory of its devices to ``<out>.rank<N>``, and rank 0 writes the
-images per second and the mean step time to ``<out>``. ``run`` starts the command and
-reads these files back.
+A run is a command (usually ``main.py fit`` with ``step_timer``'s options, which add a ``StepTimer``) in
+processes of its own; ``run`` starts it and reads back the files its ``StepTimer`` wrote
+(``multigpu.planning.step_timer``).
 """
 
 import json
 import os
-import resource
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-from lightning.pytorch import Callback
-from typing_extensions import override
-
-from multigpu.run.replicas import data_parallel_size
-from multigpu.strategies import DataParallelStrategy
-
-__all__ = [
-    "RunFailed",
-    "StepTimer",
-    "fit_command",
-    "launch",
-    "peak_memory_bytes",
-    "result",
-    "run",
-    "step_timer",
-    "synchronize",
-]
+__all__ = ["RunFailed", "fit_command", "launch", "run"]
 
 
 class RunFailed(RuntimeError):
     """A run that ended with an error or wrote no figures; the message ends with the end of its output."""
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for the device's queued work, so that a clock read covers it."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def peak_memory_bytes(device: torch.device) -> int:
-    """The most memory this process held: allocated on a CUDA device, resident on the CPU."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-
-
-def _devices_of(trainer) -> list[torch.device]:
-    """The devices this process trains on, in the order of its strategy: several for ``dp`` and
-    ``manual_model_parallel``, else its root device."""
-    strategy = trainer.strategy
-    devices = getattr(strategy, "stage_devices", None)  # manual_model_parallel
-    if devices is None and isinstance(strategy, DataParallelStrategy):
-        devices = strategy.parallel_devices
-    return list(devices or [strategy.root_device])
-
-
-def _peaks_of_this_process(trainer) -> list[int]:
-    """The peak of each CUDA device this process trains on, or on the CPU its resident memory."""
-    devices = [device for device in _devices_of(trainer) if device.type == "cuda"]
-    if not devices:
-        return [peak_memory_bytes(trainer.strategy.root_device)]
-    return [peak_memory_bytes(device) for device in devices]
-
-
-def result(images: int, steps: int, seconds: float, peak_memory: list[int], windows: Sequence[float] = ()) -> dict:
-    """One configuration's figures, as the harness's JSON holds them; ``windows``: the images per second of each
-    window of steps, when they were timed apart."""
-    return {
-        "images_per_s": images / seconds,
-        "step_time_s": seconds / steps,
-        "peak_memory_bytes": peak_memory,
-        "window_images_per_s": list(windows),
-    }
-
-
-class StepTimer(Callback):
-    """Times the optimizer steps after the first ``warmup`` up to ``trainer.max_steps``, in windows of ``window``
-    steps, and writes the figures to ``out``.
-
-    Every rank writes the peak memory of its devices (a list) to ``out`` with its rank appended;
-    rank 0 also writes images per second (all replicas' images) over all the timed steps and in each
-    window, and the mean step time.
-    """
-
-    def __init__(self, warmup: int, out: str, window: int | None = None) -> None:
-        self.warmup, self.out, self.window = warmup, Path(out), window
-        self._marks: list[tuple[float, int, int]] = []  # (time, images so far, step) at the start and windows' ends
-        self._images = 0
-
-    @override
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if trainer.global_step == self.warmup and not self._marks:
-            synchronize(pl_module.device)
-            self._marks.append((time.perf_counter(), 0, trainer.global_step))
-
-    @override
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if not self._marks:
-            return
-        self._images += len(batch[0])
-        timed = trainer.global_step - self.warmup
-        ends_window = self.window is not None and timed > 0 and timed % self.window == 0
-        if (ends_window or trainer.global_step == trainer.max_steps) and self._marks[-1][2] != trainer.global_step:
-            synchronize(pl_module.device)  # the window's last step: wait for it to finish
-            self._marks.append((time.perf_counter(), self._images, trainer.global_step))
-
-    @override
-    def on_train_end(self, trainer, pl_module) -> None:
-        steps = trainer.global_step - self.warmup
-        if steps < 1 or trainer.global_step != trainer.max_steps:
-            raise RuntimeError(
-                f"the run ended at step {trainer.global_step}, before the {trainer.max_steps} steps it was to time "
-                "(a time limit, or too few batches?)"
-            )
-        replicas = data_parallel_size(trainer)
-        rank_file = self.out.with_name(f"{self.out.name}.rank{trainer.global_rank}")
-        rank_file.write_text(json.dumps(_peaks_of_this_process(trainer)))
-        if trainer.is_global_zero:
-            (start, _, _), (end, images, _) = self._marks[0], self._marks[-1]
-            windows = [
-                (after - before) * replicas / (stop - begin)
-                for (begin, before, _), (stop, after, _) in zip(self._marks, self._marks[1:])
-            ]
-            figures = result(images * replicas, steps, end - start, [], windows if self.window else ())
-            self.out.write_text(json.dumps(figures))
-
-
-def step_timer(warmup: int, out: Path, window: int | None = None) -> list[str]:
-    """The ``fit`` options that add a ``StepTimer``."""
-    return [
-        "--trainer.callbacks+=multigpu.planning.timed_runs.StepTimer",
-        f"--trainer.callbacks.warmup={warmup}",
-        f"--trainer.callbacks.out={out}",
-        *([f"--trainer.callbacks.window={window}"] if window else []),
-    ]
 
 
 def fit_command(

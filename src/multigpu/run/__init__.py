@@ -1,11 +1,22 @@
 """The training run: what a run writes, where it stands, and the processes it runs in.
 
-callbacks        the console line, throughput, checkpoints every N steps and on SIGTERM
-checkpoints      finding a run's checkpoint files, and Lightning's loop counters of a resumed run
-checkpoint_io    atomic checkpoint saves
-elastic          torchrun's restarts and node count
-process_groups   process groups that end cleanly
-replicas         who reads which data: data-parallel replicas, ranks and micro-batches of a strategy
+callbacks           the console line, throughput, checkpoints every N steps and on SIGTERM
+checkpoints         finding and checking a run's checkpoint files
+checkpoint_io       atomic checkpoint saves
+elastic             torchrun's restarts and node count
+loop_position       where a run stands in Lightning's loop counters, and whether it is finished
+process_groups      process groups that end cleanly
+replica_statistics  BatchNorm's statistics of a step, all-reduced over the replicas
+replicas            who reads which data: data-parallel replicas, ranks and micro-batches of a strategy
 """
 
-__all__ = ["callbacks", "checkpoint_io", "checkpoints", "elastic", "process_groups", "replica_statistics", "replicas"]
+__all__ = [
+    "callbacks",
+    "checkpoint_io",
+    "checkpoints",
+    "elastic",
+    "loop_position",
+    "process_groups",
+    "replica_statistics",
+    "replicas",
+]

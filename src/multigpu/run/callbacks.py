@@ -22,7 +22,7 @@ from multigpu.compat import (
     stop_after_this_step_as_on_sigterm,
 )
 from multigpu.errors import UsageError
-from multigpu.run.checkpoints import count_steps_as_done
+from multigpu.run.loop_position import count_steps_as_done
 from multigpu.run.replicas import data_parallel_size, forward_chunks
 
 __all__ = ["CheckpointOnSigterm", "LastCheckpoint", "RunMetadata", "StopAllProcessesOnError", "ThroughputSummary"]

@@ -11,14 +11,12 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 
 from multigpu.errors import UsageError
+from multigpu.renamed_options import new_hyperparameter_names
 
 __all__ = [
     "check_checkpoint",
     "check_model_options",
-    "count_steps_as_done",
     "find_last_checkpoint",
-    "finished_training",
-    "next_position",
     "resolve_ckpt_path",
 ]
 
@@ -69,58 +67,6 @@ def _unreadable(path: Path, error: Exception) -> UsageError:
     )
 
 
-def next_position(fit_loop: Mapping[str, Any]) -> tuple[int, int]:
-    """Where a run resumed from this state of Lightning's fit loop (its ``state_dict()``, as a checkpoint
-    holds it under ``loops``) goes on: the epoch it trains next, and how many of that epoch's batches
-    are already trained.
-
-    A checkpoint written after an epoch's last batch (at the epoch's end, or by SIGTERM, which
-    Lightning acts on once the epoch is counted) goes on with the next epoch from its start.
-    """
-    epochs = fit_loop["epoch_progress"]["current"]
-    batches = fit_loop["epoch_loop.batch_progress"]
-    if epochs["started"] <= epochs["processed"]:  # between epochs
-        return epochs["processed"], 0
-    if batches["is_last_batch"] and batches["current"]["processed"] == batches["current"]["ready"]:
-        return epochs["processed"] + 1, 0
-    return epochs["processed"], batches["current"]["processed"]
-
-
-def count_steps_as_done(fit_loop: dict[str, Any], steps: int, accumulation: int) -> None:
-    """Make a fit loop's state (a checkpoint's ``loops.fit_loop``) count ``steps`` steps of ``accumulation``
-    loader batches as done in its epoch, in place.
-
-    Lightning counts an epoch in loader batches and steps the optimizer after every ``accumulation``-th
-    one; a run resumed with other batches per step goes on counting from the new layout's count,
-    so that each of its steps accumulates whole and the epoch ends where the training order does.
-    """
-    progress = fit_loop["epoch_loop.batch_progress"]
-    shift = steps * accumulation - progress["current"]["processed"]
-    for part in ("current", "total"):
-        for counter in ("ready", "started", "processed", "completed"):
-            progress[part][counter] += shift
-
-
-def finished_training(
-    checkpoint: dict[str, Any], max_epochs: int | None, max_steps: int | None, max_time: Any = None
-) -> str | None:
-    """Why a run whose newest checkpoint is ``checkpoint`` has nothing left to train, or ``None``.
-
-    Lightning's limits: ``max_steps`` -1 (or none) is no step limit; ``max_epochs`` -1 is no
-    epoch limit, and none is 1000 epochs when neither a step nor a time limit is set.
-    """
-    step = checkpoint["global_step"]
-    if max_steps is not None and max_steps != -1 and step >= max_steps:
-        return f"it has reached max_steps={max_steps} (step {step})"
-    if max_epochs is None:
-        max_epochs = 1000 if max_steps in (None, -1) and max_time is None else -1
-    fit_loop = checkpoint.get("loops", {}).get("fit_loop")
-    epochs = next_position(fit_loop)[0] if fit_loop else checkpoint["epoch"]
-    if max_epochs != -1 and epochs >= max_epochs:
-        return f"it has trained max_epochs={max_epochs} epochs (step {step})"
-    return None
-
-
 def resolve_ckpt_path(
     ckpt_path: str | None, dirpath: str | Path, training: bool = True
 ) -> tuple[str | None, dict[str, Any]]:
@@ -168,9 +114,7 @@ def check_model_options(path: str, checkpoint: dict[str, Any], options: Mapping[
     The command line decides; a changed option is reported in one line, and a changed
     network shape is refused before the network is built.
     """
-    saved = dict(checkpoint.get("hyper_parameters", {}))
-    if "activation_checkpointing" in saved:  # a checkpoint from before the option's new name
-        saved["recompute_activations"] = saved.pop("activation_checkpointing")
+    saved = new_hyperparameter_names(checkpoint.get("hyper_parameters", {}))
     changed = {key: (saved[key], options[key]) for key in saved if key in options and saved[key] != options[key]}
     changed.pop("init_from", None)  # read only when a run starts: a checkpoint's weights come from the checkpoint
     for key in _NETWORK_OPTIONS:

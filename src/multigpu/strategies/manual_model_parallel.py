@@ -25,7 +25,7 @@ from typing_extensions import override
 
 from multigpu.compat import set_default_process_group_backend
 from multigpu.errors import UsageError
-from multigpu.strategies.block_measures import time_blocks
+from multigpu.strategies.block_timing import time_blocks
 from multigpu.strategies.network_lookup import block_sequence
 from multigpu.strategies.partition import BalanceBy, choose_balance, split_table, stage_ranges
 from multigpu.strategies.split_network import SplitNetworkStrategy

@@ -5,23 +5,17 @@ Shared by the strategies that place parts of one network on different devices
 consecutive blocks in each stage: ``[12, 11, 11]`` splits 34 blocks into 3 stages.
 """
 
-import copy
-import time
 from collections.abc import Sequence
 from typing import Literal
 
 import torch
-from lightning_utilities.core.apply_func import apply_to_collection
-from torch import Tensor, nn
+from torch import nn
 
 from multigpu.errors import UsageError
-from multigpu.model.lazy_blocks import LazyBlocks
 
 __all__ = [
     "BalanceBy",
     "balance_by_cost",
-    "block_pass_times",
-    "block_times",
     "check_balance",
     "check_stage_count",
     "choose_balance",
@@ -89,66 +83,6 @@ def balance_by_cost(costs: Sequence[float], num_stages: int) -> list[int]:
 def param_counts(blocks: nn.Sequential) -> list[int]:
     """Number of parameters of each block."""
     return [sum(p.numel() for p in block.parameters()) for block in blocks]
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type != "cpu":
-        torch.accelerator.synchronize(device)
-
-
-def block_times(
-    blocks: nn.Sequential, example: Tensor, device: torch.device, micro_batches: int = 1, repeats: int = 3
-) -> list[float]:
-    """Seconds each block costs on ``device`` in one step of ``micro_batches`` inputs like ``example``, per input:
-    one forward and backward pass, plus a ``micro_batches``-th of one update of its parameters
-    (SGD with momentum, the recipe's), which comes once per step (``block_pass_times``)."""
-    return [
-        forward + backward + update / micro_batches
-        for forward, backward, update in block_pass_times(blocks, example, device, repeats)
-    ]
-
-
-def block_pass_times(
-    blocks: nn.Sequential, example: Tensor, device: torch.device, repeats: int = 3
-) -> list[tuple[float, float, float]]:
-    """Seconds of each block's forward pass, backward pass and update (SGD with momentum, the recipe's) on
-    ``device`` for one input like ``example``.
-
-    Each block is timed on a copy of its own, so the network's parameters and BatchNorm
-    statistics stay as they are and only one block's copy is on the device at a time; the
-    copy of a block of ``LazyBlocks`` is built anew, so the network itself may still be on
-    the meta device. One warm-up pass comes before the ``repeats`` that are timed, and the
-    fastest counts (the others were slowed by something else).
-    """
-    fresh = blocks.build if isinstance(blocks, LazyBlocks) else lambda index: copy.deepcopy(blocks[index])
-    times, x = [], example.to(device)
-    for index in range(len(blocks)):
-        block = fresh(index).to(device).train()
-        params = [param for param in block.parameters() if param.requires_grad]
-        update = torch.optim.SGD(params, lr=0.0, momentum=0.9) if params else None
-        # A block's input may be a tuple of tensors (the halves of a bottleneck pass two).
-        x = apply_to_collection(x, Tensor, lambda t: t.detach().requires_grad_(index > 0 and t.is_floating_point()))
-        forwards, backwards, updates = [], [], []
-        for _ in range(repeats + 1):
-            _synchronize(device)
-            start = time.perf_counter()
-            out = block(x)
-            _synchronize(device)
-            middle = time.perf_counter()
-            outputs = [output for output in ([out] if isinstance(out, Tensor) else out) if output.requires_grad]
-            if outputs:  # none where a block without parameters is first (nothing before it needs gradients)
-                torch.autograd.backward(outputs, [torch.ones_like(output) for output in outputs])
-            _synchronize(device)
-            end = time.perf_counter()
-            if update is not None:
-                update.step()
-            _synchronize(device)
-            forwards.append(middle - start)
-            backwards.append(end - middle)
-            updates.append(time.perf_counter() - end)
-        times.append((min(forwards[1:]), min(backwards[1:]), min(updates[1:])))
-        x = out
-    return times
 
 
 def choose_balance(

@@ -4,7 +4,7 @@ from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 
 from multigpu.errors import UsageError
-from multigpu.strategies.block_measures import micro_batch_refusal
+from multigpu.strategies.micro_batch_check import micro_batch_refusal
 from multigpu.strategies.network_lookup import block_sequence
 from multigpu.strategies.partition import BalanceBy, check_stage_count, choose_balance
 

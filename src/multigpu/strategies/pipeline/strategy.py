@@ -15,7 +15,7 @@ from typing_extensions import override
 from multigpu.compat import layer_sync
 from multigpu.errors import UsageError
 from multigpu.model.deferred_batch_norm import defer_batch_norm
-from multigpu.strategies.block_measures import time_blocks
+from multigpu.strategies.block_timing import time_blocks
 from multigpu.strategies.network_lookup import block_sequence
 from multigpu.strategies.partition import BalanceBy, choose_balance, split_table
 from multigpu.strategies.pipeline.checkpoints import gather_optimizer_state, gather_state_dict

@@ -1,0 +1,63 @@
+"""Where a run stands in Lightning's loop counters: the epoch and batch a resumed run goes on from, the counters
+rewritten for a run resumed with other batches per step, and whether a run has anything left to train.
+
+Lightning's fit loop counts an epoch in loader batches (``epoch_loop.batch_progress``) and the
+epochs in ``epoch_progress``; a checkpoint holds both under ``loops.fit_loop``.
+"""
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["count_steps_as_done", "finished_training", "next_position"]
+
+
+def next_position(fit_loop: Mapping[str, Any]) -> tuple[int, int]:
+    """Where a run resumed from this state of Lightning's fit loop (its ``state_dict()``, as a checkpoint
+    holds it under ``loops``) goes on: the epoch it trains next, and how many of that epoch's batches
+    are already trained.
+
+    A checkpoint written after an epoch's last batch (at the epoch's end, or by SIGTERM, which
+    Lightning acts on once the epoch is counted) goes on with the next epoch from its start.
+    """
+    epochs = fit_loop["epoch_progress"]["current"]
+    batches = fit_loop["epoch_loop.batch_progress"]
+    if epochs["started"] <= epochs["processed"]:  # between epochs
+        return epochs["processed"], 0
+    if batches["is_last_batch"] and batches["current"]["processed"] == batches["current"]["ready"]:
+        return epochs["processed"] + 1, 0
+    return epochs["processed"], batches["current"]["processed"]
+
+
+def count_steps_as_done(fit_loop: dict[str, Any], steps: int, accumulation: int) -> None:
+    """Make a fit loop's state (a checkpoint's ``loops.fit_loop``) count ``steps`` steps of ``accumulation``
+    loader batches as done in its epoch, in place.
+
+    Lightning counts an epoch in loader batches and steps the optimizer after every ``accumulation``-th
+    one; a run resumed with other batches per step goes on counting from the new layout's count,
+    so that each of its steps accumulates whole and the epoch ends where the training order does.
+    """
+    progress = fit_loop["epoch_loop.batch_progress"]
+    shift = steps * accumulation - progress["current"]["processed"]
+    for part in ("current", "total"):
+        for counter in ("ready", "started", "processed", "completed"):
+            progress[part][counter] += shift
+
+
+def finished_training(
+    checkpoint: dict[str, Any], max_epochs: int | None, max_steps: int | None, max_time: Any = None
+) -> str | None:
+    """Why a run whose newest checkpoint is ``checkpoint`` has nothing left to train, or ``None``.
+
+    Lightning's limits: ``max_steps`` -1 (or none) is no step limit; ``max_epochs`` -1 is no
+    epoch limit, and none is 1000 epochs when neither a step nor a time limit is set.
+    """
+    step = checkpoint["global_step"]
+    if max_steps is not None and max_steps != -1 and step >= max_steps:
+        return f"it has reached max_steps={max_steps} (step {step})"
+    if max_epochs is None:
+        max_epochs = 1000 if max_steps in (None, -1) and max_time is None else -1
+    fit_loop = checkpoint.get("loops", {}).get("fit_loop")
+    epochs = next_position(fit_loop)[0] if fit_loop else checkpoint["epoch"]
+    if max_epochs != -1 and epochs >= max_epochs:
+        return f"it has trained max_epochs={max_epochs} epochs (step {step})"
+    return None

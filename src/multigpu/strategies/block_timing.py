@@ -1,0 +1,100 @@
+"""Timing the network's blocks on a device: what the split strategies balance by when they place the blocks, and
+what ``plan``'s profile builds its forecasts from. Every clock read here (and in ``plan``'s timed runs) waits for
+the device the same way, with ``synchronize``."""
+
+import copy
+import time
+
+import torch
+from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.strategies import Strategy
+from lightning_utilities.core.apply_func import apply_to_collection
+from torch import Tensor, nn
+
+from multigpu.model.lazy_blocks import LazyBlocks
+
+__all__ = ["block_pass_times", "block_times", "block_times_in", "synchronize", "time_blocks"]
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so that a clock read covers it: the one way every timing here waits."""
+    if device.type != "cpu":
+        torch.accelerator.synchronize(device)
+
+
+def block_times(
+    blocks: nn.Sequential, example: Tensor, device: torch.device, micro_batches: int = 1, repeats: int = 3
+) -> list[float]:
+    """Seconds each block costs on ``device`` in one step of ``micro_batches`` inputs like ``example``, per input:
+    one forward and backward pass, plus a ``micro_batches``-th of one update of its parameters
+    (SGD with momentum, the recipe's), which comes once per step (``block_pass_times``)."""
+    return [
+        forward + backward + update / micro_batches
+        for forward, backward, update in block_pass_times(blocks, example, device, repeats)
+    ]
+
+
+def block_pass_times(
+    blocks: nn.Sequential, example: Tensor, device: torch.device, repeats: int = 3
+) -> list[tuple[float, float, float]]:
+    """Seconds of each block's forward pass, backward pass and update (SGD with momentum, the recipe's) on
+    ``device`` for one input like ``example``.
+
+    Each block is timed on a copy of its own, so the network's parameters and BatchNorm
+    statistics stay as they are and only one block's copy is on the device at a time; the
+    copy of a block of ``LazyBlocks`` is built anew, so the network itself may still be on
+    the meta device. One warm-up pass comes before the ``repeats`` that are timed, and the
+    fastest counts (the others were slowed by something else).
+    """
+    fresh = blocks.build if isinstance(blocks, LazyBlocks) else lambda index: copy.deepcopy(blocks[index])
+    times, x = [], example.to(device)
+    for index in range(len(blocks)):
+        block = fresh(index).to(device).train()
+        params = [param for param in block.parameters() if param.requires_grad]
+        update = torch.optim.SGD(params, lr=0.0, momentum=0.9) if params else None
+        # A block's input may be a tuple of tensors (the halves of a bottleneck pass two).
+        x = apply_to_collection(x, Tensor, lambda t: t.detach().requires_grad_(index > 0 and t.is_floating_point()))
+        forwards, backwards, updates = [], [], []
+        for _ in range(repeats + 1):
+            synchronize(device)
+            start = time.perf_counter()
+            out = block(x)
+            synchronize(device)
+            middle = time.perf_counter()
+            outputs = [output for output in ([out] if isinstance(out, Tensor) else out) if output.requires_grad]
+            if outputs:  # none where a block without parameters is first (nothing before it needs gradients)
+                torch.autograd.backward(outputs, [torch.ones_like(output) for output in outputs])
+            synchronize(device)
+            end = time.perf_counter()
+            if update is not None:
+                update.step()
+            synchronize(device)
+            forwards.append(middle - start)
+            backwards.append(end - middle)
+            updates.append(time.perf_counter() - end)
+        times.append((min(forwards[1:]), min(backwards[1:]), min(updates[1:])))
+        x = out
+    return times
+
+
+def time_blocks(strategy: Strategy, blocks: nn.Sequential, micro_batches: int = 1) -> list[float] | None:
+    """Seconds of each block per input on the strategy's root device, in its precision (``block_times``).
+
+    The input is the LightningModule's ``example_input_array`` grown to one training batch
+    (``hparams.batch_size``) divided by ``micro_batches``; None when the module gives no example.
+    """
+    pl_module = strategy.lightning_module
+    example = pl_module.example_input_array
+    if not isinstance(example, Tensor):
+        return None
+    batch_size = max(1, pl_module.hparams.get("batch_size", len(example)) // micro_batches)
+    example = example[:1].expand(batch_size, *example.shape[1:])
+    return block_times_in(strategy.precision_plugin, blocks, example, strategy.root_device, micro_batches)
+
+
+def block_times_in(
+    precision: Precision, blocks: nn.Sequential, example: Tensor, device: torch.device, micro_batches: int
+) -> list[float]:
+    """``block_times`` in the precision of a Lightning precision plugin: its input conversion and its autocast."""
+    with precision.train_step_context():
+        return block_times(blocks, precision.convert_input(example), device, micro_batches)
