@@ -38,7 +38,7 @@ from multigpu.model.classifier import ResNet50Classifier
 from multigpu.planning.step_timer import StepTimer
 from multigpu.run.process_groups import end_process_groups
 from multigpu.strategies import PipelineStrategy
-from multigpu.strategies.pipeline.layout import SCHEDULES, natural_stages_per_process
+from multigpu.strategies.pipeline.stage_placement import SCHEDULES, natural_stages_per_process
 
 PROCESSES = 2
 

@@ -1,4 +1,4 @@
-"""How well ``plan`` predicts: every layout measured, each prediction set against its measurement.
+"""How well ``plan`` forecasts: every layout measured, each forecast set against its measurement.
 
     python benchmarks/plan_accuracy.py                     # the smoke recipe on 2 CPU devices (about 6 minutes)
     python benchmarks/plan_accuracy.py --devices 4 --out docs/figures
@@ -6,13 +6,13 @@
 
 It runs ``python main.py plan --config configs/smoke.yaml --trainer.accelerator=cpu
 --trainer.devices=N --plan.measure=all`` (every layout trained, as ``plan`` did before it
-predicted), reads the ``plan.json`` it writes, and prints for every layout its predicted
-images per second, the measured median and range of its windows, and the prediction's error.
-Below the table: the largest and the median error, the rank correlation between predictions and
-measurements (Spearman's), and whether the layout predicted fastest measured within the tie
+forecast), reads the ``plan.json`` it writes, and prints for every layout its forecast
+images per second, the measured median and range of its windows, and the forecast's error.
+Below the table: the largest and the median error, the rank correlation between forecasts and
+measurements (Spearman's), and whether the layout forecast fastest measured within the tie
 interval of the layout measured fastest. Writes ``plan_accuracy.json``, the table as
-``plan_accuracy.md`` and the chart ``plan_accuracy.png`` (predicted against measured, with the
-band of ``PREDICTION_ERROR``) to ``--out``.
+``plan_accuracy.md`` and the chart ``plan_accuracy.png`` (forecast against measured, with the
+band of ``FORECAST_ERROR``) to ``--out``.
 """
 
 import argparse
@@ -24,7 +24,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from multigpu.planning.ranking import PREDICTION_ERROR
+from multigpu.planning.ranking import FORECAST_ERROR
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -57,58 +57,58 @@ def accuracy(results: list[dict]) -> dict:
     rows = [
         {
             "layout": row["layout"],
-            "predicted": row["predicted"],
+            "forecast": row["forecast"],
             "measured": row["images_per_s"],
             "interval": row["interval"],
-            "error": row["predicted"] / row["images_per_s"] - 1,
+            "error": row["forecast"] / row["images_per_s"] - 1,
         }
         for row in results
-        if row.get("images_per_s") and row.get("predicted")
+        if row.get("images_per_s") and row.get("forecast")
     ]
     rows.sort(key=lambda row: -row["measured"])
     fastest = rows[0]
-    predicted_best = max(rows, key=lambda row: row["predicted"])
+    forecast_best = max(rows, key=lambda row: row["forecast"])
     errors = [abs(row["error"]) for row in rows]
     return {
         "rows": rows,
         "largest_error": max(errors),
         "median_error": statistics.median(errors),
-        "within_band": sum(error <= PREDICTION_ERROR for error in errors),
-        "spearman": spearman([row["predicted"] for row in rows], [row["measured"] for row in rows]),
-        "predicted_best": predicted_best["layout"],
+        "within_band": sum(error <= FORECAST_ERROR for error in errors),
+        "spearman": spearman([row["forecast"] for row in rows], [row["measured"] for row in rows]),
+        "forecast_best": forecast_best["layout"],
         "measured_best": fastest["layout"],
-        "predicted_best_ties": predicted_best["interval"][1] >= fastest["interval"][0],
+        "forecast_best_ties": forecast_best["interval"][1] >= fastest["interval"][0],
     }
 
 
 def print_table(figures: dict) -> None:
-    print(f"{'layout':<44} {'predicted':>9} {'measured':>9} {'range':>13} {'error':>7}")
+    print(f"{'layout':<44} {'forecast':>9} {'measured':>9} {'range':>13} {'error':>7}")
     for row in figures["rows"]:
         low, high = row["interval"]
         print(
-            f"{row['layout']:<44} {row['predicted']:>9.1f} {row['measured']:>9.1f} "
+            f"{row['layout']:<44} {row['forecast']:>9.1f} {row['measured']:>9.1f} "
             f"{f'{low:.1f}-{high:.1f}':>13} {row['error']:>+7.0%}"
         )
     count = len(figures["rows"])
     print(
         f"\nlargest error {figures['largest_error']:.0%}, median {figures['median_error']:.0%}; "
-        f"{figures['within_band']} of {count} within {PREDICTION_ERROR:.0%}; "
+        f"{figures['within_band']} of {count} within {FORECAST_ERROR:.0%}; "
         f"rank correlation (Spearman) {figures['spearman']:.2f}"
     )
-    ties = "within" if figures["predicted_best_ties"] else "outside"
+    ties = "within" if figures["forecast_best_ties"] else "outside"
     print(
-        f"predicted fastest: {figures['predicted_best']}; measured fastest: {figures['measured_best']}; "
-        f"the predicted fastest measured {ties} the fastest one's range"
+        f"forecast fastest: {figures['forecast_best']}; measured fastest: {figures['measured_best']}; "
+        f"the forecast fastest measured {ties} the fastest one's range"
     )
 
 
 def markdown(figures: dict) -> str:
     """The table as Markdown, for docs/plan.md."""
-    lines = ["| layout | predicted img/s | measured img/s | range | error |", "| --- | ---: | ---: | ---: | ---: |"]
+    lines = ["| layout | forecast img/s | measured img/s | range | error |", "| --- | ---: | ---: | ---: | ---: |"]
     for row in figures["rows"]:
         low, high = row["interval"]
         lines.append(
-            f"| {row['layout']} | {row['predicted']:.1f} | {row['measured']:.1f} | {low:.1f}-{high:.1f} | "
+            f"| {row['layout']} | {row['forecast']:.1f} | {row['measured']:.1f} | {low:.1f}-{high:.1f} | "
             f"{row['error']:+.0%} |"
         )
     return "\n".join(lines) + "\n"
@@ -121,11 +121,11 @@ def write_chart(figures: dict, title: str, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = figures["rows"]
-    top = max(max(row["measured"] for row in rows), max(row["predicted"] for row in rows)) * 1.1
+    top = max(max(row["measured"] for row in rows), max(row["forecast"] for row in rows)) * 1.1
     figure, axes = plt.subplots(figsize=(7, 6))
-    axes.plot([0, top], [0, top], color="#333333", linewidth=1, label="prediction = measurement")
+    axes.plot([0, top], [0, top], color="#333333", linewidth=1, label="forecast = measurement")
     axes.fill_between(
-        [0, top], [0, top * (1 - PREDICTION_ERROR)], [0, top * (1 + PREDICTION_ERROR)], color="#dddddd", label="±20%"
+        [0, top], [0, top * (1 - FORECAST_ERROR)], [0, top * (1 + FORECAST_ERROR)], color="#dddddd", label="±20%"
     )
     kinds = {"1 device": "#999999", "ddp": "#3b75af", "fsdp": "#8c564b", "model parallel": "#2ca02c"}
     for row in rows:
@@ -133,7 +133,7 @@ def write_chart(figures: dict, title: str, path: Path) -> None:
         low, high = row["interval"]
         axes.errorbar(
             row["measured"],
-            row["predicted"],
+            row["forecast"],
             xerr=[[row["measured"] - low], [high - row["measured"]]],
             fmt="o",
             color=kinds.get(kind, "#ff7f0e"),
@@ -146,7 +146,7 @@ def write_chart(figures: dict, title: str, path: Path) -> None:
     axes.set_xlim(0, top)
     axes.set_ylim(0, top)
     axes.set_xlabel("measured images per second (median of the windows; bars: slowest to fastest)")
-    axes.set_ylabel("predicted images per second")
+    axes.set_ylabel("forecast images per second")
     axes.set_title(
         f"{title}\nSpearman {figures['spearman']:.2f}, largest error {figures['largest_error']:.0%}", fontsize=9
     )
@@ -184,7 +184,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "plan_accuracy.json").write_text(json.dumps({"title": plan["title"], **figures}, indent=2))
     (args.out / "plan_accuracy.md").write_text(markdown(figures))
-    write_chart(figures, f"plan's predictions: {plan['title']}", args.out / "plan_accuracy.png")
+    write_chart(figures, f"plan's forecasts: {plan['title']}", args.out / "plan_accuracy.png")
     print(f"\nwrote plan_accuracy.json, .md (the table) and .png in {args.out}")
 
 

@@ -1,6 +1,6 @@
 """What the tests share: the repository's paths, CLI runners (in a subprocess or in this process), CIFAR-10 in its
-official files, free ports, and the test-only Lightning callbacks that configs load by class path (``helpers.<Name>``,
-found through ``HELPERS_ENV``)."""
+official files, free ports, the bare Trainer that strategy tests train with, and the test-only Lightning callbacks
+that configs load by class path (``helpers.<Name>``, found through ``HELPERS_ENV``)."""
 
 import os
 import pickle
@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from lightning.pytorch import Callback
+from lightning.pytorch import Callback, LightningModule, Trainer
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from typing_extensions import override
 
 from multigpu.run.replicas import data_parallel_size
@@ -88,6 +89,37 @@ def run_args(tmp_path: Path, run_name: str = "test") -> list[str]:
         f"--trainer.default_root_dir={tmp_path / 'logs'}",
         "--model.stem=imagenet",
     ]
+
+
+def bare_trainer(strategy, devices: int, max_steps: int, **options) -> Trainer:
+    """A CPU Trainer that trains ``max_steps`` steps and does nothing else: no logger, checkpoint, progress bar,
+    summary or validation, and no sampler of Lightning's (``fit_in_order`` gives each replica its share).
+    ``options`` add to these, or override them."""
+    return Trainer(
+        **{
+            "accelerator": "cpu",
+            "devices": devices,
+            "strategy": strategy,
+            "max_steps": max_steps,
+            "limit_val_batches": 0,
+            "logger": False,
+            "enable_checkpointing": False,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "use_distributed_sampler": False,
+            **options,
+        }
+    )
+
+
+def fit_in_order(trainer: Trainer, model: LightningModule, data: Dataset, batch_size: int) -> None:
+    """``trainer.fit`` on ``data`` in its order, each data-parallel replica reading its ``DistributedSampler`` share
+    unshuffled."""
+    replicas = trainer.strategy.distributed_sampler_kwargs if trainer.world_size > 1 else {}
+    shard = DistributedSampler(
+        data, num_replicas=replicas.get("num_replicas", 1), rank=replicas.get("rank", 0), shuffle=False
+    )
+    trainer.fit(model, DataLoader(data, batch_size=batch_size, sampler=shard))
 
 
 def write_cifar10_files(

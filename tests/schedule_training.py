@@ -14,14 +14,15 @@ One thread per process, so the sums of a micro-batch do not depend on the thread
 import sys
 
 import torch
-from lightning.pytorch import Trainer, seed_everything
+from helpers import bare_trainer, fit_in_order
+from lightning.pytorch import seed_everything
 from strategy_training import TinyBlocks
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
+from torch.utils.data import Subset, TensorDataset
 
 from multigpu.run.process_groups import end_process_groups
 from multigpu.strategies import PipelineStrategy
-from multigpu.strategies.pipeline.layout import SCHEDULES, natural_stages_per_process
+from multigpu.strategies.pipeline.stage_placement import SCHEDULES, natural_stages_per_process
 
 STEPS, MICRO_BATCHES, MICRO_BATCH = 3, 8, 2
 BATCH = MICRO_BATCHES * MICRO_BATCH
@@ -51,24 +52,8 @@ def _data() -> TensorDataset:
 def _fit(strategy, devices: int, data, batch_size: int, accumulate: int = 1) -> dict:
     seed_everything(0)
     model = NormBlocks()
-    trainer = Trainer(
-        accelerator="cpu",
-        devices=devices,
-        strategy=strategy,
-        max_steps=STEPS,
-        accumulate_grad_batches=accumulate,
-        limit_val_batches=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        use_distributed_sampler=False,
-    )
-    replicas = trainer.strategy.distributed_sampler_kwargs if trainer.world_size > 1 else {}
-    shard = DistributedSampler(
-        data, num_replicas=replicas.get("num_replicas", 1), rank=replicas.get("rank", 0), shuffle=False
-    )
-    trainer.fit(model, DataLoader(data, batch_size=batch_size, sampler=shard))
+    trainer = bare_trainer(strategy, devices, STEPS, accumulate_grad_batches=accumulate)
+    fit_in_order(trainer, model, data, batch_size)
     state = trainer.strategy.lightning_module_state_dict()  # on every rank: a pipeline gathers its stages
     optimizer = trainer.strategy.optimizer_state(trainer.optimizers[0])
     if not trainer.is_global_zero:  # rank 0 holds what was gathered

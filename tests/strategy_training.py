@@ -18,10 +18,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from helpers import bare_trainer, fit_in_order
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from lightning.pytorch.plugins import MixedPrecision
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import TensorDataset
 
 from multigpu.data.cifar10 import SyntheticCIFAR10
 from multigpu.model.classifier import ResNet50Classifier
@@ -177,7 +178,7 @@ class DeferredStatistics(ResNet50Classifier):
 
     def configure_model(self) -> None:
         super().configure_model()
-        defer_batch_norm(self.net, chunks=2)
+        defer_batch_norm(self.net, micro_batches=2)
 
 
 def deferred(batch_size: int) -> tuple[LightningModule, SyntheticCIFAR10]:
@@ -314,25 +315,9 @@ def main(name: str, out: str) -> None:
     torch.set_num_threads(1)
     seed_everything(0)
     model, data = build(batch_size)
-    trainer = Trainer(
-        accelerator="cpu",
-        devices=devices,
-        strategy=strategy() if callable(strategy) else strategy,
-        max_steps=STEPS,
-        limit_val_batches=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        use_distributed_sampler=False,
-        callbacks=callbacks,
-        **trainer_arguments,
-    )
-    replicas = trainer.strategy.distributed_sampler_kwargs if trainer.world_size > 1 else {}
-    shard = DistributedSampler(
-        data, num_replicas=replicas.get("num_replicas", 1), rank=replicas.get("rank", 0), shuffle=False
-    )
-    trainer.fit(model, DataLoader(data, batch_size=batch_size, sampler=shard))
+    strategy = strategy() if callable(strategy) else strategy
+    trainer = bare_trainer(strategy, devices, STEPS, callbacks=callbacks, **trainer_arguments)
+    fit_in_order(trainer, model, data, batch_size)
     state = trainer.strategy.lightning_module_state_dict()  # on every rank: a pipeline gathers its stages
     scaler = getattr(trainer.precision_plugin, "scaler", None)
     if scaler is not None:  # every process's loss scale (a plain collective: Lightning's all_gather is autograd's)

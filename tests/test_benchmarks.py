@@ -107,9 +107,9 @@ def test_pipeline_benchmark_prints_where_each_process_spends_its_time(tmp_path):
 
 
 @pytest.mark.slow
-def test_plan_accuracy_sets_each_prediction_against_its_measurement(tmp_path):
-    def row(layout, predicted, windows):
-        return {"layout": layout, "predicted": predicted, "images_per_s": sorted(windows)[1], "interval": windows}
+def test_plan_accuracy_sets_each_forecast_against_its_measurement(tmp_path):
+    def row(layout, forecast, windows):
+        return {"layout": layout, "forecast": forecast, "images_per_s": sorted(windows)[1], "interval": windows}
 
     results = [row("1 device", 30.0, [27.0, 31.0]), row("ddp", 24.0, [19.0, 21.0]), row("fsdp", 12.0, [15.0, 15.0])]
     results = [{**r, "interval": [min(r["interval"]), max(r["interval"])]} for r in results]
@@ -125,9 +125,9 @@ def test_plan_accuracy_sets_each_prediction_against_its_measurement(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     figures = json.loads((tmp_path / "plan_accuracy.json").read_text())
     assert [r["layout"] for r in figures["rows"]] == ["1 device", "ddp", "fsdp"]  # by measurement
-    assert figures["largest_error"] == pytest.approx(0.2)  # fsdp: 12 predicted, 15 measured
+    assert figures["largest_error"] == pytest.approx(0.2)  # fsdp: 12 forecast, 15 measured
     assert figures["within_band"] == 3 and figures["spearman"] == pytest.approx(1.0)
-    assert figures["predicted_best"] == figures["measured_best"] == "1 device" and figures["predicted_best_ties"]
+    assert figures["forecast_best"] == figures["measured_best"] == "1 device" and figures["forecast_best_ties"]
     assert "largest error 20%, median 14%; 3 of 3 within 20%; rank correlation (Spearman) 1.00" in result.stdout
     assert (tmp_path / "plan_accuracy.md").read_text().splitlines()[2] == "| 1 device | 30.0 | 31.0 | 27.0-31.0 | -3% |"
     assert (tmp_path / "plan_accuracy.png").read_bytes().startswith(b"\x89PNG")

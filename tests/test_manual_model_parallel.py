@@ -6,8 +6,8 @@ import time
 
 import pytest
 import torch
-from helpers import SMOKE, cli_error, cli_main, run_args, run_cli
-from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
+from helpers import SMOKE, bare_trainer, cli_error, cli_main, run_args, run_cli
+from lightning.pytorch import Callback, LightningModule, seed_everything
 from torch import nn
 from torch.utils.data import DataLoader
 from typing_extensions import override
@@ -40,20 +40,13 @@ class _CheckStageHooks(Callback):
 def _train_resnet(strategy, devices: int, precision: str, accumulate: int, clip: float | None, callbacks=()):
     seed_everything(0)
     model = ResNet50Classifier(batch_size=4, stem="imagenet", warmup_epochs=0)
-    trainer = Trainer(
-        accelerator="cpu",
-        devices=devices,
-        strategy=strategy,
+    trainer = bare_trainer(
+        strategy,
+        devices,
+        3,
         precision=precision,
-        max_steps=3,
         accumulate_grad_batches=accumulate,
         gradient_clip_val=clip,
-        limit_val_batches=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        use_distributed_sampler=False,
         callbacks=list(callbacks),
     )
     trainer.fit(model, DataLoader(SyntheticCIFAR10(24, seed=1), batch_size=4))
@@ -166,17 +159,7 @@ def _fit_tiny(strategy, devices: int, module: LightningModule | None = None, pre
     if module is None:
         module = _Unsplittable(nn.Sequential(nn.Linear(4, 64), nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 2)))
         module.example_input_array = torch.zeros(2, 4)
-    trainer = Trainer(
-        accelerator="cpu",
-        devices=devices,
-        strategy=strategy,
-        precision=precision,
-        max_steps=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = bare_trainer(strategy, devices, 1, precision=precision, use_distributed_sampler=True)
     trainer.fit(module, DataLoader([(torch.zeros(4),)] * 4, batch_size=2))
 
 

@@ -194,7 +194,7 @@ def test_two_gpu_stages_over_nccl(precision, tmp_path):
 def test_deferred_batch_norm_normalises_each_micro_batch_and_keeps_the_statistics_of_the_whole_batch():
     torch.manual_seed(0)
     plain, whole = torch.nn.BatchNorm2d(8), torch.nn.BatchNorm2d(8)
-    deferred = defer_batch_norm(torch.nn.Sequential(torch.nn.BatchNorm2d(8)), chunks=4)[0]
+    deferred = defer_batch_norm(torch.nn.Sequential(torch.nn.BatchNorm2d(8)), micro_batches=4)[0]
     for _ in range(2):  # two steps of 4 micro-batches
         x = torch.randn(16, 8, 5, 5) * 3 + 1
         for micro_batch in x.chunk(4):

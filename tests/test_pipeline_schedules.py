@@ -8,7 +8,7 @@ import torch
 from helpers import ABORTED_AT_EXIT, REPO
 
 from multigpu.errors import UsageError
-from multigpu.strategies.pipeline.layout import SCHEDULES, PipelineLayout
+from multigpu.strategies.pipeline.stage_placement import SCHEDULES, StagePlacement
 
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
 
@@ -69,10 +69,10 @@ def test_two_replicas_of_a_pipeline_equal_one_device_accumulating_both(schedule,
 
 
 def test_placement_is_looped_or_v_shaped():
-    assert PipelineLayout("Interleaved1F1B", 2, 2).stages_of(0) == [0, 2]
-    assert PipelineLayout("ZBVZeroBubble", 2, 2).stages_of(0) == [0, 3]
-    assert PipelineLayout("DualPipeV", 4, 2).stages_of(1) == [1, 6]
-    assert PipelineLayout("gpipe", 4, 1).stages_of(3) == [3]
+    assert StagePlacement("Interleaved1F1B", 2, 2).stages_of(0) == [0, 2]
+    assert StagePlacement("ZBVZeroBubble", 2, 2).stages_of(0) == [0, 3]
+    assert StagePlacement("DualPipeV", 4, 2).stages_of(1) == [1, 6]
+    assert StagePlacement("gpipe", 4, 1).stages_of(3) == [3]
 
 
 @pytest.mark.parametrize(
@@ -96,4 +96,4 @@ def test_placement_is_looped_or_v_shaped():
 )
 def test_a_layout_the_schedule_cannot_run_is_refused(schedule, per_process, micro_batches, message):
     with pytest.raises(UsageError, match=message.replace("(", r"\(")):
-        PipelineLayout(schedule, 2, per_process).check(micro_batches)
+        StagePlacement(schedule, 2, per_process).check(micro_batches)

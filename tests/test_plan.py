@@ -1,4 +1,4 @@
-"""``python main.py plan``: the layouts it lists and leaves out, its memory estimates and predictions, the layouts
+"""``python main.py plan``: the layouts it lists and leaves out, its memory estimates and forecasts, the layouts
 it measures, its table with ties, and its config."""
 
 import json
@@ -13,7 +13,7 @@ from lightning.fabric.utilities.rank_zero import LightningDeprecationWarning
 from multigpu.planning.command import PlanCLI
 from multigpu.planning.layouts import candidate_layouts
 from multigpu.planning.memory_estimate import block_memory, estimate
-from multigpu.planning.ranking import PREDICTION_ERROR
+from multigpu.planning.ranking import FORECAST_ERROR
 from multigpu.planning.selection import Setting, choose
 
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
@@ -215,7 +215,7 @@ def _table(stdout: str) -> list[list[str]]:
 
 
 @pytest.mark.slow
-def test_dry_run_predicts_every_layout_with_its_estimate_and_runs_none(tmp_path):
+def test_dry_run_forecasts_every_layout_with_its_estimate_and_runs_none(tmp_path):
     result = run_cli(
         "plan",
         "--config",
@@ -232,8 +232,8 @@ def test_dry_run_predicts_every_layout_with_its_estimate_and_runs_none(tmp_path)
     assert {row[0] for row in rows} == {
         name for name in TWO_CPU_PROCESSES if not name.startswith("pipeline") or name.endswith(" m2")
     }
-    predicted = [float(row[1]) for row in rows]  # layout, predicted, "-" (not measured), estimate
-    assert predicted == sorted(predicted, reverse=True) and min(predicted) > 0
+    forecast = [float(row[1]) for row in rows]  # layout, forecast, "-" (not measured), estimate
+    assert forecast == sorted(forecast, reverse=True) and min(forecast) > 0
     assert all(row[2] == "-" for row in rows)
     # 16 micro-batches of a pipeline's 16 images: with the ImageNet stem, layer4 sees 1x1 images, and
     # BatchNorm cannot train on one value per channel.
@@ -249,7 +249,7 @@ def test_dry_run_predicts_every_layout_with_its_estimate_and_runs_none(tmp_path)
 
 
 @pytest.mark.slow
-def test_plan_predicts_measures_the_best_marks_ties_and_writes_a_config_that_fit_trains_with(tmp_path):
+def test_plan_forecasts_measures_the_best_marks_ties_and_writes_a_config_that_fit_trains_with(tmp_path):
     result = run_cli(
         "plan",
         "--config",
@@ -273,9 +273,9 @@ def test_plan_predicts_measures_the_best_marks_ties_and_writes_a_config_that_fit
     folder = tmp_path / "logs" / "test"
     figures = {row["layout"]: row for row in json.loads((folder / "plan.json").read_text())["results"]}
     measured = {name for name, row in figures.items() if row["figures"]}
-    best = max(figures, key=lambda name: figures[name]["predicted"])
+    best = max(figures, key=lambda name: figures[name]["forecast"])
     within = {
-        name for name, row in figures.items() if row["predicted"] >= (1 - PREDICTION_ERROR) * figures[best]["predicted"]
+        name for name, row in figures.items() if row["forecast"] >= (1 - FORECAST_ERROR) * figures[best]["forecast"]
     }
     assert measured == {"1 device", best} | within  # the reference, the top 1 and those within the error
     for name, row in figures.items():
@@ -283,7 +283,7 @@ def test_plan_predicts_measures_the_best_marks_ties_and_writes_a_config_that_fit
             assert len(row["figures"]["window_images_per_s"]) == 3
             low, high = row["interval"]
             assert low <= row["images_per_s"] <= high and row["error"] == pytest.approx(
-                row["predicted"] / row["images_per_s"] - 1
+                row["forecast"] / row["images_per_s"] - 1
             )
             processes = 1 if name == "1 device" else 2  # one measured peak and one estimate per process
             assert len(row["figures"]["peak_memory_bytes"]) == len(row["estimate"]) == processes

@@ -4,12 +4,12 @@ the links' arithmetic, and how measured windows become ranges, ties and a choice
 import pytest
 
 from multigpu.compat import schedule_actions
+from multigpu.planning.forecast import overlapped_reduction
 from multigpu.planning.layouts import Layout
 from multigpu.planning.links import Link, Links
 from multigpu.planning.pipeline_simulation import simulate_step
-from multigpu.planning.prediction import overlapped_reduction
 from multigpu.planning.ranking import Outcome, choice, tied, to_measure
-from multigpu.strategies.pipeline.layout import SCHEDULES, PipelineLayout, natural_stages_per_process
+from multigpu.strategies.pipeline.stage_placement import SCHEDULES, StagePlacement, natural_stages_per_process
 
 pytestmark = pytest.mark.internals  # the schedules' action lists come from a private torch module
 
@@ -21,14 +21,14 @@ def test_a_balanced_pipeline_of_one_stage_per_process_takes_its_textbook_time(sc
     # P stages, m micro-batches, forward 1 and backward 2 each: (m + P - 1) x (1 + 2), the bubble included.
     for processes, micro_batches in ((2, 4), (4, 8)):
         finish = simulate_step(
-            PipelineLayout(schedule, processes, 1), micro_batches, [1.0] * processes, [2.0] * processes, NO_SEND
+            StagePlacement(schedule, processes, 1), micro_batches, [1.0] * processes, [2.0] * processes, NO_SEND
         )
         assert max(finish) == (micro_batches + processes - 1) * 3
         assert finish[0] == max(finish)  # the first stage finishes last: its backward passes come last
 
 
 def test_sends_between_processes_lengthen_the_step_and_sends_within_one_do_not():
-    layout = PipelineLayout("gpipe", 2, 1)
+    layout = StagePlacement("gpipe", 2, 1)
     quick = max(simulate_step(layout, 2, [1.0, 1.0], [2.0, 2.0], NO_SEND))
     slow = max(simulate_step(layout, 2, [1.0, 1.0], [2.0, 2.0], lambda stage: 0.5))
     assert slow == quick + 2 * 0.5  # one forward send and one backward send on the longest path
@@ -37,7 +37,7 @@ def test_sends_between_processes_lengthen_the_step_and_sends_within_one_do_not()
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_every_schedule_simulates_to_the_end_with_every_action_once(schedule):
     per_process = natural_stages_per_process(schedule)
-    layout = PipelineLayout(schedule, 2, per_process)
+    layout = StagePlacement(schedule, 2, per_process)
     stages = layout.num_stages
     finish = simulate_step(layout, 4, [1.0] * stages, [2.0] * stages, NO_SEND)
     work = 4 * stages * 3 / 2  # every stage's forward and backward passes, shared by the 2 processes
@@ -68,13 +68,13 @@ def test_links_follow_the_ring_algorithms():
     assert fitted.bandwidth == pytest.approx(1e9) and fitted.latency == pytest.approx(0.002 - 1e-6)
 
 
-def _outcome(name: str, processes: int, predicted: float, windows: list[float] | None = None, peak: int = 1) -> Outcome:
+def _outcome(name: str, processes: int, forecast: float, windows: list[float] | None = None, peak: int = 1) -> Outcome:
     layout = Layout(name, "auto" if name == "1 device" else "ddp", processes, processes, 8)
     figures = {"images_per_s": 0.0, "window_images_per_s": windows, "peak_memory_bytes": [peak]} if windows else None
-    return Outcome(layout, [0], predicted, figures)
+    return Outcome(layout, [0], forecast, figures)
 
 
-def test_the_reference_the_top_predictions_and_those_within_the_error_are_measured():
+def test_the_reference_the_top_forecasts_and_those_within_the_error_are_measured():
     outcomes = [
         _outcome("1 device", 1, 10.0),
         _outcome("a", 2, 30.0),

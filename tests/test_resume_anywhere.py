@@ -12,7 +12,7 @@ from helpers import ABORTED_AT_EXIT, HELPERS_ENV, REPO, cli_error, trained_steps
 from torch import nn
 
 from multigpu.data.datamodule import CIFAR10DataModule
-from multigpu.data.sampling import EpochPlan, ResumableSampler
+from multigpu.data.sampling import EpochOrder, ResumableSampler
 from multigpu.model.step_batch_norm import commit_step_statistics, record_step_statistics
 from multigpu.run.loop_position import count_steps_as_done
 from multigpu.run.replicas import accumulation_for
@@ -64,9 +64,12 @@ def test_an_epoch_resumed_on_another_layout_trains_every_image_once(before, afte
     assert not trained & set(rest) and len(rest) == len(set(rest))
     global_batch = after[0] * after[1] * after[2]
     assert len(SAMPLES) - len(trained) - len(rest) < global_batch
-    plan = EpochPlan(len(SAMPLES), global_batch, position)
-    assert plan.steps == len(resumed) and plan.skipped_steps + plan.steps == len(SAMPLES) // global_batch
-    assert plan.position(plan.skipped_steps + 1) == position + global_batch
+    epoch_order = EpochOrder(len(SAMPLES), global_batch, position)
+    assert (
+        epoch_order.steps == len(resumed)
+        and epoch_order.skipped_steps + epoch_order.steps == len(SAMPLES) // global_batch
+    )
+    assert epoch_order.position(epoch_order.skipped_steps + 1) == position + global_batch
 
 
 def test_a_checkpoint_written_between_epochs_sets_the_next_epoch_before_the_loader_starts(tiny_cifar10):
@@ -77,7 +80,7 @@ def test_a_checkpoint_written_between_epochs_sets_the_next_epoch_before_the_load
     )
     data.setup("fit")
     data.load_state_dict({"epoch": 1, "position": 0, "global_batch": 4})
-    assert data.resumed_plan() is None  # nothing of epoch 1 is trained yet
+    assert data.resumed_order() is None  # nothing of epoch 1 is trained yet
     assert data.train_dataloader().sampler.epoch == 1
 
 
@@ -98,7 +101,7 @@ def test_lightnings_batch_counters_are_rebased_on_the_new_accumulation():
 
 @pytest.mark.parametrize("momentum", [0.1, None])
 def test_step_statistics_of_one_replica_are_those_of_batch_norm_run_micro_batch_after_micro_batch(momentum):
-    """The committed running statistics of a step of 2 loader batches cut into 3 chunks each equal plain
+    """The committed running statistics of a step of 2 loader batches cut into 3 micro-batches each equal plain
     BatchNorm's after the same 6 forward passes (the one-replica case of the replicas' all-reduce)."""
     torch.manual_seed(0)
     plain = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, momentum=momentum))
@@ -109,7 +112,7 @@ def test_step_statistics_of_one_replica_are_those_of_batch_norm_run_micro_batch_
             images = torch.randn(5, 3, 6, 6) * (step + 1) + step
             plain(images)
             recorded(images)
-        commit_step_statistics(recorded, replicas=1, replica=0, chunks=3)
+        commit_step_statistics(recorded, replicas=1, replica=0, per_batch=3)
     for name, expected in plain.state_dict().items():
         torch.testing.assert_close(recorded.state_dict()[name], expected, rtol=1e-6, atol=1e-7)
     assert int(recorded[1].num_batches_tracked) == 12

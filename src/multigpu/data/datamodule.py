@@ -18,7 +18,7 @@ from multigpu.data.cifar10 import (
 )
 from multigpu.data.image_files import ImageFiles, Indexed
 from multigpu.data.on_device import DeviceBatches
-from multigpu.data.sampling import EpochPlan, ResumableSampler
+from multigpu.data.sampling import EpochOrder, ResumableSampler
 from multigpu.errors import UsageError, check_at_least
 from multigpu.run.loop_position import next_position
 from multigpu.run.replicas import data_parallel_rank, data_parallel_size
@@ -198,13 +198,13 @@ class CIFAR10DataModule(LightningDataModule):
             position = self._resume.get("batches", 0) * self.batch_size * self._shard()[0]
         return self._resume["epoch"], position
 
-    def resumed_plan(self) -> tuple[int, EpochPlan] | None:
+    def resumed_order(self) -> tuple[int, EpochOrder] | None:
         """The epoch a checkpoint read by ``load_state_dict`` stopped inside, and how this layout trains the rest
         of it; ``None`` when it stopped between epochs."""
         point = self._resume_point()
         if point is None or not point[1]:
             return None
-        return point[0], EpochPlan(len(self.datasets["train"]), self._global_batch(), point[1])
+        return point[0], EpochOrder(len(self.datasets["train"]), self._global_batch(), point[1])
 
     @override
     def train_dataloader(self) -> DataLoader | DeviceBatches:
@@ -248,9 +248,9 @@ class CIFAR10DataModule(LightningDataModule):
         position = 0
         if batches:
             sampler = self._sampler
-            plan = sampler.current if sampler is not None and sampler.epoch == epoch else None
-            plan = plan or EpochPlan(len(self.datasets["train"]), self._global_batch())
-            position = plan.position(batches // self._accumulation())
+            epoch_order = sampler.current if sampler is not None and sampler.epoch == epoch else None
+            epoch_order = epoch_order or EpochOrder(len(self.datasets["train"]), self._global_batch())
+            position = epoch_order.position(batches // self._accumulation())
         state = {"epoch": epoch, "position": position, "global_batch": self._global_batch()}
         return state if self._shuffle_seed is None else {**state, "shuffle_seed": self._shuffle_seed}
 

@@ -15,7 +15,7 @@ groups of 4 in every step.
 
 The position of a run in its epoch is then one number, the images of the permutation
 already trained (a prefix of it), and a run resumed on another layout goes on from there
-(``EpochPlan``): no image is trained twice in the epoch, none is skipped.
+(``EpochOrder``): no image is trained twice in the epoch, none is skipped.
 """
 
 from collections.abc import Iterator
@@ -25,11 +25,11 @@ import torch
 from torch.utils.data import Dataset, DistributedSampler
 from typing_extensions import override
 
-__all__ = ["EpochPlan", "ResumableSampler"]
+__all__ = ["EpochOrder", "ResumableSampler"]
 
 
 @dataclass(frozen=True)
-class EpochPlan:
+class EpochOrder:
     """How one pass over an epoch of ``samples`` images trains it in global batches of ``global_batch``,
     starting after its first ``start`` positions (a resumed epoch; 0 otherwise).
 
@@ -88,7 +88,7 @@ class ResumableSampler(DistributedSampler):
         self.batch_size, self.accumulation = batch_size, accumulation
         self.global_batch = batch_size * num_replicas * accumulation
         self._resume: tuple[int, int] | None = None  # (epoch, position)
-        self.current = EpochPlan(len(dataset), self.global_batch)  # the plan of the pass under way
+        self.current = EpochOrder(len(dataset), self.global_batch)  # the order of the epoch under way
 
     def resume_at(self, epoch: int, position: int) -> None:
         """Make the next pass the one over ``epoch``, after its first ``position`` images.
@@ -100,10 +100,10 @@ class ResumableSampler(DistributedSampler):
         self.set_epoch(epoch)
         self._resume = (epoch, position)
 
-    def plan(self) -> EpochPlan:
-        """The plan of the pass over the current epoch."""
+    def next_order(self) -> EpochOrder:
+        """The order of the current epoch that ``__iter__`` trains next, from where it resumes."""
         start = self._resume[1] if self._resume is not None and self._resume[0] == self.epoch else 0
-        return EpochPlan(len(self.dataset), self.global_batch, start)
+        return EpochOrder(len(self.dataset), self.global_batch, start)
 
     def sample_seed(self, index: int) -> int:
         return ((self.seed * 1_000_003 + self.epoch) * 1_000_003 + index) % 2**63
@@ -111,19 +111,21 @@ class ResumableSampler(DistributedSampler):
     @override
     def __len__(self) -> int:
         """The images this replica trains in a whole epoch (Lightning counts every epoch as a whole one)."""
-        return EpochPlan(len(self.dataset), self.global_batch).steps_per_epoch * self.accumulation * self.batch_size
+        return EpochOrder(len(self.dataset), self.global_batch).steps_per_epoch * self.accumulation * self.batch_size
 
     @override
     def __iter__(self) -> Iterator[tuple[int, int]]:  # type: ignore[override]
-        plan = self.current = self.plan()
+        epoch_order = self.current = self.next_order()
         self._resume = None
         generator = torch.Generator().manual_seed(self.seed + self.epoch)  # DistributedSampler's permutation
         order = torch.randperm(len(self.dataset), generator=generator).tolist()
         keys = []
-        for step in range(plan.steps):
+        for step in range(epoch_order.steps):
             for batch in range(self.accumulation):
                 first = (
-                    plan.start + step * self.global_batch + (batch * self.num_replicas + self.rank) * self.batch_size
+                    epoch_order.start
+                    + step * self.global_batch
+                    + (batch * self.num_replicas + self.rank) * self.batch_size
                 )
                 keys += [(index, self.sample_seed(index)) for index in order[first : first + self.batch_size]]
         return iter(keys)

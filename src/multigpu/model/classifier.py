@@ -28,7 +28,7 @@ from multigpu.model.recomputation import recompute_blocks
 from multigpu.model.resnet import Stem, resnet50_block_factories
 from multigpu.model.step_batch_norm import record_step_statistics
 from multigpu.model.torchvision_weights import load_torchvision_weights
-from multigpu.run.replica_statistics import ReplicaStatistics, records_step_statistics, step_statistics_slots
+from multigpu.run.replica_statistics import ReplicaStatistics, micro_batches_per_step, records_step_statistics
 from multigpu.run.replicas import data_parallel_size
 
 __all__ = [
@@ -158,7 +158,7 @@ class ResNet50Classifier(LightningModule):
         if self.hparams.init_from and self._starts_training():
             rank_zero_info(load_torchvision_weights(self.net, self.hparams.init_from))
         if (trainer := self._trainer_if_any()) is not None and records_step_statistics(trainer):
-            record_step_statistics(self.net, slots=step_statistics_slots(trainer))
+            record_step_statistics(self.net, micro_batches=micro_batches_per_step(trainer))
         if self.hparams.channels_last:
             self.net.to(memory_format=torch.channels_last)
         if self.hparams.recompute_activations:

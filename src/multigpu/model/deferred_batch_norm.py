@@ -5,7 +5,7 @@ mean and variance once per micro-batch, from that micro-batch alone. ``DeferredB
 (after torchgpipe's deferred batch norm) still normalises each micro-batch by its own
 statistics during training, as plain BatchNorm does, so the forward and backward passes
 are unchanged; but it only accumulates the micro-batches' statistics, and after the
-``chunks``-th micro-batch updates the running statistics once, with the mean and the
+``micro_batches``-th micro-batch updates the running statistics once, with the mean and the
 unbiased variance of the whole batch, as BatchNorm given the whole batch at once would.
 
 The micro-batches are combined with Chan et al.'s parallel formula (per micro-batch mean
@@ -28,13 +28,18 @@ __all__ = ["DeferredBatchNorm", "defer_batch_norm", "replace_batch_norm"]
 
 
 class DeferredBatchNorm(AnyDimBatchNorm):
-    """A BatchNorm layer that updates its running statistics once per ``chunks`` training micro-batches."""
+    """A BatchNorm layer that updates its running statistics once per ``micro_batches`` training micro-batches."""
 
     def __init__(
-        self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True, chunks: int = 1
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        micro_batches: int = 1,
     ) -> None:
         super().__init__(num_features, eps, momentum, affine, track_running_stats=True)
-        self.chunks = chunks
+        self.micro_batches = micro_batches
         # Micro-batches so far, elements per feature, their mean, and their sum of squared deviations from it:
         # buffers, which the pipeline stage's metadata inference (a real forward pass) backs up and restores.
         self.register_buffer("_tracked", torch.zeros((), dtype=torch.long), persistent=False)
@@ -55,9 +60,9 @@ class DeferredBatchNorm(AnyDimBatchNorm):
         self._tracked += 1
 
     def _commit_when_complete(self) -> None:
-        """After the ``chunks``-th micro-batch, update the running statistics and start again; without
+        """After the ``micro_batches``-th micro-batch, update the running statistics and start again; without
         asking the device whether it is (no synchronisation): the update is weighted by 0 until then."""
-        complete = self._tracked == self.chunks
+        complete = self._tracked == self.micro_batches
         self.num_batches_tracked += complete.long()
         if self.momentum is None:  # a cumulative average, as BatchNorm's
             factor = complete.double() / self.num_batches_tracked.clamp(min=1).double()
@@ -98,13 +103,13 @@ def replace_batch_norm(
     return module
 
 
-def defer_batch_norm(module: nn.Module, chunks: int) -> nn.Module:
+def defer_batch_norm(module: nn.Module, micro_batches: int) -> nn.Module:
     """Replace every BatchNorm layer in ``module`` that tracks running statistics by a ``DeferredBatchNorm``
-    that commits every ``chunks`` micro-batches, in place (``replace_batch_norm``). Returns ``module``."""
+    that commits every ``micro_batches`` micro-batches, in place (``replace_batch_norm``). Returns ``module``."""
     return replace_batch_norm(
         module,
         lambda child: (
             isinstance(child, BatchNormBase) and child.track_running_stats and not isinstance(child, DeferredBatchNorm)
         ),
-        lambda child: DeferredBatchNorm(child.num_features, child.eps, child.momentum, child.affine, chunks),
+        lambda child: DeferredBatchNorm(child.num_features, child.eps, child.momentum, child.affine, micro_batches),
     )

@@ -29,15 +29,20 @@ __all__ = ["StepBatchNorm", "commit_step_statistics", "record_step_statistics"]
 
 
 class StepBatchNorm(AnyDimBatchNorm):
-    """BatchNorm that records each training micro-batch's mean and unbiased variance, up to ``slots`` a step,
+    """BatchNorm that records each training micro-batch's mean and unbiased variance, up to ``micro_batches`` a step,
     and leaves its running statistics to ``commit_step_statistics``."""
 
     def __init__(
-        self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True, slots: int = 1
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        micro_batches: int = 1,
     ) -> None:
         super().__init__(num_features, eps, momentum, affine, track_running_stats=True)
         self.register_buffer("_recorded", torch.zeros((), dtype=torch.long), persistent=False)
-        self.register_buffer("_statistics", torch.zeros(slots, 2, num_features), persistent=False)
+        self.register_buffer("_statistics", torch.zeros(micro_batches, 2, num_features), persistent=False)
         self.register_buffer("_batch", torch.zeros(2, num_features), persistent=False)
 
     @override
@@ -55,13 +60,13 @@ class StepBatchNorm(AnyDimBatchNorm):
         return output
 
 
-def record_step_statistics(module: nn.Module, slots: int) -> nn.Module:
+def record_step_statistics(module: nn.Module, micro_batches: int) -> nn.Module:
     """Replace every plain BatchNorm layer of ``module`` that tracks running statistics by a ``StepBatchNorm`` with
-    room for ``slots`` micro-batches a step, in place (``replace_batch_norm``). Returns ``module``."""
+    room for ``micro_batches`` micro-batches a step, in place (``replace_batch_norm``). Returns ``module``."""
     return replace_batch_norm(
         module,
         lambda child: type(child) in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d) and child.track_running_stats,
-        lambda child: StepBatchNorm(child.num_features, child.eps, child.momentum, child.affine, slots),
+        lambda child: StepBatchNorm(child.num_features, child.eps, child.momentum, child.affine, micro_batches),
     )
 
 
@@ -76,14 +81,14 @@ def _weights(norm: StepBatchNorm, places: list[int], total: int) -> tuple[float,
 
 
 def commit_step_statistics(
-    module: nn.Module, replicas: int, replica: int, chunks: int = 1, group: dist.ProcessGroup | None = None
+    module: nn.Module, replicas: int, replica: int, per_batch: int = 1, group: dist.ProcessGroup | None = None
 ) -> None:
     """Update the running statistics of every ``StepBatchNorm`` of ``module`` that ran this step, as one device
     that ran all ``replicas``' micro-batches in order would, and start the next step's records.
 
-    This replica's ``k``-th micro-batch of the step is micro-batch ``(a x replicas + replica) x chunks + j`` of
-    the global batch, with ``a, j = divmod(k, chunks)``: its ``a``-th loader batch, cut into ``chunks``
-    forward passes (a pipeline's micro-batches). Every process of ``group`` (the replicas that hold these
+    This replica's ``k``-th micro-batch of the step is micro-batch ``(a x replicas + replica) x per_batch + j`` of
+    the global batch, with ``a, j = divmod(k, per_batch)``: its ``a``-th loader batch, cut into ``per_batch``
+    micro-batches (a pipeline's; 1 otherwise). Every process of ``group`` (the replicas that hold these
     layers; default all) calls it at the same point. The sums travel on the first layer's device; the device
     is asked once for the layers' counts.
     """
@@ -98,7 +103,7 @@ def commit_step_statistics(
         return
     sums, updates, weights_of = [], [], {}
     for norm, recorded in zip(norms, counts):
-        places = [(k // chunks * replicas + replica) * chunks + k % chunks for k in range(recorded)]
+        places = [(k // per_batch * replicas + replica) * per_batch + k % per_batch for k in range(recorded)]
         key = (norm.momentum, recorded, norm._statistics.device)
         if norm.momentum is None or key not in weights_of:  # the same for every layer of a momentum
             keep, weights = _weights(norm, places, recorded * replicas)

@@ -1,17 +1,17 @@
-"""``python main.py plan``: predict every layout these devices allow, measure the few that matter, and write the
+"""``python main.py plan``: forecast every layout these devices allow, measure the few that matter, and write the
 choice as a config.
 
     python main.py plan --trainer.devices=4                          # every layout of 4 GPUs
     python main.py plan --config configs/smoke.yaml --trainer.accelerator=cpu --trainer.devices=2
-    python main.py plan --trainer.devices=8 --plan.dry_run=true      # predictions only, nothing trains
+    python main.py plan --trainer.devices=8 --plan.dry_run=true      # forecasts only, nothing trains
 
 It takes ``fit``'s options. For each layout (``layouts``) it estimates the memory of each
 device from the network on the meta device (``memory_estimate``) and leaves out, saying so,
 what would not fit. It times each block on the first device (``profile``), balances the split
-layouts by those times, measures the links between the devices (``links``) and predicts each
-layout's images per second (``prediction``). Then it trains, in fresh processes through
+layouts by those times, measures the links between the devices (``links``) and forecasts each
+layout's images per second (``forecast``). Then it trains, in fresh processes through
 ``main.py fit`` on synthetic data of CIFAR-10's shape, the reference (one device) and the best
-predicted layouts (``ranking``), timing repeated windows of steps (``multigpu.planning.timed_runs``, as
+forecast layouts (``ranking``), timing repeated windows of steps (``multigpu.planning.timed_runs``, as
 the benchmarks do), and picks the simplest of the layouts tied with the fastest (``report``).
 """
 
@@ -23,11 +23,11 @@ from typing_extensions import override
 
 from multigpu.cli.lightning_cli import MultiGPUCLI
 from multigpu.errors import UsageError
+from multigpu.planning.forecast import forecast
 from multigpu.planning.layouts import Refusal, candidate_layouts
 from multigpu.planning.links import measure_links
 from multigpu.planning.measurement import balanced, measure
 from multigpu.planning.options import PlanOptions, check_no_plan_section
-from multigpu.planning.prediction import predict
 from multigpu.planning.ranking import Outcome, to_measure
 from multigpu.planning.report import print_report, write_outputs
 from multigpu.planning.resources import budget as memory_budget
@@ -92,11 +92,11 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
     links = measure_links(max(layout.processes for layout in chosen) if chosen else 1, setting.cuda, setting.device_ids)
     outcomes = []
     for layout in chosen:
-        predicted = predict(layout, profile, links, setting.memory)
-        if isinstance(predicted, str):
-            refusals.append(Refusal(layout.label, predicted))
+        expected = forecast(layout, profile, links, setting.memory)
+        if isinstance(expected, str):
+            refusals.append(Refusal(layout.label, expected))
         else:
-            outcomes.append(Outcome(layout, setting.estimated_peaks(layout), predicted))
+            outcomes.append(Outcome(layout, setting.estimated_peaks(layout), expected))
     if not options.dry_run:
         accumulate = trainer.get("accumulate_grad_batches") or 1
         selected = outcomes if options.measure == "all" else to_measure(outcomes, options.top)

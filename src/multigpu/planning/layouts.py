@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from multigpu.errors import UsageError
 from multigpu.strategies import CLASS_PATHS
-from multigpu.strategies.pipeline.layout import SCHEDULES, PipelineLayout, natural_stages_per_process
+from multigpu.strategies.pipeline.stage_placement import SCHEDULES, StagePlacement, natural_stages_per_process
 
 __all__ = ["PLANNED_STRATEGIES", "Layout", "Refusal", "candidate_layouts"]
 
@@ -62,8 +62,8 @@ class Layout:
         return 1 if self.strategy in ("auto", "dp") else self.processes
 
     @property
-    def pipeline(self) -> PipelineLayout:
-        return PipelineLayout(
+    def pipeline(self) -> StagePlacement:
+        return StagePlacement(
             self.schedule,
             self.options["num_stages"] // self.options["stages_per_process"],
             self.options["stages_per_process"],
@@ -202,7 +202,7 @@ def _pipelines(devices, batch_size, compiled, schedules, micro_batches, refuse) 
             per_process = natural_stages_per_process(schedule)
             stages = processes * per_process
             for count in counts:
-                layout = PipelineLayout(schedule, processes, per_process)
+                layout = StagePlacement(schedule, processes, per_process)
                 what = f"pipeline {stages} stages {schedule.lower()} m{count}"
                 if batch % count:
                     refuse(

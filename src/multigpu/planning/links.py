@@ -1,4 +1,4 @@
-"""The links between the devices, measured on the real backend: what ``plan``'s predictions charge for moving
+"""The links between the devices, measured on the real backend: what ``plan``'s forecasts charge for moving
 tensors and for the runtimes that move them, and, on the CPU, how much processes running at once slow each other.
 
 ``measure_links`` starts one process per device with ``torchrun`` (gloo on the CPU, NCCL on

@@ -76,9 +76,7 @@ def measure(
                     outcome, figures=run(command, out, folder / f"layout{index}.log", timeout=LAYOUT_TIMEOUT_S)
                 )
                 low, high = outcome.interval
-                said = (
-                    f"{outcome.images_per_s:.1f} img/s ({low:.1f}-{high:.1f}), predicted {outcome.predicted or 0:.1f}"
-                )
+                said = f"{outcome.images_per_s:.1f} img/s ({low:.1f}-{high:.1f}), forecast {outcome.forecast or 0:.1f}"
             except RunFailed as failure:
                 log = (folder / f"layout{index}.log").read_text()
                 outcome = replace(

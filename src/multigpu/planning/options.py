@@ -8,7 +8,7 @@ import yaml
 
 from multigpu.errors import UsageError, check_at_least
 from multigpu.planning.layouts import PLANNED_STRATEGIES
-from multigpu.strategies.pipeline.layout import SCHEDULES
+from multigpu.strategies.pipeline.stage_placement import SCHEDULES
 
 __all__ = ["PlanOptions", "check_no_plan_section", "without_plan_options"]
 
@@ -20,9 +20,9 @@ class PlanOptions:
         warmup: untimed optimizer steps first (default: 10 on GPUs, 2 on the CPU).
         steps: optimizer steps in each timed window (default: 4 on GPUs, 1 on the CPU).
         windows: timed windows per measured layout; their median is its figure, the slowest and fastest its range.
-        measure: ``best`` measures the reference (one device), the ``top`` layouts by prediction and those
-            predicted within the predictions' error of the best; ``all`` measures every layout.
-        top: how many of the best predicted layouts ``measure=best`` measures.
+        measure: ``best`` measures the reference (one device), the ``top`` layouts by forecast and those
+            forecast within the forecasts' error of the best; ``all`` measures every layout.
+        top: how many of the best forecast layouts ``measure=best`` measures.
         strategies: the strategies to try besides one device, which is always measured (the reference).
         schedules: the pipeline schedules to try.
         micro_batches: the micro-batch counts a pipeline of P processes tries (default P, 2P and 4P).

@@ -13,13 +13,13 @@ action, measured with ``links``. The step ends when the last process finishes.
 from collections.abc import Callable, Sequence
 
 from multigpu.compat import schedule_actions
-from multigpu.strategies.pipeline.layout import PipelineLayout
+from multigpu.strategies.pipeline.stage_placement import StagePlacement
 
 __all__ = ["simulate_step"]
 
 
 def simulate_step(
-    pipeline: PipelineLayout,
+    pipeline: StagePlacement,
     micro_batches: int,
     forward: Sequence[float],
     backward: Sequence[float],
@@ -55,7 +55,7 @@ def simulate_step(
     return clock
 
 
-def _actions(pipeline: PipelineLayout, micro_batches: int) -> list[list[tuple[str, int, int]]]:
+def _actions(pipeline: StagePlacement, micro_batches: int) -> list[list[tuple[str, int, int]]]:
     """Each process's actions in one step: torch's own lists for the multi-stage schedules; GPipe's and 1F1B's as
     torch runs them (its lists of those two number the micro-batches of the later stages wrongly)."""
     if not pipeline.is_single:

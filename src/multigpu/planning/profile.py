@@ -1,4 +1,4 @@
-"""The time of each block, which ``plan`` balances the split layouts by and builds its predictions from.
+"""The time of each block, which ``plan`` balances the split layouts by and builds its forecasts from.
 
 ``BlockProfile`` times each block's forward pass, backward pass and update (``block_pass_times``)
 on the first device, in the run's precision, once per micro-batch size and, on the CPU, per

@@ -1,7 +1,7 @@
 """Which layouts ``plan`` measures, how sure each measured figure is, and which layout it picks.
 
-It measures the reference (one device), the ``top`` layouts by prediction, and every other
-layout whose prediction lies within ``PREDICTION_ERROR`` of the best prediction: the largest
+It measures the reference (one device), the ``top`` layouts by forecast, and every other
+layout whose forecast lies within ``FORECAST_ERROR`` of the best forecast: the largest
 error the accuracy benchmark (``benchmarks/plan_accuracy.py``) allows. A measured layout's
 figure is the median of its windows' images per second, and its range runs from the slowest
 window to the fastest: with 5 windows the median lies inside it 15 times in 16, whatever the
@@ -16,20 +16,20 @@ from dataclasses import dataclass
 
 from multigpu.planning.layouts import Layout
 
-__all__ = ["PREDICTION_ERROR", "REFERENCE", "Outcome", "choice", "ranked", "tied", "to_measure"]
+__all__ = ["FORECAST_ERROR", "REFERENCE", "Outcome", "choice", "ranked", "tied", "to_measure"]
 
-PREDICTION_ERROR = 0.2
+FORECAST_ERROR = 0.2
 REFERENCE = "auto"  # one device: the strategy of the layout every other one is compared with
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """A layout's estimated peak per device and predicted images per second, and once it ran, its figures or why
+    """A layout's estimated peak per device and forecast images per second, and once it ran, its figures or why
     it failed."""
 
     layout: Layout
     estimate: list[int]
-    predicted: float | None = None
+    forecast: float | None = None
     figures: dict | None = None
     failure: str | None = None
 
@@ -52,18 +52,18 @@ class Outcome:
 
     @property
     def error(self) -> float | None:
-        """The prediction's error relative to the measured median."""
-        if not (self.figures and self.predicted):
+        """The forecast's error relative to the measured median."""
+        if not (self.figures and self.forecast):
             return None
-        return self.predicted / self.images_per_s - 1
+        return self.forecast / self.images_per_s - 1
 
 
 def to_measure(outcomes: Sequence[Outcome], top: int) -> list[Outcome]:
     """The outcomes to measure, in their order (see the module's docstring)."""
-    by_prediction = sorted((o for o in outcomes if o.predicted), key=lambda o: -o.predicted)
-    best = by_prediction[0].predicted if by_prediction else 0.0
-    kept = {id(o) for o in by_prediction[:top]}
-    kept |= {id(o) for o in by_prediction if o.predicted >= best * (1 - PREDICTION_ERROR)}
+    by_forecast = sorted((o for o in outcomes if o.forecast), key=lambda o: -o.forecast)
+    best = by_forecast[0].forecast if by_forecast else 0.0
+    kept = {id(o) for o in by_forecast[:top]}
+    kept |= {id(o) for o in by_forecast if o.forecast >= best * (1 - FORECAST_ERROR)}
     return [o for o in outcomes if id(o) in kept or o.layout.strategy == REFERENCE]
 
 

@@ -1,4 +1,4 @@
-"""What ``plan`` prints and writes: the table of predictions and measurements with its ties, the layouts left out,
+"""What ``plan`` prints and writes: the table of forecasts and measurements with its ties, the layouts left out,
 ``plan.yaml``, ``plan.json`` and a chart."""
 
 import json
@@ -33,8 +33,8 @@ def _mib(values: Sequence[int]) -> str:
 
 
 def _in_order(outcomes: Sequence[Outcome]) -> list[Outcome]:
-    """The measured outcomes fastest first, then the others by prediction."""
-    others = sorted((o for o in outcomes if not o.figures), key=lambda o: -(o.predicted or 0.0))
+    """The measured outcomes fastest first, then the others by forecast."""
+    others = sorted((o for o in outcomes if not o.figures), key=lambda o: -(o.forecast or 0.0))
     return ranked(outcomes) + others
 
 
@@ -45,7 +45,7 @@ def print_report(
     budget: tuple[int, bool],
     measured: bool,
 ) -> None:
-    """The layouts left out and why, then the table: each layout's prediction and, if it ran, its measurement."""
+    """The layouts left out and why, then the table: each layout's forecast and, if it ran, its measurement."""
     if refusals:
         print("\nleft out:")
         for refusal in refusals:
@@ -60,27 +60,27 @@ def print_report(
     if measured:
         print("\n(img/s: the median of the timed windows; range: the slowest and the fastest window; = ties with #1)")
     else:
-        print(f"\n{len(outcomes)} layouts would run (predicted, and memory estimates with {room} available):")
+        print(f"\n{len(outcomes)} layouts would run (forecast, and memory estimates with {room} available):")
     print(
-        f"\n{'#':>4}  {'layout':<44} {'predicted':>9} {'img/s':>7} {'range':>13} {'error':>6} "
+        f"\n{'#':>4}  {'layout':<44} {'forecast':>9} {'img/s':>7} {'range':>13} {'error':>6} "
         f"{'peak MiB':>13} {'estimate MiB':>13} {'efficiency':>10}"
     )
     for place, outcome in enumerate(ordered, 1):
-        predicted = f"{outcome.predicted:.1f}" if outcome.predicted else "-"
+        forecast = f"{outcome.forecast:.1f}" if outcome.forecast else "-"
         if outcome.figures:
             low, high = outcome.interval
             mark = "=" if id(outcome) in ties and len(ties) > 1 else " "
             efficiency = _efficiency(outcome, outcomes)
             peaks = _mib(outcome.figures["peak_memory_bytes"])
             print(
-                f"{place:>3}{mark}  {outcome.layout.label:<44} {predicted:>9} {outcome.images_per_s:>7.1f} "
+                f"{place:>3}{mark}  {outcome.layout.label:<44} {forecast:>9} {outcome.images_per_s:>7.1f} "
                 f"{f'{low:.1f}-{high:.1f}':>13} {outcome.error:>+6.0%} {peaks:>13} "
                 f"{_mib(outcome.estimate):>13} {'-' if efficiency is None else f'{efficiency:.2f}':>10}"
             )
         else:
             said = "failed" if outcome.failure else "-"
             print(
-                f"{'':>4}  {outcome.layout.label:<44} {predicted:>9} {said:>7} {'':>13} {'':>6} {'':>13} "
+                f"{'':>4}  {outcome.layout.label:<44} {forecast:>9} {said:>7} {'':>13} {'':>6} {'':>13} "
                 f"{_mib(outcome.estimate):>13}"
             )
     chosen = choice(outcomes)
@@ -101,7 +101,7 @@ def print_report(
 def write_outputs(
     outcomes: Sequence[Outcome], folder: Path, device_ids: Sequence[int] | None, trainer: dict[str, Any], title: str
 ) -> Path | None:
-    """Write the chosen layout as ``plan.yaml``, every prediction and figure as ``plan.json`` and the chart
+    """Write the chosen layout as ``plan.yaml``, every forecast and figure as ``plan.json`` and the chart
     ``plan.png`` into ``folder``; return the config's path (None when no layout ran)."""
     chosen = choice(outcomes)
     if chosen is None:
@@ -137,7 +137,7 @@ def write_outputs(
     bars = ranked(outcomes)
     notes = [
         ", ".join(
-            ([f"predicted {o.predicted:.1f}"] if o.predicted else [])
+            ([f"forecast {o.forecast:.1f}"] if o.forecast else [])
             + (["chosen"] if o is chosen else ["tie"] if id(o) in ties else [])
         )
         for o in bars

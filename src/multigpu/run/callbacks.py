@@ -23,7 +23,7 @@ from multigpu.compat import (
 )
 from multigpu.errors import UsageError
 from multigpu.run.loop_position import count_steps_as_done
-from multigpu.run.replicas import data_parallel_size, forward_chunks
+from multigpu.run.replicas import data_parallel_size, micro_batches_per_batch
 
 __all__ = ["CheckpointOnSigterm", "LastCheckpoint", "RunMetadata", "StopAllProcessesOnError", "ThroughputSummary"]
 
@@ -133,7 +133,7 @@ class RunMetadata(Callback):
             "replicas": data_parallel_size(trainer),
             "accumulated_batches": trainer.accumulate_grad_batches,
             "global_batch_size": getattr(pl_module, "global_batch_size", None),
-            "forward_batch": batch_size // forward_chunks(trainer) if batch_size else None,
+            "forward_batch": batch_size // micro_batches_per_batch(trainer) if batch_size else None,
         }
 
     @override
@@ -147,7 +147,7 @@ class RunMetadata(Callback):
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         if trainer.state.fn != TrainerFn.FITTING:  # the layout only matters to training
             return
-        resumed = getattr(trainer.datamodule, "resumed_plan", lambda: None)()
+        resumed = getattr(trainer.datamodule, "resumed_order", lambda: None)()
         if resumed is not None and "loops" in checkpoint:
             count_steps_as_done(
                 checkpoint["loops"]["fit_loop"], resumed[1].skipped_steps, trainer.accumulate_grad_batches
@@ -176,8 +176,8 @@ class RunMetadata(Callback):
             parts.append("so the same steps train the same images")
         where = ""
         if resumed is not None:
-            epoch, plan = resumed
-            where = f"; epoch {epoch} goes on after its first {plan.start} of {plan.samples} images"
+            epoch, epoch_order = resumed
+            where = f"; epoch {epoch} goes on after its first {epoch_order.start} of {epoch_order.samples} images"
         rank_zero_info(f"Resuming with {layout}: {', '.join(parts)}{where}.")
 
 

@@ -12,9 +12,9 @@ from typing_extensions import override
 
 from multigpu.compat import layer_sync
 from multigpu.model.step_batch_norm import commit_step_statistics
-from multigpu.run.replicas import data_parallel_rank, data_parallel_size, forward_chunks, replica_group
+from multigpu.run.replicas import data_parallel_rank, data_parallel_size, micro_batches_per_batch, replica_group
 
-__all__ = ["ReplicaStatistics", "records_step_statistics", "step_statistics_slots"]
+__all__ = ["ReplicaStatistics", "records_step_statistics", "micro_batches_per_step"]
 
 
 def records_step_statistics(trainer: Trainer) -> bool:
@@ -25,9 +25,9 @@ def records_step_statistics(trainer: Trainer) -> bool:
     return fitting and data_parallel_size(trainer) > 1 and layer_sync(trainer.strategy) is None
 
 
-def step_statistics_slots(trainer: Trainer) -> int:
+def micro_batches_per_step(trainer: Trainer) -> int:
     """The forward passes of one replica in a step: the records each BatchNorm layer keeps room for."""
-    return trainer.accumulate_grad_batches * forward_chunks(trainer)
+    return trainer.accumulate_grad_batches * micro_batches_per_batch(trainer)
 
 
 class ReplicaStatistics(Callback):
@@ -39,5 +39,5 @@ class ReplicaStatistics(Callback):
     ) -> None:
         replicas = data_parallel_size(trainer)
         if replicas > 1:
-            rank, chunks = data_parallel_rank(trainer), forward_chunks(trainer)
-            commit_step_statistics(pl_module.net, replicas, rank, chunks, replica_group(trainer))
+            rank, micro_batches = data_parallel_rank(trainer), micro_batches_per_batch(trainer)
+            commit_step_statistics(pl_module.net, replicas, rank, micro_batches, replica_group(trainer))

@@ -4,7 +4,7 @@ from lightning.pytorch import Trainer
 
 from multigpu.errors import UsageError
 
-__all__ = ["accumulation_for", "data_parallel_rank", "data_parallel_size", "forward_chunks", "replica_group"]
+__all__ = ["accumulation_for", "data_parallel_rank", "data_parallel_size", "micro_batches_per_batch", "replica_group"]
 
 
 def data_parallel_size(trainer: Trainer) -> int:
@@ -31,8 +31,8 @@ def replica_group(trainer: Trainer):
     return getattr(trainer.strategy, "replica_group", None)
 
 
-def forward_chunks(trainer: Trainer) -> int:
-    """The forward passes each loader batch is cut into: a pipeline's micro-batches, else 1."""
+def micro_batches_per_batch(trainer: Trainer) -> int:
+    """The micro-batches each loader batch is cut into for its forward passes: a pipeline's, else 1."""
     return getattr(trainer.strategy, "micro_batches", 1)
 
 

@@ -4,7 +4,7 @@ Processes are launched as Lightning launches DDP (so ``--trainer.devices``,
 ``--trainer.num_nodes``, torchrun and SLURM all work). Ranks ``r*S .. r*S+S-1``
 form replica ``r`` of a pipeline of ``S`` processes; each holds ``V`` stages
 (``stages_per_process``) of consecutive blocks of ``pl_module.net``, placed as the
-schedule expects (``layout``). With ``R`` replicas the processes that hold
+schedule expects (``stage_placement``). With ``R`` replicas the processes that hold
 the same stages average their gradients, as DDP does.
 
 In each step the batch is cut into micro-batches that flow through the stages
@@ -20,13 +20,13 @@ gather each stage from the process that trained it (``checkpoints``).
 
 The package's modules, each one job:
 
-    strategy     the Lightning strategy: launch, placement, steps, checkpoint hooks
-    layout       the schedules, and which process holds which stage (checked before launch)
-    model_checks what the pipeline asks of the LightningModule and its batch (checked before launch)
-    runner       process groups, and a batch through the schedule
-    forward      evaluation: a forward pass through the stages without the schedule
-    gradients    clipping and 16-mixed's overflow over the stages, averaging between replicas
-    checkpoints  the stages' parameters and optimizer state gathered for a checkpoint file
+    strategy         the Lightning strategy: launch, placement, steps, checkpoint hooks
+    stage_placement  the schedules, and which process holds which stage (checked before launch)
+    model_checks     what the pipeline asks of the LightningModule and its batch (checked before launch)
+    runner           process groups, and a batch through the schedule
+    forward          evaluation: a forward pass through the stages without the schedule
+    gradients        clipping and 16-mixed's overflow over the stages, averaging between replicas
+    checkpoints      the stages' parameters and optimizer state gathered for a checkpoint file
 """
 
 from multigpu.strategies.pipeline.strategy import PipelineStrategy

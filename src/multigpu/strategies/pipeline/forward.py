@@ -43,14 +43,14 @@ class ForwardOnly:
         sends: list[tuple[dist.Work, Tensor]] = []
         last: list[Tensor] = []
         count = min(self.micro_batches, size)
-        chunks = x.tensor_split(count) if x is not None else None
+        micro_batch_inputs = x.tensor_split(count) if x is not None else None
         # Micro-batch after micro-batch, each through this process's stages in order: every process then
         # sends and receives in the one global order, which cannot deadlock even where a backend (NCCL
         # bound to a device) serialises point-to-point operations like collectives.
         for micro_batch in range(count):
             for module, stage in zip(self.modules, self.stages):
                 if stage == 0:
-                    inputs = chunks[micro_batch]
+                    inputs = micro_batch_inputs[micro_batch]
                 elif self.ranks[stage - 1] == self.rank:
                     inputs = held.pop((stage - 1, micro_batch))
                 else:

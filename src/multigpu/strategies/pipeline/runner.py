@@ -15,7 +15,7 @@ from typing_extensions import override
 from multigpu.compat import pipeline_stage
 from multigpu.errors import UsageError
 from multigpu.strategies.pipeline.forward import ForwardOnly
-from multigpu.strategies.pipeline.layout import PipelineLayout, schedule_class
+from multigpu.strategies.pipeline.stage_placement import StagePlacement, schedule_class
 
 __all__ = ["StageBlocks", "StageRunner", "create_groups", "network_returns"]
 
@@ -118,7 +118,7 @@ class StageRunner:
     def build(
         cls,
         modules: nn.ModuleList,
-        layout: PipelineLayout,
+        placement: StagePlacement,
         pipe_index: int,
         rank_of: Callable[[int], int],
         micro_batches: int,
@@ -127,16 +127,16 @@ class StageRunner:
         device: torch.device,
         precision_plugin: Precision,
     ) -> "StageRunner":
-        """The runner of this process's stages (``modules``, placed by ``layout``) under the layout's schedule."""
-        held = layout.stages_of(pipe_index)
+        """The runner of this process's stages (``modules``, placed by ``placement``) under the placement's schedule."""
+        held = placement.stages_of(pipe_index)
         stages = [
-            pipeline_stage(module, stage, layout.num_stages, device, group) for module, stage in zip(modules, held)
+            pipeline_stage(module, stage, placement.num_stages, device, group) for module, stage in zip(modules, held)
         ]
-        schedule = schedule_class(layout.schedule)(
-            stages[0] if layout.is_single else stages, micro_batches, loss_fn=loss_fn, scale_grads=False
+        schedule = schedule_class(placement.schedule)(
+            stages[0] if placement.is_single else stages, micro_batches, loss_fn=loss_fn, scale_grads=False
         )
-        forward_only = ForwardOnly(modules, held, rank_of, layout.num_stages, micro_batches, device)
-        last = layout.num_stages - 1
+        forward_only = ForwardOnly(modules, held, rank_of, placement.num_stages, micro_batches, device)
+        last = placement.num_stages - 1
         return cls(
             schedule, forward_only, modules, 0 in held, last in held, rank_of(last), group, device, precision_plugin
         )

@@ -20,9 +20,9 @@ from multigpu.strategies.network_lookup import block_sequence
 from multigpu.strategies.partition import BalanceBy, choose_balance, split_table
 from multigpu.strategies.pipeline.checkpoints import gather_optimizer_state, gather_state_dict
 from multigpu.strategies.pipeline.gradients import average_between_replicas, micro_batch_loss, over_stages
-from multigpu.strategies.pipeline.layout import PipelineLayout, check_options
 from multigpu.strategies.pipeline.model_checks import pipeline_blocks, refuse_untrainable_micro_batches
 from multigpu.strategies.pipeline.runner import StageBlocks, StageRunner, create_groups, network_returns
+from multigpu.strategies.pipeline.stage_placement import StagePlacement, check_options
 from multigpu.strategies.split_network import SplitNetworkStrategy
 
 __all__ = ["PipelineStrategy"]
@@ -80,33 +80,33 @@ class PipelineStrategy(SplitNetworkStrategy):
         self._runner: StageRunner | None = None
         self._example_input: Any = None
 
-    # --- layout -------------------------------------------------------------------------------
+    # --- stage placement -------------------------------------------------------------------------------
 
     @property
-    def layout(self) -> PipelineLayout:
+    def placement(self) -> StagePlacement:
         """The schedule, the processes of one pipeline and the stages of each."""
         stages = self.num_stages_option or (len(self.balance) if self.balance else None)
-        return PipelineLayout.of(
+        return StagePlacement.of(
             self.schedule_name, self.num_nodes * self.num_processes, stages, self.stages_per_process
         )
 
     @property
     def num_stages(self) -> int:
-        return self.layout.num_stages
+        return self.placement.num_stages
 
     @property
     def data_parallel_size(self) -> int:
         """Replicas of the whole pipeline: the processes that see different samples."""
-        return self.num_nodes * self.num_processes // self.layout.processes
+        return self.num_nodes * self.num_processes // self.placement.processes
 
     @property
     def pipe_index(self) -> int:
         """This process's place in its pipeline."""
-        return self.global_rank % self.layout.processes
+        return self.global_rank % self.placement.processes
 
     @property
     def replica_index(self) -> int:
-        return self.global_rank // self.layout.processes
+        return self.global_rank // self.placement.processes
 
     @property
     @override
@@ -117,18 +117,18 @@ class PipelineStrategy(SplitNetworkStrategy):
     @override
     def set_world_ranks(self) -> None:
         super().set_world_ranks()
-        layout = self.layout  # checks the process count
-        if self.balance is not None and len(self.balance) != layout.num_stages:
+        placement = self.placement  # checks the process count
+        if self.balance is not None and len(self.balance) != placement.num_stages:
             raise UsageError(
-                f"balance {self.balance} has {len(self.balance)} stages, but the pipeline has {layout.num_stages}."
+                f"balance {self.balance} has {len(self.balance)} stages, but the pipeline has {placement.num_stages}."
             )
-        layout.check(self.micro_batches)
+        placement.check(self.micro_batches)
 
     @override
     def setup_distributed(self) -> None:
         super().setup_distributed()
         self._pipe_group, self.replica_group = create_groups(
-            self.layout.processes, self.data_parallel_size, self.pipe_index, self.replica_index
+            self.placement.processes, self.data_parallel_size, self.pipe_index, self.replica_index
         )
 
     @property
@@ -143,7 +143,7 @@ class PipelineStrategy(SplitNetworkStrategy):
 
     def _rank_of(self, stage: int) -> int:
         """Global rank of the process that holds ``stage`` in this process's pipeline."""
-        return self.replica_index * self.layout.processes + self.layout.process_of(stage)
+        return self.replica_index * self.placement.processes + self.placement.process_of(stage)
 
     # --- the model ------------------------------------------------------------------------------
 
@@ -175,12 +175,12 @@ class PipelineStrategy(SplitNetworkStrategy):
                 else None
             )
             balance_by = self.balance_by if fitting else "params"
-            layout = self.layout
-            balance = choose_balance(blocks, layout.num_stages, self.balance, balance_by, times)
-            self._stage_blocks = layout.stage_blocks(balance, self.pipe_index)
-            devices = [f"rank {self._rank_of(stage)}" for stage in range(layout.num_stages)]
+            placement = self.placement
+            balance = choose_balance(blocks, placement.num_stages, self.balance, balance_by, times)
+            self._stage_blocks = placement.stage_blocks(balance, self.pipe_index)
+            devices = [f"rank {self._rank_of(stage)}" for stage in range(placement.num_stages)]
             rank_zero_info(
-                f"pipeline: {layout}, {self.data_parallel_size} replica(s), {self.micro_batches} micro-batches, "
+                f"pipeline: {placement}, {self.data_parallel_size} replica(s), {self.micro_batches} micro-batches, "
                 f"balance {balance}"
                 + ("" if self.balance else f" (by {balance_by})")
                 + "\n"
@@ -213,7 +213,7 @@ class PipelineStrategy(SplitNetworkStrategy):
             dist.broadcast(tensor, src=self.pipe_index, group=self.replica_group)
         self._runner = StageRunner.build(
             self._stage_module,
-            self.layout,
+            self.placement,
             self.pipe_index,
             self._rank_of,
             self.micro_batches,
@@ -275,7 +275,7 @@ class PipelineStrategy(SplitNetworkStrategy):
         return gather_state_dict(
             self.lightning_module.state_dict(),
             self._held_blocks,
-            self.layout.processes,
+            self.placement.processes,
             self.replica_index == 0,
             self.is_global_zero,
         )
@@ -286,7 +286,7 @@ class PipelineStrategy(SplitNetworkStrategy):
             optimizer,
             super().optimizer_state(optimizer),
             self._stage_module,
-            self.layout.processes,
+            self.placement.processes,
             self.replica_index == 0,
             self.is_global_zero,
         )

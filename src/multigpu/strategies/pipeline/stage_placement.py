@@ -5,7 +5,7 @@ network is split into ``S x V`` stages. GPipe and 1F1B hold one stage per proces
 PyTorch's multi-stage schedules place them *looped* (stage ``s`` on process ``s mod S``:
 ``Interleaved1F1B``, ``LoopedBFS``, ``InterleavedZeroBubble``) or *V-shaped* (process ``p``
 holds stages ``p`` and ``2S - 1 - p``: ``ZBVZeroBubble``, ``DualPipeV``, which need ``V = 2``).
-``PipelineLayout.check`` says, in one line, what a schedule cannot take, before anything is launched.
+``StagePlacement.check`` says, in one line, what a schedule cannot take, before anything is launched.
 """
 
 from dataclasses import dataclass
@@ -15,7 +15,7 @@ from torch.distributed.pipelining.schedules import PipelineScheduleMulti, Pipeli
 from multigpu.errors import UsageError
 from multigpu.strategies.partition import stage_ranges
 
-__all__ = ["SCHEDULES", "PipelineLayout", "check_options", "natural_stages_per_process", "schedule_class"]
+__all__ = ["SCHEDULES", "StagePlacement", "check_options", "natural_stages_per_process", "schedule_class"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "loopedbfs", "interleavedzerobubble", "zbvzerobubble", "dualpipev")
 """The schedule names ``pipeline`` accepts, case-insensitive: every schedule of ``get_schedule_class``."""
@@ -39,7 +39,7 @@ def natural_stages_per_process(schedule: str) -> int:
 
 
 def check_options(num_stages: int | None, micro_batches: int, schedule: str, stages_per_process: int) -> None:
-    """Refuse a pipeline option that no layout can take: a count below 1, a schedule torch does not know."""
+    """Refuse a pipeline option that no placement can take: a count below 1, a schedule torch does not know."""
     if micro_batches < 1:
         raise UsageError(f"micro_batches must be at least 1, not {micro_batches}.")
     if num_stages is not None and num_stages < 1:
@@ -50,7 +50,7 @@ def check_options(num_stages: int | None, micro_batches: int, schedule: str, sta
 
 
 @dataclass(frozen=True)
-class PipelineLayout:
+class StagePlacement:
     """``processes`` processes per pipeline, ``stages_per_process`` stages each, under ``schedule``."""
 
     schedule: str
@@ -58,8 +58,8 @@ class PipelineLayout:
     stages_per_process: int
 
     @classmethod
-    def of(cls, schedule: str, processes: int, stages: int | None, stages_per_process: int) -> "PipelineLayout":
-        """The layout of ``stages`` stages (default ``processes x stages_per_process``) over ``processes`` processes,
+    def of(cls, schedule: str, processes: int, stages: int | None, stages_per_process: int) -> "StagePlacement":
+        """The placement of ``stages`` stages (default ``processes x stages_per_process``) over ``processes`` processes,
         as replicas of one pipeline; a ``UsageError`` says what does not divide."""
         stages = stages or processes * stages_per_process
         if stages % stages_per_process:
@@ -109,7 +109,7 @@ class PipelineLayout:
         return [ranges[stage] for stage in self.stages_of(process)]
 
     def check(self, micro_batches: int) -> None:
-        """Raise a ``UsageError`` that names what to change if the schedule cannot run this layout."""
+        """Raise a ``UsageError`` that names what to change if the schedule cannot run this placement."""
         name, stages, processes = self.schedule.lower(), self.num_stages, self.processes
         if self.is_single and self.stages_per_process != 1:
             raise UsageError(

@@ -1,4 +1,4 @@
-"""How many images per second each layout will train, predicted before anything trains.
+"""How many images per second each layout will train, forecast before anything trains.
 
 A step is built from each block's measured forward, backward and update time (``profile``), at
 the layout's batch or micro-batch and, on the CPU, its processes' share of the cores, slowed
@@ -31,14 +31,14 @@ from multigpu.planning.pipeline_simulation import simulate_step
 from multigpu.planning.profile import BlockProfile
 from multigpu.strategies.partition import stage_ranges
 
-__all__ = ["predict"]
+__all__ = ["forecast"]
 
 MIB = 2**20
 DDP_FIRST_BUCKET, DDP_BUCKET = 1 * MIB, 25 * MIB  # DistributedDataParallel's defaults
 
 
-def predict(layout: Layout, profile: BlockProfile, links: Links, memory: BlockMemory) -> float | str:
-    """Predicted images per second of ``layout``, or why its blocks cannot be timed."""
+def forecast(layout: Layout, profile: BlockProfile, links: Links, memory: BlockMemory) -> float | str:
+    """Forecast images per second of ``layout``, or why its blocks cannot be timed."""
     images = layout.batch_size // layout.micro_batches if layout.strategy == "pipeline" else layout.batch_size
     if layout.strategy == "dp":
         images = -(-layout.batch_size // layout.devices)
