@@ -10,7 +10,7 @@ python main.py plan --trainer.devices=4                       # measure every la
 
 from pathlib import Path
 
-from multigpu.cli.commands import main
+from multigpu.commands import main
 
 if __name__ == "__main__":
     main(default_config_files=[Path(__file__).resolve().parent / "configs" / "default.yaml"])

@@ -46,7 +46,7 @@ def run_cli(*args: str, cwd: Path = REPO, timeout: int = 300, env: dict | None =
 
 def cli_main(*args: str) -> None:
     """Run the CLI in this process, with configs/default.yaml read first as main.py does."""
-    from multigpu.cli.commands import main
+    from multigpu.commands import main
 
     main(list(args), default_config_files=[DEFAULT_CONFIG])
 

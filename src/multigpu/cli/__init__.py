@@ -1,8 +1,9 @@
-"""The command line: ``python main.py fit | validate | test | predict | plan | export``.
+"""The command line: ``python main.py fit | validate | test | predict | export`` (``plan``'s is ``multigpu.planning``;
+``multigpu.commands`` sends each command to its own).
 
-commands          the entry point: which command runs, and errors as one line
 lightning_cli     MultiGPUCLI: LightningCLI with the project's links, checks and run folders
 trainer_options   checks of the trainer's options before anything is built
+export_command    ``export``'s options and lines (what it writes: ``multigpu.trained.export``)
 """
 
-__all__ = ["commands", "lightning_cli", "trainer_options"]
+__all__ = ["export_command", "lightning_cli", "trainer_options"]

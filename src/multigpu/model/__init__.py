@@ -7,6 +7,7 @@ lr_schedule           the learning rate's scaling, warm-up and cosine decay
 recomputation         activations recomputed in the backward pass (``--model.recompute_activations``)
 deferred_batch_norm   BatchNorm statistics updated once per mini-batch of micro-batches (the pipeline)
 step_batch_norm       BatchNorm statistics of replicas, as one device would make them
+replica_statistics    the callback that all-reduces those statistics at each step's end
 torchvision_weights   our parameter names against torchvision's (``--model.init_from``, ``export``)
 """
 
@@ -16,6 +17,7 @@ __all__ = [
     "lazy_blocks",
     "lr_schedule",
     "recomputation",
+    "replica_statistics",
     "resnet",
     "step_batch_norm",
     "torchvision_weights",

@@ -25,10 +25,10 @@ from multigpu.errors import UsageError, check_at_least
 from multigpu.model.lazy_blocks import LazyBlocks
 from multigpu.model.lr_schedule import scaled_lr, warmup_cosine
 from multigpu.model.recomputation import recompute_blocks
+from multigpu.model.replica_statistics import ReplicaStatistics, micro_batches_per_step, records_step_statistics
 from multigpu.model.resnet import Stem, resnet50_block_factories
 from multigpu.model.step_batch_norm import record_step_statistics
 from multigpu.model.torchvision_weights import load_torchvision_weights
-from multigpu.run.replica_statistics import ReplicaStatistics, micro_batches_per_step, records_step_statistics
 from multigpu.run.replicas import data_parallel_size
 
 __all__ = [

@@ -6,7 +6,6 @@ checkpoint_io       atomic checkpoint saves
 elastic             torchrun's restarts and node count
 loop_position       where a run stands in Lightning's loop counters, and whether it is finished
 process_groups      process groups that end cleanly
-replica_statistics  BatchNorm's statistics of a step, all-reduced over the replicas
 replicas            who reads which data: data-parallel replicas, ranks and micro-batches of a strategy
 """
 
@@ -17,6 +16,5 @@ __all__ = [
     "elastic",
     "loop_position",
     "process_groups",
-    "replica_statistics",
     "replicas",
 ]

@@ -1,5 +1,5 @@
-"""``python main.py export``: the trained network out of a Lightning checkpoint, for code that knows torchvision but
-not this project.
+"""The trained network out of a Lightning checkpoint, for code that knows torchvision but not this project: what
+``python main.py export`` writes (its options: ``multigpu.cli.export_command``).
 
     python main.py export --ckpt_path last --to=torchvision --out=resnet50.pt
     python main.py export --config configs/subset.yaml --ckpt_path last --to=torchscript
@@ -19,48 +19,32 @@ images, within ``TOLERANCE`` of their size (float32's rounding; the ONNX file on
 onnxruntime is installed, whose fused kernels round differently).
 """
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
 import torch
 import torchvision
-from lightning.pytorch.cli import LightningArgumentParser
 from torch import nn
-from typing_extensions import override
 
-from multigpu.cli.lightning_cli import MultiGPUCLI
 from multigpu.errors import UsageError
 from multigpu.model.classifier import IMAGE_SHAPE
 from multigpu.model.lazy_blocks import LazyBlocks
 from multigpu.model.resnet import resnet50_block_factories
 from multigpu.model.torchvision_weights import cifar_stem, to_torchvision
-from multigpu.run.checkpoints import resolve_ckpt_path
 
-__all__ = ["TOLERANCE", "export", "network_of", "torchvision_model"]
+__all__ = [
+    "SUFFIXES",
+    "TOLERANCE",
+    "Format",
+    "network_of",
+    "torchvision_load_lines",
+    "torchvision_model",
+    "write_export",
+]
 
 TOLERANCE = 1e-5
 Format = Literal["torchvision", "torchscript", "onnx"]
-_SUFFIXES = {"torchvision": ".pt", "torchscript": ".torchscript.pt", "onnx": ".onnx"}
-
-
-class ExportCLI(MultiGPUCLI):
-    """``fit``'s parser with ``--ckpt_path``, ``--to`` and ``--out``; it builds nothing."""
-
-    @override
-    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        super().add_arguments_to_parser(parser)
-        parser.add_argument("--ckpt_path", type=str, default="last", help="The checkpoint: a file, last or best.")
-        parser.add_argument("--to", type=Format, default="torchvision", help="torchvision, torchscript or onnx.")
-        parser.add_argument("--out", type=str, default=None, help="The file to write (default: beside the checkpoint).")
-
-    @override
-    def resolve_checkpoint_path(self) -> None:
-        """``export`` reads the checkpoint itself (``resolve_ckpt_path``), after parsing."""
-
-    @override
-    def instantiate_classes(self) -> None:
-        """Nothing is built from the options: the network comes from the checkpoint."""
+SUFFIXES = {"torchvision": ".pt", "torchscript": ".torchscript.pt", "onnx": ".onnx"}
 
 
 def network_of(checkpoint: dict) -> nn.Sequential:
@@ -85,15 +69,9 @@ def torchvision_model(checkpoint: dict, network: nn.Module | None = None) -> nn.
     return model.eval()
 
 
-def export(args: Sequence[str], default_config_files: Sequence[str | Path]) -> None:
-    """Run ``python main.py export <args>``."""
-    config = ExportCLI(default_config_files=default_config_files, args=list(args), run=False).config
-    folder = Path(config["checkpoint_root"]) / config["run_name"]
-    path, checkpoint = resolve_ckpt_path(config["ckpt_path"], folder, training=False)
-    if not checkpoint:
-        raise UsageError(f"--ckpt_path {path}: export reads a checkpoint file on this machine; copy it here first.")
-    to = config["to"]
-    out = Path(config["out"] or Path(path).with_name(f"resnet50-{Path(path).stem}{_SUFFIXES[to]}"))
+def write_export(checkpoint: dict, to: Format, out: Path) -> str:
+    """Write the checkpoint's network to ``out`` in format ``to``, and check the file's logits against the
+    checkpoint's network: what the check found, or a ``UsageError`` where the logits differ."""
     out.parent.mkdir(parents=True, exist_ok=True)
     network = network_of(checkpoint)  # built once: the export's source and the logits it must give
     model = torchvision_model(checkpoint, network)
@@ -108,23 +86,24 @@ def export(args: Sequence[str], default_config_files: Sequence[str | Path]) -> N
             got = torch.jit.load(str(out))(images)
         else:
             got = _export_onnx(model, images, out)
-    checked = f"its logits match the checkpoint's within {TOLERANCE:g} (relative) on {len(images)} images"
     if got is None:
-        checked = "not run here: pip install onnxruntime to check it"
-    elif not torch.allclose(got, expected, atol=TOLERANCE, rtol=TOLERANCE, equal_nan=True):
+        return "not run here: pip install onnxruntime to check it"
+    if not torch.allclose(got, expected, atol=TOLERANCE, rtol=TOLERANCE, equal_nan=True):
         raise UsageError(
             f"{out}: the export's logits differ from the checkpoint's by {(got - expected).abs().max():g}."
         )
-    print(f"export: wrote {out} ({to}) from {path}; {checked}.")
-    if to == "torchvision":
-        stem = "model.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False)\n    model.maxpool = torch.nn.Identity()\n"
-        cifar = checkpoint.get("hyper_parameters", {}).get("stem", "cifar") == "cifar"
-        classes = checkpoint.get("hyper_parameters", {}).get("num_classes", 10)
-        print(
-            f"load it:\n    model = torchvision.models.resnet50(num_classes={classes})\n"
-            + (f"    {stem}" if cifar else "")
-            + f"    model.load_state_dict(torch.load({str(out)!r}))"
-        )
+    return f"its logits match the checkpoint's within {TOLERANCE:g} (relative) on {len(images)} images"
+
+
+def torchvision_load_lines(checkpoint: dict, out: Path) -> str:
+    """The lines of Python that load a ``torchvision`` export at ``out`` into torchvision's ``resnet50``."""
+    hparams = checkpoint.get("hyper_parameters", {})
+    stem = "model.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False)\n    model.maxpool = torch.nn.Identity()\n"
+    return (
+        f"    model = torchvision.models.resnet50(num_classes={hparams.get('num_classes', 10)})\n"
+        + (f"    {stem}" if hparams.get("stem", "cifar") == "cifar" else "")
+        + f"    model.load_state_dict(torch.load({str(out)!r}))"
+    )
 
 
 def _export_onnx(model: nn.Module, images: torch.Tensor, out: Path) -> torch.Tensor | None:

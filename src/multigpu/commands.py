@@ -1,6 +1,7 @@
 """``main.py``'s commands: ``plan``, ``export``, or one of the training CLI's, each with the same error handling.
 
-Both sides build on ``multigpu.cli.lightning_cli``; neither imports the other.
+The entry point stands above everything it sends a command to: ``plan`` (``multigpu.planning``) and the others
+(``multigpu.cli``) both build on ``multigpu.cli.lightning_cli``.
 """
 
 import sys
@@ -11,20 +12,20 @@ from pathlib import Path
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities import rank_zero_info
 
+from multigpu.cli.export_command import export
 from multigpu.cli.lightning_cli import MultiGPUCLI
 from multigpu.errors import RunFinished, UsageError
 from multigpu.planning.command import plan
 from multigpu.run.elastic import separate_restart_attempts
 from multigpu.run.process_groups import end_process_groups
-from multigpu.trained.export import export
 
 __all__ = ["main"]
 
 
 def main(args: list[str] | None = None, default_config_files: Sequence[str | Path] = ()) -> None:
-    """Run ``main.py``'s command: ``plan`` (``multigpu.planning``), ``export`` (``multigpu.trained.export``), or one of
-    LightningCLI's (``fit``, ``validate``,
-    ``test``, ``predict``); a bad request ends with one ``error: ...`` line and exit status 2."""
+    """Run ``main.py``'s command: ``plan`` (``multigpu.planning``), ``export`` (``multigpu.cli.export_command``), or
+    one of LightningCLI's (``fit``, ``validate``, ``test``, ``predict``); a bad request ends with one ``error: ...``
+    line and exit status 2."""
     separate_restart_attempts()
     # Lightning warns that a loader without state of its own resumes mid-epoch unreliably; the data
     # module's state makes the resumed epoch skip exactly the batches the checkpoint trained on.

@@ -1,0 +1,52 @@
+"""``python main.py export``: the command's options, and its lines; what it writes is ``multigpu.trained.export``'s.
+
+It takes ``fit``'s options, so that ``--ckpt_path last`` finds the run's newest checkpoint
+(``--run_name``, ``--checkpoint_root``).
+"""
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from lightning.pytorch.cli import LightningArgumentParser
+from typing_extensions import override
+
+from multigpu.cli.lightning_cli import MultiGPUCLI
+from multigpu.errors import UsageError
+from multigpu.run.checkpoints import resolve_ckpt_path
+from multigpu.trained.export import SUFFIXES, Format, torchvision_load_lines, write_export
+
+__all__ = ["ExportCLI", "export"]
+
+
+class ExportCLI(MultiGPUCLI):
+    """``fit``'s parser with ``--ckpt_path``, ``--to`` and ``--out``; it builds nothing."""
+
+    @override
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        super().add_arguments_to_parser(parser)
+        parser.add_argument("--ckpt_path", type=str, default="last", help="The checkpoint: a file, last or best.")
+        parser.add_argument("--to", type=Format, default="torchvision", help="torchvision, torchscript or onnx.")
+        parser.add_argument("--out", type=str, default=None, help="The file to write (default: beside the checkpoint).")
+
+    @override
+    def resolve_checkpoint_path(self) -> None:
+        """``export`` reads the checkpoint itself (``resolve_ckpt_path``), after parsing."""
+
+    @override
+    def instantiate_classes(self) -> None:
+        """Nothing is built from the options: the network comes from the checkpoint."""
+
+
+def export(args: Sequence[str], default_config_files: Sequence[str | Path]) -> None:
+    """Run ``python main.py export <args>``."""
+    config = ExportCLI(default_config_files=default_config_files, args=list(args), run=False).config
+    folder = Path(config["checkpoint_root"]) / config["run_name"]
+    path, checkpoint = resolve_ckpt_path(config["ckpt_path"], folder, training=False)
+    if not checkpoint:
+        raise UsageError(f"--ckpt_path {path}: export reads a checkpoint file on this machine; copy it here first.")
+    to = config["to"]
+    out = Path(config["out"] or Path(path).with_name(f"resnet50-{Path(path).stem}{SUFFIXES[to]}"))
+    checked = write_export(checkpoint, to, out)
+    print(f"export: wrote {out} ({to}) from {path}; {checked}.")
+    if to == "torchvision":
+        print(f"load it:\n{torchvision_load_lines(checkpoint, out)}")
