@@ -58,14 +58,16 @@ def test_unreadable_and_foreign_checkpoints_are_refused(tmp_path):
         check_checkpoint(tmp_path / "missing.ckpt")
 
 
-def test_last_is_the_newest_last_checkpoint(tmp_path):
+def test_last_is_the_runs_own_last_checkpoint_never_a_newer_sibling(tmp_path):
     trainer = _fit(tmp_path, "32-true", max_steps=1)
-    older, newer = tmp_path / "last.ckpt", tmp_path / "last-v1.ckpt"
-    trainer.save_checkpoint(older)
-    trainer.save_checkpoint(newer)
-    os.utime(older, (1, 1))
-    assert resolve_ckpt_path("last", tmp_path)[0] == str(newer)
+    own, sibling = tmp_path / "last.ckpt", tmp_path / "last-v1.ckpt"
+    trainer.save_checkpoint(own)
+    trainer.save_checkpoint(sibling)
+    os.utime(own, (1, 1))
+    assert resolve_ckpt_path("last", tmp_path)[0] == str(own)
     assert resolve_ckpt_path("last", tmp_path / "empty") == (None, {})
+    own.unlink()
+    assert resolve_ckpt_path("last", tmp_path) == (None, {})  # a sibling alone is not the run's
 
 
 def test_a_checkpoint_older_than_a_rename_reads_its_options_under_the_new_names(caplog):

@@ -11,6 +11,11 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
 
 
+def _val_acc(last: Path) -> str:
+    """The validation accuracy in the name of the best checkpoint beside ``last``."""
+    return next(last.parent.glob("epoch000-*.ckpt")).stem.rpartition("val_acc")[2]
+
+
 def _scalars(log_dir: Path) -> dict[str, list[int]]:
     """Tag -> steps of every scalar in the TensorBoard events under ``log_dir``."""
     steps: dict[str, list[int]] = {}
@@ -39,6 +44,18 @@ def test_fit_writes_checkpoints_tensorboard_and_config_then_resumes_the_same_run
     assert sorted(scalars["train/loss"]) == [0, 1, 2, 3]
     assert torch.load(last)["global_step"] == 4
 
+    # The same command again, without --ckpt_path: refused before anything is built, the run's folder untouched.
+    before = {path.name: path.read_bytes() for path in sorted(last.parent.iterdir())}
+    again = run_cli("fit", "--config", SMOKE, *run_args(tmp_path))
+    assert again.returncode == 2
+    assert again.stdout.strip().splitlines()[-1] == (
+        f"error: run test already has checkpoints in {last.parent} (epoch000-step4-val_acc{_val_acc(last)}.ckpt ...): "
+        "resume it with --ckpt_path last, or start another run with a new --run_name."
+    )
+    assert "Traceback" not in again.stdout
+    assert {path.name: path.read_bytes() for path in sorted(last.parent.iterdir())} == before
+    assert not (tmp_path / "logs" / "test" / "version_1").exists()
+
     resumed = run_cli("fit", "--config", SMOKE, *run_args(tmp_path), "--ckpt_path=last", "--trainer.max_epochs=2")
     assert resumed.returncode == 0, resumed.stdout
     checkpoint = torch.load(last)
@@ -47,6 +64,15 @@ def test_fit_writes_checkpoints_tensorboard_and_config_then_resumes_the_same_run
     # The same TensorBoard run goes on from step 4; the config is overwritten, not refused.
     assert not (tmp_path / "logs" / "test" / "version_1").exists()
     assert sorted(_scalars(log_dir)["train/loss"]) == list(range(8))
+    assert "epoch 1 | step 8" in resumed.stdout
+
+    # test, without the run's data options: it reads them from the checkpoint, and logs beside the training.
+    tested = run_cli("test", *run_args(tmp_path), "--ckpt_path=last")
+    assert tested.returncode == 0, tested.stdout
+    assert "(epoch 1, step 8)" in tested.stdout and "test/acc" in tested.stdout
+    assert "Model options changed" not in tested.stdout
+    assert not (tmp_path / "logs" / "test" / "version_1").exists()
+    assert (log_dir / "test-config.yaml").is_file() and "test/acc" in _scalars(log_dir)
 
 
 @pytest.mark.slow
@@ -59,7 +85,16 @@ def test_ckpt_path_last_without_a_checkpoint_starts_from_scratch(tmp_path):
 
 @pytest.mark.slow
 def test_help_and_print_config():
-    assert run_cli("--help").returncode == 0
+    helped = run_cli("--help")
+    assert helped.returncode == 0
+    for command in ("fit", "validate", "test", "predict", "plan", "export"):
+        assert any(line.split()[:1] == [command] for line in helped.stdout.splitlines()), command
+    wrong = run_cli("exprot", "--ckpt_path", "last")
+    assert wrong.returncode == 2
+    assert wrong.stdout.strip().splitlines() == [
+        "error: exprot is not a command (did you mean export?): python main.py fit | validate | test | predict | "
+        "plan | export; python main.py --help says what each does."
+    ]
     printed = run_cli("fit", "--print_config")
     assert printed.returncode == 0, printed.stdout
     # Values that differ from the code's defaults: configs/default.yaml was read.
@@ -117,12 +152,16 @@ def test_a_finished_run_stays_finished(tmp_path, caplog):
     def files() -> dict[str, bytes]:
         return {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
 
-    for limits in (["--trainer.max_epochs=1"], ["--trainer.max_epochs=3", "--trainer.max_steps=6"]):
+    for limits, knob in (
+        (["--trainer.max_epochs=1"], "max_epochs=1 epoch(s) (step 4); raise --trainer.max_epochs to"),
+        (["--trainer.max_epochs=3", "--trainer.max_steps=6"], "max_steps=6 (step 6); raise --trainer.max_steps to"),
+    ):
         _in_process("fit", tmp_path, *limits, "--ckpt_path=last")
         before = files()
         caplog.clear()
         with caplog.at_level(logging.INFO):
             _in_process("fit", tmp_path, *limits, "--ckpt_path=last")
         assert "Run test has already finished" in caplog.text and "Nothing to do" in caplog.text, limits
+        assert knob in caplog.text and caplog.text.count("--trainer.max_") == 1, caplog.text
         assert files() == before, limits
     assert torch.load(folder / "last.ckpt")["global_step"] == 6  # max_steps=6 trained on from step 4

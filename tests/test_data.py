@@ -63,13 +63,27 @@ def test_missing_dataset_without_download_names_the_folder_and_both_fixes(tmp_pa
     assert "\n" not in message
 
 
-def test_missing_dataset_when_the_download_fails(tmp_path, monkeypatch):
-    def no_network(*args, **kwargs):
+def test_missing_dataset_when_the_download_fails_leaves_nothing_behind(tmp_path, monkeypatch):
+    def no_network(url, download_root, *args, **kwargs):  # as torchvision fails: its folder made, a part written
+        Path(download_root).mkdir(parents=True, exist_ok=True)
+        (Path(download_root) / "cifar-10-python.tar.gz").write_bytes(b"part of it")
         raise URLError("no network")
 
     monkeypatch.setattr("torchvision.datasets.cifar.download_and_extract_archive", no_network)
     with pytest.raises(UsageError, match="the download failed"):
-        _module(tmp_path / "nothing", download=True)
+        _module(tmp_path / "new" / "data", download=True)
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "mine.txt").write_text("the user's")
+    with pytest.raises(UsageError, match="the download failed"):
+        _module(tmp_path / "kept", download=True)
+    assert [path.name for path in (tmp_path / "kept").iterdir()] == ["mine.txt"]
+
+
+def test_the_inner_cifar10_folder_is_accepted_as_the_data_folder(tiny_cifar10):
+    inner = _module(tiny_cifar10 / "cifar-10-batches-py")
+    inner.setup("fit")
+    assert len(inner.datasets["train"]) == 100 and len(inner.datasets["val"]) == 20
 
 
 def test_synthetic_data_is_deterministic_and_touches_no_disk(tmp_path):

@@ -4,6 +4,7 @@ The entry point stands above everything it sends a command to: ``plan`` (``multi
 (``multigpu.cli``) both build on ``multigpu.cli.lightning_cli``.
 """
 
+import difflib
 import sys
 import warnings
 from collections.abc import Sequence
@@ -19,7 +20,32 @@ from multigpu.planning.command import plan
 from multigpu.run.elastic import separate_restart_attempts
 from multigpu.run.process_groups import end_process_groups
 
-__all__ = ["main"]
+__all__ = ["COMMANDS", "main"]
+
+COMMANDS = {
+    "fit": "train a run, or resume it with --ckpt_path last",
+    "validate": "evaluate a checkpoint on the validation split",
+    "test": "evaluate a checkpoint on the test split",
+    "predict": "write a checkpoint's classes and probabilities of images to predictions.csv",
+    "plan": "forecast every layout of these devices, measure the fastest and write it as a config for fit",
+    "export": "write a checkpoint's network for torchvision, TorchScript or ONNX",
+}
+
+
+def _usage() -> str:
+    lines = ["usage: python main.py COMMAND [OPTIONS]   (python main.py COMMAND --help: its options)", "", "commands:"]
+    return "\n".join([*lines, *(f"  {name:<10}{what}" for name, what in COMMANDS.items())])
+
+
+def _check_command(argv: Sequence[str]) -> None:
+    """Refuse a first argument that is neither a command nor an option, naming the nearest command."""
+    if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
+        near = difflib.get_close_matches(argv[0], COMMANDS, n=1)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        raise UsageError(
+            f"{argv[0]} is not a command{hint}: python main.py {' | '.join(COMMANDS)}; python main.py --help says "
+            "what each does."
+        )
 
 
 def main(args: list[str] | None = None, default_config_files: Sequence[str | Path] = ()) -> None:
@@ -31,7 +57,11 @@ def main(args: list[str] | None = None, default_config_files: Sequence[str | Pat
     # module's state makes the resumed epoch skip exactly the batches the checkpoint trained on.
     warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
     argv = sys.argv[1:] if args is None else list(args)
+    if argv in ([], ["-h"], ["--help"]):
+        print(_usage())
+        return
     try:
+        _check_command(argv)
         if argv[:1] == ["plan"]:
             plan(argv[1:], default_config_files)
         elif argv[:1] == ["export"]:

@@ -21,6 +21,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
+from multigpu.cli.saved_options import take_saved_options
 from multigpu.cli.trainer_options import check_trainer_options
 from multigpu.compat import CheckpointPathCLI
 from multigpu.data.datamodule import CIFAR10DataModule
@@ -38,9 +39,9 @@ from multigpu.run.callbacks import (
     ThroughputSummary,
 )
 from multigpu.run.checkpoint_io import AtomicCheckpointIO
-from multigpu.run.checkpoints import check_model_options, resolve_ckpt_path
+from multigpu.run.checkpoints import check_model_options, refuse_a_second_run, resolve_ckpt_path
 from multigpu.run.elastic import torchrun_node_count
-from multigpu.run.loop_position import finished_training
+from multigpu.run.loop_position import finished_training, trained_to
 from multigpu.run.replicas import accumulation_for, data_parallel_size
 from multigpu.strategies import FullyShardedStrategy, name_to_class_path
 from multigpu.trained.prediction_writer import PredictionWriter
@@ -83,6 +84,7 @@ class MultiGPUCLI(CheckpointPathCLI):
 
     def __init__(self, default_config_files: Sequence[str | Path] = (), **kwargs) -> None:
         self._log_version: int | str | None = None
+        self._command_line: list[str] = []  # as parsed: ``take_saved_options`` keeps what it gives
         defaults = {"default_config_files": [str(path) for path in default_config_files]}
         parser_kwargs = {name: defaults for name in SUBCOMMANDS} if kwargs.get("run", True) else defaults
         super().__init__(
@@ -135,9 +137,11 @@ class MultiGPUCLI(CheckpointPathCLI):
     @override
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         command_line: list[str] = []
+        self._command_line = command_line
         if args is None or isinstance(args, (list, tuple)):
             # `--trainer.strategy=manual_model_parallel --trainer.strategy.balance=[9,9]` reads as the class.
             command_line = new_names(name_to_class_path(sys.argv[1:] if args is None else args))
+            self._command_line = command_line
             self.config = parser.parse_args(command_line)
         else:
             super().parse_arguments(parser, args)
@@ -159,6 +163,8 @@ class MultiGPUCLI(CheckpointPathCLI):
         # anything is built.
         config = self._config()
         if config.get("ckpt_path") is None:
+            if self.config.get("subcommand") == "fit":
+                refuse_a_second_run(_checkpoint_dir(config["checkpoint_root"], config["run_name"]), config["run_name"])
             return
         if config.get("weights_only") is False:
             raise UsageError(
@@ -171,20 +177,22 @@ class MultiGPUCLI(CheckpointPathCLI):
         config["ckpt_path"], checkpoint = resolve_ckpt_path(config["ckpt_path"], dirpath, training)
         if not checkpoint:
             return
-        check_model_options(config["ckpt_path"], checkpoint, config["model"])
         subcommand = self.config.get("subcommand")
         if subcommand != "fit":
-            rank_zero_info(
-                f"{subcommand}: the weights of {config['ckpt_path']} (epoch {checkpoint.get('epoch', 0)}, "
-                f"step {checkpoint.get('global_step', 0)})."
-            )
+            # The run's own data, network and batch size, where the command line leaves them; its log folder.
+            take_saved_options(config, checkpoint, self._command_line)
+            check_model_options(config["ckpt_path"], checkpoint, config["model"], report=False)
+            rank_zero_info(f"{subcommand}: the weights of {config['ckpt_path']} ({trained_to(checkpoint)}).")
+            self._log_version = checkpoint.get(RunMetadata.KEY, {}).get("log_version")
+            self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": f"{subcommand}-config.yaml"}
         else:
+            check_model_options(config["ckpt_path"], checkpoint, config["model"])
             trainer = config["trainer"]
             limits = (trainer.get(name) for name in ("max_epochs", "max_steps", "max_time"))
             if reason := finished_training(checkpoint, *limits):
                 raise RunFinished(
                     f"Run {config['run_name']} has already finished: {reason}. Nothing to do; {config['ckpt_path']} "
-                    f"is left as it is. Raise --trainer.max_epochs or --trainer.max_steps to train further."
+                    "is left as it is."
                 )
             # Resuming continues the TensorBoard run the checkpoint was written in.
             self._log_version = checkpoint.get(RunMetadata.KEY, {}).get("log_version")

@@ -25,6 +25,7 @@ __all__ = [
     "CIFAR10_STD",
     "ImageTensorDataset",
     "SyntheticCIFAR10",
+    "cifar10_root",
     "ensure_cifar10",
     "eval_transform",
     "load_cifar10_split",
@@ -101,6 +102,14 @@ def synthetic_images(length: int, num_classes: int = 10, seed: int = 0) -> Image
     return ImageTensorDataset(images, labels, train_transform())
 
 
+def cifar10_root(data_dir: str | os.PathLike) -> Path:
+    """The folder that holds ``cifar-10-batches-py/``: ``data_dir``, or its parent where ``data_dir`` is that inner
+    folder itself (it holds ``batches.meta`` or bears its name)."""
+    folder = Path(os.fspath(data_dir))
+    inner = folder.name == CIFAR10.base_folder or (folder / CIFAR10.meta["filename"]).is_file()
+    return folder.parent if inner else folder
+
+
 def _missing_files(root: Path) -> list[str]:
     folder = root / CIFAR10.base_folder
     return [name for name, _ in _FILES if not (folder / name).is_file()]
@@ -114,16 +123,25 @@ def _corrupt_files(root: Path) -> list[str]:
 def ensure_cifar10(data_dir: str, download: bool, verify_checksums: bool) -> None:
     """Make sure the python version of CIFAR-10 is under ``data_dir``, or stop with a clear message.
 
-    Downloads it with torchvision when it is missing and ``download`` is set.
+    Downloads it with torchvision when it is missing and ``download`` is set; a download that fails takes back
+    what it wrote (the folders it made, a partial archive).
     """
-    root = Path(data_dir)
+    root = cifar10_root(data_dir)
     missing = _missing_files(root)
     if missing and download:
+        made = [folder for folder in (root, *root.parents) if not folder.exists()]
+        archive = root / CIFAR10.filename
+        had_archive = archive.exists()
         try:
             CIFAR10(str(root), train=True, download=True)
             return  # torchvision has just verified the checksums of what it downloaded
         except (URLError, OSError) as error:
             reason = f"the download failed ({error})"
+            if not had_archive:
+                archive.unlink(missing_ok=True)
+            for folder in made:  # innermost first; each only if the download left it empty
+                if folder.is_dir() and not any(folder.iterdir()):
+                    folder.rmdir()
     elif missing:
         reason = "data.download is false"
     if missing:
@@ -147,7 +165,7 @@ def load_cifar10_split(data_dir: str, train: bool) -> tuple[Tensor, Tensor]:
     The batches are read as torchvision's ``CIFAR10`` reads them, without its md5 check: ``ensure_cifar10``
     has checked the files once, before the model was built, and a subset is read without one.
     """
-    folder = Path(os.fspath(data_dir)) / CIFAR10.base_folder
+    folder = cifar10_root(data_dir) / CIFAR10.base_folder
     images, labels = [], []
     for name, _ in CIFAR10.train_list if train else CIFAR10.test_list:
         with open(folder / name, "rb") as file:

@@ -17,6 +17,7 @@ __all__ = [
     "check_checkpoint",
     "check_model_options",
     "find_last_checkpoint",
+    "refuse_a_second_run",
     "resolve_ckpt_path",
 ]
 
@@ -25,9 +26,21 @@ _NETWORK_OPTIONS = ("stem",)
 
 
 def find_last_checkpoint(dirpath: str | Path) -> Path | None:
-    """The newest ``last*.ckpt`` in ``dirpath``, as Lightning's ``ckpt_path="last"`` picks it."""
-    candidates = [path for path in Path(dirpath).glob("last*.ckpt") if path.is_file()]
-    return max(candidates, key=lambda path: path.stat().st_mtime, default=None)
+    """The run's own ``last.ckpt`` in ``dirpath``, or None. Never a ``last-vN.ckpt`` beside it: Lightning writes one
+    when a new run starts in a folder that holds another's, which ``refuse_a_second_run`` prevents."""
+    path = Path(dirpath) / "last.ckpt"
+    return path if path.is_file() else None
+
+
+def refuse_a_second_run(dirpath: str | Path, run_name: str) -> None:
+    """Refuse to start a run from scratch in ``dirpath`` when it holds checkpoints already: the new run's
+    ``last-v1.ckpt`` would sit beside the old ``last.ckpt``, and neither run could be told from the other."""
+    held = sorted(path.name for path in Path(dirpath).glob("*.ckpt")) if Path(dirpath).is_dir() else []
+    if held:
+        raise UsageError(
+            f"run {run_name} already has checkpoints in {dirpath} ({held[0]}{' ...' if len(held) > 1 else ''}): "
+            f"resume it with --ckpt_path last, or start another run with a new --run_name."
+        )
 
 
 def check_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -72,11 +85,11 @@ def resolve_ckpt_path(
 ) -> tuple[str | None, dict[str, Any]]:
     """Turn ``--ckpt_path`` into a checked file path and the checkpoint's contents.
 
-    ``"last"`` means the newest ``last*.ckpt`` in ``dirpath``; when there is none yet
+    ``"last"`` means ``last.ckpt`` in ``dirpath``; when there is none yet
     a training run starts from scratch, so the same command both starts and resumes a job
     (anything else, ``training`` false, stops with a ``UsageError``).
     ``"best"`` means the best checkpoint that the run's ModelCheckpoint recorded in that
-    ``last*.ckpt`` (Lightning knows it only within the process that trained). ``"hpc"``
+    ``last.ckpt`` (Lightning knows it only within the process that trained). ``"hpc"``
     and remote paths (``s3://`` ...) are left to Lightning.
     """
     if ckpt_path is None:
@@ -108,11 +121,11 @@ def _best_checkpoint(last: Path | None, dirpath: str | Path) -> str:
     return best
 
 
-def check_model_options(path: str, checkpoint: dict[str, Any], options: Mapping[str, Any]) -> None:
+def check_model_options(path: str, checkpoint: dict[str, Any], options: Mapping[str, Any], report: bool = True) -> None:
     """Compare this run's model options with those ``checkpoint`` was trained with.
 
-    The command line decides; a changed option is reported in one line, and a changed
-    network shape is refused before the network is built.
+    The command line decides; a changed network shape is refused before the network is built, and, with
+    ``report`` (training on), any other changed option is reported in one line.
     """
     saved = new_hyperparameter_names(checkpoint.get("hyper_parameters", {}))
     changed = {key: (saved[key], options[key]) for key in saved if key in options and saved[key] != options[key]}
@@ -123,6 +136,6 @@ def check_model_options(path: str, checkpoint: dict[str, Any], options: Mapping[
                 f"checkpoint {path} holds a network with --model.{key}={changed[key][0]}, not "
                 f"{changed[key][1]}: resume it with --model.{key}={changed[key][0]}."
             )
-    if changed:
+    if changed and report:
         listed = ", ".join(f"{key} {old} -> {new}" for key, (old, new) in changed.items())
         rank_zero_info(f"Model options changed since {path}: {listed}.")

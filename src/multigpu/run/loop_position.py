@@ -8,7 +8,7 @@ epochs in ``epoch_progress``; a checkpoint holds both under ``loops.fit_loop``.
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["count_steps_as_done", "finished_training", "next_position"]
+__all__ = ["count_steps_as_done", "finished_training", "next_position", "trained_to"]
 
 
 def next_position(fit_loop: Mapping[str, Any]) -> tuple[int, int]:
@@ -46,18 +46,33 @@ def count_steps_as_done(fit_loop: dict[str, Any], steps: int, accumulation: int)
 def finished_training(
     checkpoint: dict[str, Any], max_epochs: int | None, max_steps: int | None, max_time: Any = None
 ) -> str | None:
-    """Why a run whose newest checkpoint is ``checkpoint`` has nothing left to train, or ``None``.
+    """Why a run whose newest checkpoint is ``checkpoint`` has nothing left to train, naming the limit that stopped
+    it and the option that lifts it, or ``None``.
 
     Lightning's limits: ``max_steps`` -1 (or none) is no step limit; ``max_epochs`` -1 is no
     epoch limit, and none is 1000 epochs when neither a step nor a time limit is set.
     """
     step = checkpoint["global_step"]
     if max_steps is not None and max_steps != -1 and step >= max_steps:
-        return f"it has reached max_steps={max_steps} (step {step})"
+        return f"it has reached max_steps={max_steps} (step {step}); raise --trainer.max_steps to train further"
     if max_epochs is None:
         max_epochs = 1000 if max_steps in (None, -1) and max_time is None else -1
     fit_loop = checkpoint.get("loops", {}).get("fit_loop")
     epochs = next_position(fit_loop)[0] if fit_loop else checkpoint["epoch"]
     if max_epochs != -1 and epochs >= max_epochs:
-        return f"it has trained max_epochs={max_epochs} epochs (step {step})"
+        trained = f"it has trained max_epochs={max_epochs} epoch(s) (step {step})"
+        return f"{trained}; raise --trainer.max_epochs to train further"
     return None
+
+
+def trained_to(checkpoint: dict[str, Any]) -> str:
+    """Where a checkpoint's training stands, counted as the training's own lines count it: ``epoch E, step S``, ``E``
+    the (0-based) epoch its last step belongs to."""
+    step = checkpoint.get("global_step", 0)
+    fit_loop = checkpoint.get("loops", {}).get("fit_loop")
+    if fit_loop:
+        epoch, batches = next_position(fit_loop)
+        epoch = epoch if batches else epoch - 1
+    else:
+        epoch = checkpoint.get("epoch", 0)
+    return f"epoch {max(epoch, 0)}, step {step}"

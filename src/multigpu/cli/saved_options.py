@@ -1,0 +1,47 @@
+"""The run's own options for ``validate``, ``test`` and ``predict`` of one of its checkpoints.
+
+A checkpoint holds the model's options (``hyper_parameters``) and the data module's
+(``datamodule_hyper_parameters``) it was trained with. A command that evaluates it takes them, so that
+``python main.py test --run_name smoke --ckpt_path last`` tests that run on its own data, network and
+batch size; an option given on the command line (``--data.batch_size=64``, or in a ``--config`` file
+named there) overrides the checkpoint's.
+"""
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from multigpu.renamed_options import new_hyperparameter_names
+
+__all__ = ["SECTIONS", "given_options", "take_saved_options"]
+
+SECTIONS = {"model": "hyper_parameters", "data": "datamodule_hyper_parameters"}  # section -> checkpoint key
+
+
+def given_options(command_line: Sequence[str], section: str) -> set[str]:
+    """The options of ``section`` that ``command_line`` gives: as ``--section.name`` or in a ``--config`` file."""
+    given, args = set(), list(command_line)
+    for index, arg in enumerate(args):
+        if arg.startswith(f"--{section}."):
+            given.add(arg[len(section) + 3 :].partition("=")[0].partition(".")[0])
+        elif arg in ("--config", "-c") and index + 1 < len(args) or arg.startswith("--config="):
+            path = arg.partition("=")[2] if arg.startswith("--config=") else args[index + 1]
+            loaded = yaml.safe_load(Path(path).read_text()) if Path(path).is_file() else None
+            values = loaded.get(section) if isinstance(loaded, dict) else None
+            given |= set(values) if isinstance(values, dict) else set()
+    return given
+
+
+def take_saved_options(config: Any, checkpoint: dict[str, Any], command_line: Sequence[str]) -> None:
+    """Put the options ``checkpoint`` was trained with into this command's ``config`` (its ``model`` and ``data``
+    sections), in place, except those the command line gives."""
+    for section, key in SECTIONS.items():
+        saved = checkpoint.get(key) or {}
+        if section == "model":
+            saved = new_hyperparameter_names(saved)
+        given = given_options(command_line, section)
+        for name, value in saved.items():
+            if name in config[section] and name not in given:
+                config[section][name] = value
