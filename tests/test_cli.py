@@ -53,6 +53,8 @@ def test_fit_writes_checkpoints_tensorboard_and_config_then_resumes_the_same_run
         "resume it with --ckpt_path last, or start another run with a new --run_name."
     )
     assert "Traceback" not in again.stdout
+    for noise in ("Tip:", "LeafSpec", "TPU available", "worker processes in total", "many workers"):
+        assert noise not in first.stdout, noise
     assert {path.name: path.read_bytes() for path in sorted(last.parent.iterdir())} == before
     assert not (tmp_path / "logs" / "test" / "version_1").exists()
 
@@ -95,6 +97,10 @@ def test_help_and_print_config():
         "error: exprot is not a command (did you mean export?): python main.py fit | validate | test | predict | "
         "plan | export; python main.py --help says what each does."
     ]
+    fit_help = run_cli("fit", "--help").stdout
+    assert fit_help.index("--model.base_lr") < fit_help.index("--data.data_dir") < fit_help.index("--trainer.strategy")
+    strategy_help = fit_help[fit_help.index("--trainer.strategy STRATEGY") :]
+    assert "auto, ddp, ddp_spawn, fsdp, dp, manual_model_parallel, pipeline" in " ".join(strategy_help[:400].split())
     printed = run_cli("fit", "--print_config")
     assert printed.returncode == 0, printed.stdout
     # Values that differ from the code's defaults: configs/default.yaml was read.

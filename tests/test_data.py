@@ -4,6 +4,7 @@ from urllib.error import URLError
 
 import pytest
 import torch
+from lightning.fabric.utilities.data import suggested_max_num_workers
 
 from multigpu.data.datamodule import CIFAR10DataModule
 from multigpu.errors import UsageError
@@ -140,3 +141,10 @@ def test_the_training_order_follows_the_runs_seed_and_a_resumed_run_keeps_its_ch
     if checkpoint:
         data.load_state_dict(checkpoint)
     assert data.train_dataloader().sampler.seed == expected
+
+
+def test_the_default_loader_workers_follow_the_machines_cores(tiny_cifar10):
+    data = CIFAR10DataModule(data_dir=str(tiny_cifar10), download=False, verify_checksums=False, batch_size=8)
+    data.setup("fit")
+    assert data.train_dataloader().num_workers == suggested_max_num_workers(1)
+    assert _module(tiny_cifar10, num_workers=0).hparams.num_workers == 0  # a number given is kept

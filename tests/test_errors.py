@@ -65,7 +65,13 @@ BAD_VALUES = {
     "--model.stem=resnet": "--model.stem: Expected a typing.Literal['cifar', 'imagenet']. Got value: resnet",
     "--data.num_workers=-1": "data.num_workers must be at least 0, not -1",
     "--data.batch_size=0": "data.batch_size must be at least 1, not 0",
-    "--trainer.strategy=pipe": "--trainer.strategy=pipe is not a strategy: use one of auto, ddp,",
+    "--trainer.strategy=pipe": "--trainer.strategy=pipe is not a strategy (did you mean pipeline?): use auto, ddp,",
+    "--trainer.strategy=dpp": "--trainer.strategy=dpp is not a strategy (did you mean dp or ddp?)",
+    "--trainer.max_stpes=2": "unrecognized arguments: --trainer.max_stpes=2; --trainer.max_stpes: did you mean "
+    "--trainer.max_steps?",
+    "--trainer.max_step=2": "unrecognized arguments: --trainer.max_step=2",  # a prefix is not the option
+    "--data.bach_size=8": "unrecognized arguments: --data.bach_size=8; --data.bach_size: did you mean "
+    "--data.batch_size?",
     "--trainer.accumulate_grad_batches=0": "--trainer.accumulate_grad_batches must be at least 1, not 0",
     "--trainer.gradient_clip_val=-1": "--trainer.gradient_clip_val must be at least 0, not -1",
     "--trainer.precision=17": "--trainer.precision: Does not validate",
@@ -93,7 +99,9 @@ def test_every_bad_value_ends_with_one_error_line_and_writes_nothing(capsys, tmp
         assert len(errors) == 1 and errors[0].startswith(f"error: {expected}"), (arguments, errors)
         assert not [path for path in folder.rglob("*") if path.is_file()], arguments
         if arguments == "--trainer.strategy=pipe":  # our strategies are among the names to choose from
-            assert errors[0].endswith("dp, manual_model_parallel, pipeline.")
+            assert errors[0].endswith(
+                "dp, manual_model_parallel, pipeline, or another of Lightning's registered names."
+            )
 
 
 def test_a_checkpoint_that_would_run_code_is_refused_unread(capsys, tmp_path):

@@ -6,7 +6,6 @@ The entry point stands above everything it sends a command to: ``plan`` (``multi
 
 import difflib
 import sys
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from multigpu.cli.export_command import export
 from multigpu.cli.lightning_cli import MultiGPUCLI
+from multigpu.cli.quiet_console import quiet_console
 from multigpu.errors import RunFinished, UsageError
 from multigpu.planning.command import plan
 from multigpu.run.elastic import separate_restart_attempts
@@ -53,9 +53,7 @@ def main(args: list[str] | None = None, default_config_files: Sequence[str | Pat
     one of LightningCLI's (``fit``, ``validate``, ``test``, ``predict``); a bad request ends with one ``error: ...``
     line and exit status 2."""
     separate_restart_attempts()
-    # Lightning warns that a loader without state of its own resumes mid-epoch unreliably; the data
-    # module's state makes the resumed epoch skip exactly the batches the checkpoint trained on.
-    warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
+    quiet_console()
     argv = sys.argv[1:] if args is None else list(args)
     if argv in ([], ["-h"], ["--help"]):
         print(_usage())

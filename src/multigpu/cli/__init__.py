@@ -5,6 +5,7 @@ lightning_cli     MultiGPUCLI: LightningCLI with the project's links, checks and
 trainer_options   checks of the trainer's options before anything is built
 export_command    ``export``'s options and lines (what it writes: ``multigpu.trained.export``)
 saved_options     a checkpoint's own model and data options, for the commands that evaluate it
+quiet_console     Lightning's advertisements and others' warnings kept off the console
 """
 
-__all__ = ["export_command", "lightning_cli", "saved_options", "trainer_options"]
+__all__ = ["export_command", "lightning_cli", "quiet_console", "saved_options", "trainer_options"]

@@ -5,6 +5,8 @@ python main.py fit --config configs/smoke.yaml       # presets stack on the reci
 python main.py fit --config configs/smoke.yaml --ckpt_path last   # start or resume
 """
 
+import argparse
+import difflib
 import inspect
 import os
 import re
@@ -22,7 +24,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from multigpu.cli.saved_options import take_saved_options
-from multigpu.cli.trainer_options import check_trainer_options
+from multigpu.cli.trainer_options import USUAL_STRATEGIES, check_trainer_options
 from multigpu.compat import CheckpointPathCLI
 from multigpu.data.datamodule import CIFAR10DataModule
 from multigpu.errors import RunFinished, UsageError, check_at_least
@@ -66,8 +68,31 @@ class OneLineErrorParser(LightningArgumentParser):
         message = re.sub(r'^Parser key "([^"]+)":', r"--\1:", message)
         lines = [re.sub(r"^\s*(- )?", "", line).strip() for line in message.splitlines()]
         kept = [line for line in lines if line and not line.startswith(("Subtypes:", "Given value type:", "Errors:"))]
-        print(f"error: {' '.join(kept)} (see --help)", file=sys.stderr)
+        print(f"error: {' '.join(kept)}{self._nearest_options(message)} (see --help)", file=sys.stderr)
         sys.exit(2)
+
+    def _nearest_options(self, message: str) -> str:
+        """``; did you mean --x?`` for each unrecognized option of ``message`` with a near valid one."""
+        if not message.lower().startswith("unrecognized arguments:"):
+            return ""
+        known = _option_names(self)
+        hints = []
+        for arg in message.partition(":")[2].split():
+            name = arg.partition("=")[0]
+            if name.startswith("--") and (near := difflib.get_close_matches(name, known, n=1, cutoff=0.75)):
+                hints.append(f"{name}: did you mean {near[0]}?")
+        return f"; {'; '.join(hints)}" if hints else ""
+
+
+def _option_names(parser: argparse.ArgumentParser) -> list[str]:
+    """Every ``--option`` ``parser`` and its subcommands' parsers take."""
+    names = []
+    for action in parser._actions:  # argparse's list of what a parser takes; it has no public accessor
+        names += [name for name in action.option_strings if name.startswith("--")]
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                names += _option_names(subparser)
+    return names
 
 
 class MultiGPUCLI(CheckpointPathCLI):
@@ -85,8 +110,11 @@ class MultiGPUCLI(CheckpointPathCLI):
     def __init__(self, default_config_files: Sequence[str | Path] = (), **kwargs) -> None:
         self._log_version: int | str | None = None
         self._command_line: list[str] = []  # as parsed: ``take_saved_options`` keeps what it gives
-        defaults = {"default_config_files": [str(path) for path in default_config_files]}
-        parser_kwargs = {name: defaults for name in SUBCOMMANDS} if kwargs.get("run", True) else defaults
+        # No option prefixes: --trainer.max_step=2 is refused, not taken as max_steps.
+        defaults = {"default_config_files": [str(path) for path in default_config_files], "allow_abbrev": False}
+        parser_kwargs = (
+            {"allow_abbrev": False, **{name: defaults for name in SUBCOMMANDS}} if kwargs.get("run", True) else defaults
+        )
         super().__init__(
             ResNet50Classifier,
             CIFAR10DataModule,
@@ -97,6 +125,23 @@ class MultiGPUCLI(CheckpointPathCLI):
             auto_configure_optimizers=False,
             **kwargs,
         )
+
+    @override
+    def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        """Lightning's, in the order a user of this application reads them: the model's and the data's options, then
+        the Trainer's; and the strategy's help names what users type."""
+        parser.add_lightning_class_args(self.model_class, "model")
+        parser.add_lightning_class_args(self.datamodule_class, "data")
+        parser.add_lightning_class_args(self.trainer_class, "trainer")
+        parser.set_defaults(
+            {f"trainer.{key}": value for key, value in self.trainer_defaults.items() if key != "callbacks"}
+        )
+        for action in parser._actions:  # argparse's list of what a parser takes; it has no public accessor
+            if action.dest == "trainer.strategy":
+                action.help = (
+                    f"How the devices share the work: {', '.join(USUAL_STRATEGIES)} (the README's table), or another "
+                    "of Lightning's names or a Strategy class path. Default: auto (one device)."
+                )
 
     @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:

@@ -5,6 +5,7 @@ and the model), some with a traceback (``devices=-3`` on the CPU) and some over 
 lines (more GPUs than the machine has). These say in one line what to pass instead.
 """
 
+import difflib
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,7 +15,10 @@ from lightning.pytorch.strategies import StrategyRegistry
 from multigpu.errors import UsageError, check_at_least
 from multigpu.model.classifier import LR_SCHEDULE_NEEDS_AN_END
 
-__all__ = ["accelerator_name", "check_trainer_options", "device_request"]
+__all__ = ["USUAL_STRATEGIES", "accelerator_name", "check_trainer_options", "device_request"]
+
+# The strategies users type (each in the README's table), in the order of the table.
+USUAL_STRATEGIES = ("auto", "ddp", "ddp_spawn", "fsdp", "dp", "manual_model_parallel", "pipeline")
 
 # Lightning's names of the precisions the recipe trains in ("16" and "bf16" are its short forms).
 _PRECISIONS = {"32", "32-true", "16", "16-mixed", "bf16", "bf16-mixed"}
@@ -49,8 +53,15 @@ def _check_strategy(strategy: Any) -> None:
     # Strategy objects and class paths are Lightning's and jsonargparse's to check.
     if not isinstance(strategy, str) or "." in strategy or strategy.lower() in ("auto", *StrategyRegistry):
         return
-    names = ", ".join(["auto", *StrategyRegistry.available_strategies()])
-    raise UsageError(f"--trainer.strategy={strategy} is not a strategy: use one of {names}.")
+    name = strategy.lower()
+    near = difflib.get_close_matches(name, USUAL_STRATEGIES, n=2) or difflib.get_close_matches(
+        name, StrategyRegistry.available_strategies(), n=1
+    )
+    hint = f" (did you mean {' or '.join(near)}?)" if near else ""
+    raise UsageError(
+        f"--trainer.strategy={strategy} is not a strategy{hint}: use {', '.join(USUAL_STRATEGIES)}, or another of "
+        "Lightning's registered names."
+    )
 
 
 def auto_accelerator() -> str:

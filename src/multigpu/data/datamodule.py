@@ -3,6 +3,7 @@
 import os
 
 import torch
+from lightning.fabric.utilities.data import suggested_max_num_workers
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from typing_extensions import override
@@ -53,7 +54,8 @@ class CIFAR10DataModule(LightningDataModule):
             run resumed on other devices trains the same steps (``--trainer.accumulate_grad_batches`` then
             follows from it); it must split into whole loader batches. Default: ``batch_size x replicas x
             accumulate_grad_batches``.
-        num_workers: loader worker processes per device.
+        num_workers: loader worker processes per device; by default, as many as this machine's cores allow each
+            of its processes (Lightning's ``suggested_max_num_workers``: cores / processes - 1, at least 1).
         pin_memory: pin host memory (only when training on CUDA devices).
         persistent_workers: keep the workers alive between epochs (only with workers).
         val_split: 0 validates on the official test split; N > 0 holds out N training
@@ -83,7 +85,7 @@ class CIFAR10DataModule(LightningDataModule):
         verify_checksums: bool = True,
         batch_size: int = 128,
         global_batch_size: int | None = None,
-        num_workers: int = 4,
+        num_workers: int | None = None,
         pin_memory: bool = True,
         persistent_workers: bool = True,
         val_split: int = 0,
@@ -97,7 +99,8 @@ class CIFAR10DataModule(LightningDataModule):
         check_at_least("data.batch_size", batch_size, 1)
         if global_batch_size is not None:
             check_at_least("data.global_batch_size", global_batch_size, 1)
-        check_at_least("data.num_workers", num_workers, 0)
+        if num_workers is not None:
+            check_at_least("data.num_workers", num_workers, 0)
         check_at_least("data.synthetic_size", synthetic_size, 1)
         check_at_least("data.val_split", val_split, 0)
         self.save_hyperparameters()
@@ -157,6 +160,12 @@ class CIFAR10DataModule(LightningDataModule):
             train, val = ImageTensorDataset(images, labels, train_transform()), test
         return {"train": train, "val": val, "test": test}
 
+    def _workers(self) -> int:
+        """``num_workers``, or by default the cores of this machine shared by its training processes."""
+        if self.hparams.num_workers is not None:
+            return self.hparams.num_workers
+        return suggested_max_num_workers(self.trainer.num_devices if self.trainer else 1)
+
     def _device(self) -> torch.device:
         """Where the batches go: the strategy's device, or the CPU without a trainer."""
         return self.trainer.strategy.root_device if self.trainer else torch.device("cpu")
@@ -172,7 +181,7 @@ class CIFAR10DataModule(LightningDataModule):
                 replicas, rank = self._shard()
                 sampler = DistributedSampler(self.datasets[split], replicas, rank, shuffle=False)
             return DeviceBatches(self.datasets[split], sampler, self.batch_size, augment=split == "train")
-        workers = self.hparams.num_workers
+        workers = self._workers()
         return DataLoader(
             self.datasets[split],
             batch_size=self.batch_size,
@@ -270,7 +279,7 @@ class CIFAR10DataModule(LightningDataModule):
     def predict_dataloader(self) -> DataLoader:
         """The user's images (``predict_dir``) or the test split, in order, each sample with its index."""
         dataset = self.datasets.get("predict", self.datasets.get("test"))
-        workers = 0 if self.hparams.on_device else self.hparams.num_workers
+        workers = 0 if self.hparams.on_device else self._workers()
         return DataLoader(
             Indexed(dataset),
             batch_size=self.batch_size,

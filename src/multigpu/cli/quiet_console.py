@@ -1,0 +1,34 @@
+"""What Lightning and its dependencies print that says nothing about this run, kept off the console: a clean run
+prints the project's lines, Lightning's device line, the model summary and the progress bar."""
+
+import logging
+import warnings
+
+__all__ = ["quiet_console"]
+
+# Lightning's info lines that are advertisements or internals, not facts about this run.
+_LIGHTNING_LINES = (
+    "💡 Tip:",  # litlogger and litmodels
+    "TPU available:",
+    "Loading `train_dataloader` to estimate number of stepping batches.",
+)
+
+_WARNINGS = (
+    # Lightning's own use of a torch name that torch deprecated; nothing a user can change.
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+    # A loader without state of its own resumes mid-epoch unreliably, Lightning warns; the data module's state
+    # makes the resumed epoch skip exactly the batches the checkpoint trained on.
+    "You're resuming from a checkpoint that ended before the epoch ended",
+)
+
+
+def _keeps(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(_LIGHTNING_LINES)
+
+
+def quiet_console() -> None:
+    """Filter Lightning's lines and the warnings above out of this process's console, for the rest of it."""
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).addFilter(_keeps)
+    for message in _WARNINGS:
+        warnings.filterwarnings("ignore", message=f".*{message}")
