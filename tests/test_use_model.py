@@ -4,12 +4,14 @@ commands that only evaluate, ``export`` to torchvision, TorchScript and ONNX fro
 
 import csv
 import importlib.util
+import json
+import re
 
 import numpy as np
 import pytest
 import torch
 import torchvision
-from helpers import SMOKE, cli_main, run_args, run_cli
+from helpers import SMOKE, cli_error, cli_main, run_args, run_cli
 from PIL import Image
 
 from multigpu.data.cifar10 import CIFAR10_CLASSES
@@ -49,6 +51,23 @@ def test_predict_writes_every_image_once_in_order_with_its_top_5_and_says_nothin
         assert f"wrote {path}" in result.stdout
         assert f"predict: the weights of {trained / 'checkpoints' / 'test' / 'last.ckpt'}" in result.stdout
         assert "global batch" not in result.stdout and "learning rate" not in result.stdout
+    # test/acc is top-1: the share of the CSV's rows whose first class is the true one, on the same 8 images.
+    tested = run_cli("test", *run_args(trained), "--ckpt_path=last", cwd=trained)
+    assert tested.returncode == 0, tested.stdout
+    test_acc = float(re.search(r"test/acc\W+([0-9.]+)", tested.stdout).group(1))
+    assert test_acc == pytest.approx(right / 8, abs=1e-6), tested.stdout
+
+
+@pytest.mark.slow
+def test_an_export_where_nothing_can_be_written_stops_before_the_work(trained, capsys, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main("export", "--config", SMOKE, *run_args(trained), f"--out={blocker / 'model.pt'}")
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: --out={blocker / 'model.pt'}: {blocker} cannot be written here; choose a folder you can write to."
+    )
 
 
 @pytest.mark.slow
@@ -120,7 +139,11 @@ def test_an_export_to_torchvision_and_torchscript_gives_the_checkpoints_logits(t
         for to in ("torchvision", "torchscript"):
             out = tmp_path / f"exported-{to}.pt"
             cli_main("export", "--config", SMOKE, *run_args(tmp_path), f"--to={to}", f"--out={out}")
-            assert f"export: wrote {out} ({to})" in capsys.readouterr().out
+            said = capsys.readouterr().out
+            notes = out.with_name(f"{out.name}.input.json")
+            assert f"export ({to}) from " in said and f": wrote {out}, {notes}; " in said, said
+            assert "3 x 32 x 32 images, RGB, channels first, pixel values / 255 normalised with mean (0.4914" in said
+            assert json.loads(notes.read_text())["std"] == [0.2470, 0.2435, 0.2616]
             model = _torchvision(out, checkpoint) if to == "torchvision" else torch.jit.load(str(out))
             torch.testing.assert_close(model(images), expected, atol=TOLERANCE, rtol=0)
 
@@ -132,7 +155,11 @@ def test_the_onnx_export_runs_in_onnxruntime_with_the_same_logits(trained, tmp_p
 
     out = tmp_path / "model.onnx"
     cli_main("export", "--config", SMOKE, *run_args(trained), "--to=onnx", f"--out={out}")
-    assert "its logits match the checkpoint's within 1e-05 (relative)" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "its logits match the checkpoint's within 1e-05 (relative)" in said
+    written = said.partition(": wrote ")[2].partition("; ")[0].split(", ")  # every file, the weights' own too
+    assert written[0] == str(out) and written[-1] == f"{out}.input.json"
+    assert sorted(written) == sorted(str(path) for path in tmp_path.iterdir()), written
     checkpoint = check_checkpoint(trained / "checkpoints" / "test" / "last.ckpt")
     images = torch.randn(5, 3, 32, 32)  # another batch size than the export's
     session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
@@ -166,8 +193,20 @@ def test_a_run_starts_from_torchvision_weights_and_says_what_it_left(tmp_path):
     ) in result.stdout
     state = check_checkpoint(tmp_path / "checkpoints" / "test" / "last.ckpt")["state_dict"]
     torch.testing.assert_close(state["net.1.conv1.weight"], weights["layer1.0.conv1.weight"], atol=0, rtol=0)
-    missing = run_cli("fit", "--config", SMOKE, *run_args(tmp_path), "--model.init_from=nope.pth", cwd=tmp_path)
+    missing = run_cli(
+        "fit", "--config", SMOKE, *run_args(tmp_path, "another"), "--model.init_from=nope.pth", cwd=tmp_path
+    )
     assert missing.returncode == 2
     assert missing.stdout.strip().splitlines()[-1] == (
-        "error: model.init_from=nope.pth is not a file: give the path of a torchvision ResNet-50 state dict."
+        "error: --model.init_from=nope.pth is not a file: give the path of a torchvision ResNet-50 state dict."
     )
+
+
+def test_a_bad_weights_file_is_refused_in_one_line_before_anything_is_built(capsys, tmp_path):
+    corrupt, model = tmp_path / "corrupt.pth", tmp_path / "model.pth"
+    corrupt.write_bytes(b"not a checkpoint")
+    torch.save(torch.nn.Linear(2, 2), model)  # the model, not its state dict
+    for path, expected in ((corrupt, "cannot be read ("), (model, "holds more than tensors")):
+        error = cli_error(capsys, *run_args(tmp_path), f"--model.init_from={path}")
+        assert error.startswith(f"error: --model.init_from={path}") and expected in error, error
+    assert not (tmp_path / "checkpoints").exists()

@@ -1,6 +1,9 @@
 """The exceptions that end the CLI with one line: ``error: ...`` for a bad request, or a finished run."""
 
-__all__ = ["RunFinished", "UsageError", "check_at_least"]
+import os
+from pathlib import Path
+
+__all__ = ["RunFinished", "UsageError", "check_at_least", "check_writable"]
 
 
 class UsageError(ValueError):
@@ -16,3 +19,14 @@ def check_at_least(option: str, value: float, minimum: float, below: float | Non
     if value < minimum or (below is not None and value >= below):
         allowed = f"in [{minimum}, {below})" if below is not None else f"at least {minimum}"
         raise UsageError(f"{option} must be {allowed}, not {value}.")
+
+
+def check_writable(option: str, path: str | os.PathLike) -> None:
+    """Refuse ``--option=path`` unless this process may create or replace the file or folder ``path``: its
+    nearest existing folder is one it can write in. Nothing is created."""
+    target = Path(path).absolute()
+    existing = next(folder for folder in (target, *target.parents) if folder.exists())
+    if existing == target and not target.is_dir():
+        existing = target.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{option}={path}: {existing} cannot be written here; choose a folder you can write to.")

@@ -4,6 +4,8 @@ It takes ``fit``'s options, so that ``--ckpt_path last`` finds the run's newest 
 (``--run_name``, ``--checkpoint_root``).
 """
 
+import glob
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -11,9 +13,16 @@ from lightning.pytorch.cli import LightningArgumentParser
 from typing_extensions import override
 
 from multigpu.cli.lightning_cli import MultiGPUCLI
-from multigpu.errors import UsageError
+from multigpu.errors import UsageError, check_writable
 from multigpu.run.checkpoints import resolve_ckpt_path
-from multigpu.trained.export import SUFFIXES, Format, torchvision_load_lines, write_export
+from multigpu.trained.export import (
+    SUFFIXES,
+    Format,
+    input_line,
+    input_notes,
+    torchvision_load_lines,
+    write_export,
+)
 
 __all__ = ["ExportCLI", "export"]
 
@@ -46,7 +55,18 @@ def export(args: Sequence[str], default_config_files: Sequence[str | Path]) -> N
         raise UsageError(f"--ckpt_path {path}: export reads a checkpoint file on this machine; copy it here first.")
     to = config["to"]
     out = Path(config["out"] or Path(path).with_name(f"resnet50-{Path(path).stem}{SUFFIXES[to]}"))
+    check_writable("--out", out)  # before the network is built
+    out.parent.mkdir(parents=True, exist_ok=True)
+    before = {file: file.stat().st_mtime_ns for file in out.parent.glob(f"{glob.escape(out.name)}*")}
     checked = write_export(checkpoint, to, out)
-    print(f"export: wrote {out} ({to}) from {path}; {checked}.")
+    notes = input_notes(checkpoint)
+    out.with_name(f"{out.name}.input.json").write_text(json.dumps(notes, indent=2) + "\n")
+    written = [  # ONNX puts large weights in a file of their own beside the model (``.onnx.data``)
+        str(file)
+        for file in sorted(out.parent.glob(f"{glob.escape(out.name)}*"))
+        if before.get(file) != file.stat().st_mtime_ns
+    ]
+    print(f"export ({to}) from {path}: wrote {', '.join(written)}; {checked}.")
+    print(input_line(notes))
     if to == "torchvision":
         print(f"load it:\n{torchvision_load_lines(checkpoint, out)}")

@@ -6,7 +6,6 @@ strategies may move or wrap ``self.net`` but touch nothing else here.
 """
 
 import math
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,7 +27,7 @@ from multigpu.model.recomputation import recompute_blocks
 from multigpu.model.replica_statistics import ReplicaStatistics, micro_batches_per_step, records_step_statistics
 from multigpu.model.resnet import Stem, resnet50_block_factories
 from multigpu.model.step_batch_norm import record_step_statistics
-from multigpu.model.torchvision_weights import load_torchvision_weights
+from multigpu.model.torchvision_weights import load_torchvision_weights, read_state_dict
 from multigpu.run.replicas import data_parallel_size
 
 __all__ = [
@@ -57,10 +56,8 @@ def check_recipe(
 ) -> None:
     """Refuse optimizer and loss settings that mean nothing, and a weights file that is not there, in one line each
     (the CLI calls it before it builds anything, the model when it is built)."""
-    if init_from is not None and not Path(init_from).is_file():
-        raise UsageError(
-            f"model.init_from={init_from} is not a file: give the path of a torchvision ResNet-50 state dict."
-        )
+    if init_from is not None:
+        read_state_dict(init_from)
     for option, value in (
         ("base_lr", base_lr),
         ("momentum", momentum),

@@ -7,6 +7,8 @@ convolution and taken out the max-pool); ``from_torchvision`` renames the other 
 that starts from torchvision weights (``--model.init_from``).
 """
 
+import pickle
+import zipfile
 from pathlib import Path
 
 import torch
@@ -15,7 +17,7 @@ from torch import Tensor, nn
 from multigpu.errors import UsageError
 from multigpu.model.resnet import LAYERS
 
-__all__ = ["cifar_stem", "from_torchvision", "load_torchvision_weights", "to_torchvision"]
+__all__ = ["cifar_stem", "from_torchvision", "load_torchvision_weights", "read_state_dict", "to_torchvision"]
 
 
 def _block_prefixes() -> dict[str, str]:
@@ -57,20 +59,40 @@ def from_torchvision(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
     return _renamed(state_dict, _TORCHVISION_TO_OURS)
 
 
+def read_state_dict(path: str | Path) -> dict[str, Tensor]:
+    """The state dict in ``path`` (``--model.init_from``), or a ``UsageError`` that says what the
+    file is instead: missing, unreadable, or holding more than tensors (a whole model, say)."""
+    if not Path(path).is_file():
+        raise UsageError(
+            f"--model.init_from={path} is not a file: give the path of a torchvision ResNet-50 state dict."
+        )
+    try:
+        source = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        if "Unsupported global" in str(error):  # torch's safe loader met something other than tensors
+            raise UsageError(
+                f"--model.init_from={path} holds more than tensors (a whole model?): save the model's state_dict()."
+            ) from None
+        raise UsageError(
+            f"--model.init_from={path} cannot be read (UnpicklingError: it is truncated or not a PyTorch file): give "
+            "a file written by torch.save(torchvision_model.state_dict())."
+        ) from None
+    except (OSError, RuntimeError, EOFError, ValueError, zipfile.BadZipFile) as error:
+        raise UsageError(
+            f"--model.init_from={path} cannot be read ({type(error).__name__}: it is truncated or not a PyTorch "
+            "file): give a file written by torch.save(torchvision_model.state_dict())."
+        ) from None
+    if not isinstance(source, dict) or not all(isinstance(value, Tensor) for value in source.values()):
+        raise UsageError(f"--model.init_from={path} is not a state dict: save the model's state_dict(), not the model.")
+    return source
+
+
 def load_torchvision_weights(net: nn.Module, path: str | Path) -> str:
     """Copy into ``net`` (our blocks) every tensor of the torchvision ``resnet50`` state dict in ``path`` whose
     shape matches (ImageNet weights into the CIFAR stem leave the first convolution, a head of another width its
     classifier); the tensors of blocks this process does not hold (on the meta device) are skipped. Returns what
     it loaded and what it left at its initial value, in a line."""
-    try:
-        source = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError) as error:
-        raise UsageError(
-            f"--model.init_from={path} cannot be read ({str(error).splitlines()[0]}): give a file written by "
-            "torch.save(torchvision_model.state_dict())."
-        ) from error
-    if not isinstance(source, dict) or not all(isinstance(value, Tensor) for value in source.values()):
-        raise UsageError(f"--model.init_from={path} is not a state dict: save the model's state_dict(), not the model.")
+    source = read_state_dict(path)
     theirs = {_TORCHVISION_TO_OURS.get(key.rpartition(".")[0]): key for key in source}
     loaded, kept = 0, []
     with torch.no_grad():

@@ -20,12 +20,13 @@ onnxruntime is installed, whose fused kernels round differently).
 """
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torchvision
 from torch import nn
 
+from multigpu.data.cifar10 import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
 from multigpu.errors import UsageError
 from multigpu.model.classifier import IMAGE_SHAPE
 from multigpu.model.lazy_blocks import LazyBlocks
@@ -36,6 +37,8 @@ __all__ = [
     "SUFFIXES",
     "TOLERANCE",
     "Format",
+    "input_line",
+    "input_notes",
     "network_of",
     "torchvision_load_lines",
     "torchvision_model",
@@ -72,7 +75,6 @@ def torchvision_model(checkpoint: dict, network: nn.Module | None = None) -> nn.
 def write_export(checkpoint: dict, to: Format, out: Path) -> str:
     """Write the checkpoint's network to ``out`` in format ``to``, and check the file's logits against the
     checkpoint's network: what the check found, or a ``UsageError`` where the logits differ."""
-    out.parent.mkdir(parents=True, exist_ok=True)
     network = network_of(checkpoint)  # built once: the export's source and the logits it must give
     model = torchvision_model(checkpoint, network)
     images = torch.randn(8, *IMAGE_SHAPE, generator=torch.Generator().manual_seed(0))
@@ -93,6 +95,33 @@ def write_export(checkpoint: dict, to: Format, out: Path) -> str:
             f"{out}: the export's logits differ from the checkpoint's by {(got - expected).abs().max():g}."
         )
     return f"its logits match the checkpoint's within {TOLERANCE:g} (relative) on {len(images)} images"
+
+
+def input_notes(checkpoint: dict) -> dict[str, Any]:
+    """What the exported network expects of its input, and what its outputs mean: written beside the export."""
+    classes = checkpoint.get("hyper_parameters", {}).get("num_classes", 10)
+    return {
+        "shape": ["batch", *IMAGE_SHAPE],
+        "layout": "NCHW: channels first",
+        "channels": "RGB",
+        "dtype": "float32",
+        "scale": "pixel values divided by 255, in [0, 1]",
+        "normalise": "(x - mean) / std, per channel",
+        "mean": list(CIFAR10_MEAN),
+        "std": list(CIFAR10_STD),
+        "output": "logits, one per class; softmax gives the probabilities",
+        "classes": list(CIFAR10_CLASSES) if classes == len(CIFAR10_CLASSES) else list(range(classes)),
+    }
+
+
+def input_line(notes: dict[str, Any]) -> str:
+    """``input_notes`` in one line."""
+    mean, std = (", ".join(f"{value:.4f}" for value in notes[key]) for key in ("mean", "std"))
+    return (
+        f"input: float32 batches of {' x '.join(map(str, notes['shape'][1:]))} images, {notes['channels']}, channels "
+        f"first, pixel values / 255 normalised with mean ({mean}) and std ({std}); output: {len(notes['classes'])} "
+        "logits."
+    )
 
 
 def torchvision_load_lines(checkpoint: dict, out: Path) -> str:
