@@ -98,8 +98,11 @@ def test_help_and_print_config():
         "plan | export; python main.py --help says what each does."
     ]
     fit_help = run_cli("fit", "--help").stdout
-    assert fit_help.index("--model.base_lr") < fit_help.index("--data.data_dir") < fit_help.index("--trainer.strategy")
-    strategy_help = fit_help[fit_help.index("--trainer.strategy STRATEGY") :]
+    described = [
+        fit_help.index(f"\n  --{option} ") for option in ("model.base_lr", "data.data_dir", "trainer.strategy")
+    ]
+    assert described == sorted(described)  # the project's options first
+    strategy_help = fit_help[described[2] :]
     assert "auto, ddp, ddp_spawn, fsdp, dp, manual_model_parallel, pipeline" in " ".join(strategy_help[:400].split())
     printed = run_cli("fit", "--print_config")
     assert printed.returncode == 0, printed.stdout
