@@ -246,6 +246,10 @@ def test_dry_run_forecasts_every_layout_with_its_estimate_and_runs_none(tmp_path
     assert "  dp: needs CUDA devices (without them dp trains on one device)" in result.stdout
     assert "measuring the links between 2 CPU processes" in result.stdout
     assert not (tmp_path / "logs" / "test" / "plan.yaml").exists()
+    best = max(rows, key=lambda row: float(row[1]))
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"plan (dry run): forecast {len(rows)} layouts and left out ")
+    assert f"the fastest forecast: {best[0]}, {best[1]} img/s; nothing trained, nothing written" in last
 
 
 @pytest.mark.slow
@@ -299,6 +303,11 @@ def test_plan_forecasts_measures_the_best_marks_ties_and_writes_a_config_that_fi
     )
     assert chosen == [simplest]
     assert f"chosen: {chosen[0]}: " in result.stdout
+    assert (
+        result.stdout.strip()
+        .splitlines()[-1]
+        .startswith(f"plan: measured {len(measured)} of {len(figures)} layouts and chose {chosen[0]} (")
+    )
     assert (folder / "plan.png").read_bytes().startswith(b"\x89PNG")
     config = yaml.safe_load((folder / "plan.yaml").read_text())
     assert config["model"] == {"recompute_activations": False}

@@ -29,7 +29,7 @@ from multigpu.planning.links import measure_links
 from multigpu.planning.measurement import balanced, measure
 from multigpu.planning.options import PlanOptions, check_no_plan_section
 from multigpu.planning.ranking import Outcome, to_measure
-from multigpu.planning.report import print_report, write_outputs
+from multigpu.planning.report import dry_run_line, print_report, write_outputs
 from multigpu.planning.resources import budget as memory_budget
 from multigpu.planning.selection import choose, setting_of
 from multigpu.renamed_options import add_old_names
@@ -120,3 +120,5 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
         is None
     ):
         raise UsageError("no layout trained, so nothing was written: each was left out or failed, as listed above.")
+    if options.dry_run:
+        print(dry_run_line(outcomes, refusals))

@@ -13,7 +13,7 @@ from multigpu.planning.bar_chart import write_bar_chart
 from multigpu.planning.layouts import Refusal
 from multigpu.planning.ranking import REFERENCE, Outcome, choice, ranked, tied
 
-__all__ = ["print_report", "write_outputs"]
+__all__ = ["dry_run_line", "print_report", "write_outputs"]
 
 MIB = 2**20
 
@@ -150,8 +150,20 @@ def write_outputs(
         folder / "plan.png",
         grey=[o.layout.strategy == REFERENCE for o in bars],
     )
+    measured = sum(1 for outcome in outcomes if outcome.figures)
     print(
-        f"\nwrote {folder / 'plan.yaml'} (chosen: {chosen.layout.label}), plan.json and plan.png beside it."
-        f"\ntrain with it: python main.py fit <the same options> --config {folder / 'plan.yaml'}"
+        f"\nplan: measured {measured} of {len(outcomes)} layouts and chose {chosen.layout.label} "
+        f"({chosen.images_per_s:.1f} img/s); wrote {folder / 'plan.yaml'}, plan.json and plan.png. Train with it: "
+        f"python main.py fit <the same options> --config {folder / 'plan.yaml'}"
     )
     return folder / "plan.yaml"
+
+
+def dry_run_line(outcomes: Sequence[Outcome], refusals: Sequence[Any]) -> str:
+    """The closing line of a dry run: what it forecast, the fastest forecast, and that nothing was written."""
+    fastest = max((o for o in outcomes if o.forecast), key=lambda o: o.forecast, default=None)
+    best = f"; the fastest forecast: {fastest.layout.label}, {fastest.forecast:.1f} img/s" if fastest else ""
+    return (
+        f"\nplan (dry run): forecast {len(outcomes)} layouts and left out {len(refusals)}{best}; nothing trained, "
+        "nothing written (without --plan.dry_run it measures the best and writes plan.yaml)."
+    )
