@@ -2,6 +2,7 @@
 
 import logging
 import os
+from unittest.mock import MagicMock
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from lightning.pytorch import Trainer
 from multigpu.data.datamodule import CIFAR10DataModule
 from multigpu.errors import UsageError
 from multigpu.model.classifier import ResNet50Classifier
+from multigpu.run.callbacks import ThroughputSummary
 from multigpu.run.checkpoints import check_checkpoint, check_model_options, resolve_ckpt_path
 
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
@@ -78,3 +80,11 @@ def test_a_checkpoint_older_than_a_rename_reads_its_options_under_the_new_names(
         assert "changed" not in caplog.text
         check_model_options("old.ckpt", old, {"recompute_activations": False, "stem": "cifar"})
     assert "Model options changed since old.ckpt: recompute_activations True -> False." in caplog.text
+
+
+def test_an_epoch_resumed_after_its_last_batch_logs_no_throughput_point():
+    """Lightning ends such an epoch without a batch: no 0 img/s point, no epoch line."""
+    summary, module = ThroughputSummary(), MagicMock()
+    summary.on_train_start(MagicMock(), module)
+    summary.on_train_epoch_end(MagicMock(), module)
+    assert not module.log.called and not module.print.called

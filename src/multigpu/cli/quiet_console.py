@@ -19,6 +19,9 @@ _WARNINGS = (
     # A loader without state of its own resumes mid-epoch unreliably, Lightning warns; the data module's state
     # makes the resumed epoch skip exactly the batches the checkpoint trained on.
     "You're resuming from a checkpoint that ended before the epoch ended",
+    # A resumed run writes into its own folder; starting a new run in a folder that holds checkpoints is refused
+    # before this could be said (``refuse_a_second_run``).
+    r"Checkpoint directory .* exists and is not empty",
 )
 
 

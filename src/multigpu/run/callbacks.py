@@ -84,6 +84,8 @@ class ThroughputSummary(Callback):
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not self._images:  # an epoch resumed after its last batch: nothing trained, no point to log
+            return
         epoch_time = time.perf_counter() - self._start
         train_time = max(self._train_end - self._start, 1e-9)
         images_per_s = self._images * data_parallel_size(trainer) / train_time
