@@ -226,6 +226,7 @@ class MultiGPUCLI(CheckpointPathCLI):
         if subcommand != "fit":
             # The run's own data, network and batch size, where the command line leaves them; its log folder.
             take_saved_options(config, checkpoint, self._command_line)
+            config["model"]["batch_size"] = config["data"]["batch_size"]  # the link, after the data's was taken
             check_model_options(config["ckpt_path"], checkpoint, config["model"], report=False)
             rank_zero_info(f"{subcommand}: the weights of {config['ckpt_path']} ({trained_to(checkpoint)}).")
             self._log_version = checkpoint.get(RunMetadata.KEY, {}).get("log_version")
