@@ -83,13 +83,15 @@ BAD_VALUES = {
     "--trainer.check_val_every_n_epoch=0": "--trainer.check_val_every_n_epoch must be at least 1, not 0",
     "--trainer.strategy=pipeline --trainer.strategy.micro_batches=0": "micro_batches must be at least 1, not 0",
     "--save_every_n_steps=-1": "--save_every_n_steps must be at least 0, not -1",
+    "--checkpoint_root=/dev/null/checkpoints": "--checkpoint_root=/dev/null/checkpoints: /dev/null cannot be written",
+    "--trainer.default_root_dir=/dev/null/logs": "--trainer.default_root_dir=/dev/null/logs: /dev/null cannot be",
 }
 
 
 def test_every_bad_value_ends_with_one_error_line_and_writes_nothing(capsys, tmp_path, monkeypatch):
     """Each invocation: exactly one `error:` line on stderr, exit status 2, and no file anywhere under its folder."""
     for arguments, expected in BAD_VALUES.items():
-        folder = tmp_path / arguments.replace("=", "_").replace(" ", "")
+        folder = tmp_path / arguments.replace("=", "_").replace(" ", "").replace("/", "_")
         folder.mkdir()
         monkeypatch.chdir(folder)
         with pytest.raises(SystemExit) as exit_info:

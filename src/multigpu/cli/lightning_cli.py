@@ -27,7 +27,7 @@ from multigpu.cli.saved_options import take_saved_options
 from multigpu.cli.trainer_options import USUAL_STRATEGIES, check_trainer_options
 from multigpu.compat import CheckpointPathCLI
 from multigpu.data.datamodule import CIFAR10DataModule
-from multigpu.errors import RunFinished, UsageError, check_at_least
+from multigpu.errors import RunFinished, UsageError, check_at_least, check_writable
 from multigpu.model.classifier import (
     ResNet50Classifier,
     check_recipe,
@@ -270,6 +270,15 @@ class MultiGPUCLI(CheckpointPathCLI):
             rank_zero_info(f"torchrun started {nodes} node(s): --trainer.num_nodes={nodes}.")
             config["trainer"]["num_nodes"] = nodes
         check_at_least("--save_every_n_steps", config.get("save_every_n_steps") or 0, 0)
+        # Where the run will write, checked before minutes go into building and training.
+        writes = {
+            "--checkpoint_root": config.get("checkpoint_root"),
+            "--trainer.default_root_dir": config["trainer"].get("default_root_dir") or "logs",
+            "--predictions.path": (config.get("predictions") or {}).get("path"),
+        }
+        for option, path in writes.items():
+            if path:
+                check_writable(option, path)
         model = config["model"]
         check_recipe(*(model[name] for name in inspect.signature(check_recipe).parameters))
 
