@@ -67,6 +67,10 @@ def test_fit_writes_checkpoints_tensorboard_and_config_then_resumes_the_same_run
     assert not (tmp_path / "logs" / "test" / "version_1").exists()
     assert sorted(_scalars(log_dir)["train/loss"]) == list(range(8))
     assert "epoch 1 | step 8" in resumed.stdout
+    # One point per epoch, none at the step it resumed from, and no warning about its own folder or val/acc.
+    assert sorted(_scalars(log_dir)["perf/images_per_s"]) == [3, 7]
+    for warning in ("exists and is not empty", "could not find the monitored key"):
+        assert warning not in resumed.stdout, warning
 
     # test, without the run's data options: it reads them from the checkpoint, and logs beside the training.
     tested = run_cli("test", *run_args(tmp_path), "--ckpt_path=last")
@@ -85,18 +89,22 @@ def test_ckpt_path_last_without_a_checkpoint_starts_from_scratch(tmp_path):
     assert (tmp_path / "checkpoints" / "test" / "last.ckpt").is_file()
 
 
+def test_a_mistyped_command_is_answered_with_the_nearest_in_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main("exprot", "--ckpt_path", "last")
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: exprot is not a command (did you mean export?): python main.py fit | validate | test | predict | "
+        "plan | export; python main.py --help says what each does."
+    ]
+
+
 @pytest.mark.slow
 def test_help_and_print_config():
     helped = run_cli("--help")
     assert helped.returncode == 0
     for command in ("fit", "validate", "test", "predict", "plan", "export"):
         assert any(line.split()[:1] == [command] for line in helped.stdout.splitlines()), command
-    wrong = run_cli("exprot", "--ckpt_path", "last")
-    assert wrong.returncode == 2
-    assert wrong.stdout.strip().splitlines() == [
-        "error: exprot is not a command (did you mean export?): python main.py fit | validate | test | predict | "
-        "plan | export; python main.py --help says what each does."
-    ]
     fit_help = run_cli("fit", "--help").stdout
     described = [
         fit_help.index(f"\n  --{option} ") for option in ("model.base_lr", "data.data_dir", "trainer.strategy")

@@ -122,7 +122,7 @@ def test_checkpoints_move_between_fsdp_and_every_other_strategy_mid_epoch(tmp_pa
         if step <= 2 or name != "fsdp":
             out = tmp_path / f"exported-{step}.pt"
             cli_main("export", "--config", SMOKE, *run_args(tmp_path), "--to=torchvision", f"--out={out}")
-            assert f"export: wrote {out} (torchvision)" in capsys.readouterr().out, name
+            assert f": wrote {out}, {out}.input.json; " in capsys.readouterr().out, name
             exported = torch.load(out, weights_only=True)
             network = {key[4:]: value for key, value in checkpoint["state_dict"].items() if key.startswith("net.")}
             assert exported.keys() == to_torchvision(network).keys(), name

@@ -89,8 +89,9 @@ def _option_names(parser: argparse.ArgumentParser) -> list[str]:
     names = []
     for action in parser._actions:  # argparse's list of what a parser takes; it has no public accessor
         names += [name for name in action.option_strings if name.startswith("--")]
-        if isinstance(action, argparse._SubParsersAction):
-            for subparser in action.choices.values():
+        subcommands = action.choices if isinstance(action.choices, dict) else {}  # a subcommands action's parsers
+        for subparser in subcommands.values():
+            if isinstance(subparser, argparse.ArgumentParser):
                 names += _option_names(subparser)
     return names
 
