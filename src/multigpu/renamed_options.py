@@ -63,13 +63,14 @@ def new_names(args: Sequence[str]) -> list[str]:
     return args
 
 
-def move_to_new_names(config: Any, args: Sequence[str], section: str) -> None:
-    """Move a parsed ``config``'s values under ``section``'s old names (read from a config file) to the new names, in
-    place, unless the command line (``args``, already through ``new_names``) gave the new name, which then wins."""
+def move_to_new_names(config: Any, args: Sequence[str]) -> None:
+    """Move a parsed ``config``'s values under old names (read from a config file; ``add_old_names`` let its parser
+    read them) to the new names, in place, unless the command line (``args``, already through ``new_names``) gave the
+    new name, which then wins."""
     for renamed in RENAMED:
-        if renamed.section != section:
+        values, old, new = config.get(renamed.section), renamed.old.partition(".")[2], renamed.new.partition(".")[2]
+        if values is None or old not in values:
             continue
-        values, old, new = config[section], renamed.old.partition(".")[2], renamed.new.partition(".")[2]
         value = values[old]
         del values[old]
         if value is None:

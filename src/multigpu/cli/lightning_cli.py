@@ -106,8 +106,6 @@ class MultiGPUCLI(CheckpointPathCLI):
     resumed ``fit`` continues the TensorBoard run of its checkpoint.
     """
 
-    option_sections = ("model",)  # the sections whose renamed options it reads (``multigpu.renamed_options``)
-
     def __init__(self, default_config_files: Sequence[str | Path] = (), **kwargs) -> None:
         self._log_version: int | str | None = None
         self._command_line: list[str] = []  # as parsed: ``take_saved_options`` keeps what it gives
@@ -182,19 +180,15 @@ class MultiGPUCLI(CheckpointPathCLI):
 
     @override
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
-        command_line: list[str] = []
-        self._command_line = command_line
         if args is None or isinstance(args, (list, tuple)):
             # `--trainer.strategy=manual_model_parallel --trainer.strategy.balance=[9,9]` reads as the class.
-            command_line = new_names(name_to_class_path(sys.argv[1:] if args is None else args))
-            self._command_line = command_line
-            self.config = parser.parse_args(command_line)
+            self._command_line = new_names(name_to_class_path(sys.argv[1:] if args is None else args))
+            self.config = parser.parse_args(self._command_line)
         else:
             super().parse_arguments(parser, args)
         # Old names from a config file: moved to the new ones before the checkpoint's options are compared and
         # the model is built (its hyperparameters are this config).
-        for section in self.option_sections:
-            move_to_new_names(self._config(), command_line, section)
+        move_to_new_names(self._config(), self._command_line)
 
     def _config(self):
         """This run's configuration: the subcommand's, or the whole one with ``run=False``."""
@@ -223,6 +217,8 @@ class MultiGPUCLI(CheckpointPathCLI):
         config["ckpt_path"], checkpoint = resolve_ckpt_path(config["ckpt_path"], dirpath, training)
         if not checkpoint:
             return
+        # Every command on a checkpoint logs into the TensorBoard run the checkpoint was written in.
+        self._log_version = checkpoint.get(RunMetadata.KEY, {}).get("log_version")
         subcommand = self.config.get("subcommand")
         if subcommand != "fit":
             # The run's own data, network and batch size, where the command line leaves them; its log folder.
@@ -230,7 +226,6 @@ class MultiGPUCLI(CheckpointPathCLI):
             config["model"]["batch_size"] = config["data"]["batch_size"]  # the link, after the data's was taken
             check_model_options(config["ckpt_path"], checkpoint, config["model"], report=False)
             rank_zero_info(f"{subcommand}: the weights of {config['ckpt_path']} ({trained_to(checkpoint)}).")
-            self._log_version = checkpoint.get(RunMetadata.KEY, {}).get("log_version")
             self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": f"{subcommand}-config.yaml"}
         else:
             check_model_options(config["ckpt_path"], checkpoint, config["model"])
@@ -241,8 +236,7 @@ class MultiGPUCLI(CheckpointPathCLI):
                     f"Run {config['run_name']} has already finished: {reason}. Nothing to do; {config['ckpt_path']} "
                     "is left as it is."
                 )
-            # Resuming continues the TensorBoard run the checkpoint was written in.
-            self._log_version = checkpoint.get(RunMetadata.KEY, {}).get("log_version")
+
             rank_zero_info(f"Resuming from {config['ckpt_path']} at step {checkpoint['global_step']}.")
 
     @override

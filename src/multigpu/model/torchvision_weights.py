@@ -67,7 +67,12 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
             f"--model.init_from={path} is not a file: give the path of a torchvision ResNet-50 state dict."
         )
     try:
-        source = torch.load(path, map_location="cpu", weights_only=True)
+        try:  # memory-mapped: the checks made before anything is built read the file's index, not its tensors
+            source = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as error:
+            if "mmap" not in str(error):
+                raise
+            source = torch.load(path, map_location="cpu", weights_only=True)  # torch's legacy format
     except pickle.UnpicklingError as error:
         if "Unsupported global" in str(error):  # torch's safe loader met something other than tensors
             raise UsageError(

@@ -40,8 +40,6 @@ __all__ = ["PlanCLI", "plan"]
 class PlanCLI(MultiGPUCLI):
     """``fit``'s parser with ``--plan.*`` added; it checks the options and builds nothing."""
 
-    option_sections = ("model", "plan")
-
     @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         super().add_arguments_to_parser(parser)
