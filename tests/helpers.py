@@ -29,19 +29,22 @@ ABORTED_AT_EXIT = "terminate called without an active exception"
 
 
 def run_cli(*args: str, cwd: Path = REPO, timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run ``python main.py ARGS`` in a subprocess and return it (output in ``.stdout``)."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    result = subprocess.run(
-        [sys.executable, str(REPO / "main.py"), *args],
-        cwd=cwd,
-        env=full_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=timeout,
-    )
-    assert ABORTED_AT_EXIT not in result.stdout, result.stdout
-    return result
+    """Run ``python main.py ARGS`` in a subprocess and return it (output in ``.stdout``). A run still going after
+    ``timeout`` seconds fails the test with the stack of every one of its processes (SIGABRT, faulthandler)."""
+    command = [sys.executable, str(REPO / "main.py"), *args]
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **(env or {})}
+    with subprocess.Popen(
+        command, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,  # its ranks and loader workers: one group, so that a hang is dumped whole
+    ) as process:  # fmt: skip
+        try:
+            output, _ = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGABRT)
+            output, _ = process.communicate()
+            pytest.fail(f"{command} ran past {timeout} s; its processes' stacks:\n{output[-30000:]}")
+    assert ABORTED_AT_EXIT not in output, output
+    return subprocess.CompletedProcess(command, process.returncode, output)
 
 
 def cli_main(*args: str) -> None:
