@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from filelock import FileLock
 from helpers import ABORTED_AT_EXIT, REPO, write_tiny_cifar10
 
 # Under pytest-xdist (`pytest -n 2`, the README's command), two tests share the machine's cores: every process
@@ -51,26 +52,39 @@ def _clean_process_state(monkeypatch):
 
 @pytest.fixture(scope="session")
 def train_setup(tmp_path_factory):
-    """``train_setup(name)`` runs ``tests/strategy_training.py NAME`` in a subprocess, once per
-    session, and returns the trained state dict."""
-    folder = tmp_path_factory.mktemp("strategy_training")
+    """``train_setup(name)`` runs ``tests/strategy_training.py NAME`` in a subprocess, once per session, and returns
+    the trained state dict. The workers of ``pytest -n`` share what one of them trained, through a folder of the
+    session's that they all see, until the one that trained it ends (then another would train it again)."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "strategy_training"
+    folder.mkdir(exist_ok=True)
     trained: dict[str, dict] = {}
+    written: list[Path] = []
 
     def train(setup: str) -> dict:
         if setup not in trained:
             out = folder / f"{setup}.pt"
-            result = subprocess.run(
-                [sys.executable, str(REPO / "tests" / "strategy_training.py"), setup, str(out)],
-                capture_output=True,
-                text=True,
-                timeout=300,
-            )
-            assert result.returncode == 0 and ABORTED_AT_EXIT not in result.stderr, result.stdout + result.stderr
-            trained[setup] = torch.load(out)
-            out.unlink()  # ResNet-50 state dicts: keep them in memory, not on the disk
+            with FileLock(f"{out}.lock"):  # a worker asking for the same setup waits for this one
+                if not out.exists():
+                    partial = out.with_suffix(".partial")
+                    result = subprocess.run(
+                        [sys.executable, str(REPO / "tests" / "strategy_training.py"), setup, str(partial)],
+                        capture_output=True,
+                        text=True,
+                        timeout=300,
+                    )
+                    assert result.returncode == 0 and ABORTED_AT_EXIT not in result.stderr, (
+                        result.stdout + result.stderr
+                    )
+                    partial.rename(out)
+                    written.append(out)
+                trained[setup] = torch.load(out)
         return trained[setup]
 
-    return train
+    yield train
+    for out in written:  # ResNet-50 state dicts, 100 MB each
+        with FileLock(f"{out}.lock"):
+            out.unlink()
 
 
 @pytest.fixture
