@@ -66,21 +66,20 @@ def train_setup(tmp_path_factory):
             out = folder / f"{setup}.pt"
             with FileLock(f"{out}.lock"):  # a worker asking for the same setup waits for this one
                 if not out.exists():
-                    partial = out.with_suffix(".partial")
                     result = subprocess.run(
-                        [sys.executable, str(REPO / "tests" / "strategy_training.py"), setup, str(partial)],
+                        [sys.executable, str(REPO / "tests" / "strategy_training.py"), setup, str(out)],
                         capture_output=True,
                         text=True,
                         timeout=300,
                     )
-                    assert result.returncode == 0 and ABORTED_AT_EXIT not in result.stderr, (
-                        result.stdout + result.stderr
-                    )
-                    partial.rename(out)
+                    if result.returncode != 0 or ABORTED_AT_EXIT in result.stderr:
+                        out.unlink(missing_ok=True)
+                        pytest.fail(result.stdout + result.stderr)
                     written.append(out)
                 trained[setup] = torch.load(out)
         return trained[setup]
 
+    train.folder = folder  # where each setup's files are (strategy_training.py writes records beside it)
     yield train
     for out in written:  # ResNet-50 state dicts, 100 MB each
         with FileLock(f"{out}.lock"):

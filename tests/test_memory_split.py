@@ -16,10 +16,9 @@ pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we decla
 EVERY_HOOK = set(HeldBlocks.HOOKS)
 
 
-def _records(train_setup, tmp_path_factory, setup: str, ranks: int) -> list[list[dict]]:
+def _records(train_setup, setup: str, ranks: int) -> list[list[dict]]:
     train_setup(setup)
-    folder = next(path for path in tmp_path_factory.getbasetemp().glob("strategy_training*"))
-    return [json.loads((folder / f"{setup}.pt.rank{rank}.json").read_text()) for rank in range(ranks)]
+    return [json.loads((train_setup.folder / f"{setup}.pt.rank{rank}.json").read_text()) for rank in range(ranks)]
 
 
 @pytest.mark.slow
@@ -32,10 +31,10 @@ def test_a_factory_network_trains_like_one_device(setup, train_setup):
 
 
 @pytest.mark.slow
-def test_no_pipeline_process_ever_builds_or_holds_another_stage(train_setup, tmp_path_factory):
+def test_no_pipeline_process_ever_builds_or_holds_another_stage(train_setup):
     stages = [range(0, 4), range(4, 8)]  # balance by parameters: 4 equal blocks each, save the narrower ends
     timed = list(range(8))  # rank 0 times every block for the split table, each on a copy of its own, one at a time
-    for rank, records in enumerate(_records(train_setup, tmp_path_factory, "factory_pipe", ranks=2)):
+    for rank, records in enumerate(_records(train_setup, "factory_pipe", ranks=2)):
         assert {record["hook"] for record in records} == EVERY_HOOK
         assert records[0]["held"] == [] and records[0]["built"] == []  # setup: nothing built before configure_model
         for record in records[1:]:
@@ -46,8 +45,8 @@ def test_no_pipeline_process_ever_builds_or_holds_another_stage(train_setup, tmp
 
 
 @pytest.mark.slow
-def test_model_parallel_builds_each_block_once_where_it_goes(train_setup, tmp_path_factory):
-    (records,) = _records(train_setup, tmp_path_factory, "factory_mmp", ranks=1)
+def test_model_parallel_builds_each_block_once_where_it_goes(train_setup):
+    (records,) = _records(train_setup, "factory_mmp", ranks=1)
     assert {record["hook"] for record in records} == EVERY_HOOK
     for record in records[1:]:
         # Built once each, straight into place: never the whole network first, then moved.
