@@ -10,6 +10,7 @@ import yaml
 from helpers import SMOKE, cli_main, run_args, run_cli
 from lightning.fabric.utilities.rank_zero import LightningDeprecationWarning
 
+from multigpu.model.resnet import resnet50_block_factories
 from multigpu.planning.command import PlanCLI
 from multigpu.planning.layouts import candidate_layouts
 from multigpu.planning.memory_estimate import block_memory, estimate
@@ -88,7 +89,7 @@ def test_compiled_networks_leave_out_the_strategies_that_place_blocks_themselves
 
 @pytest.fixture(scope="module")
 def memory():
-    return block_memory(num_classes=10, stem="cifar", half_activations=False)
+    return block_memory(resnet50_block_factories(num_classes=10, stem="cifar"), half_activations=False)
 
 
 def _setting(memory, batch_size: int = 128) -> Setting:

@@ -177,6 +177,7 @@ class MultiGPUCLI(CheckpointPathCLI):
         parser.link_arguments(("checkpoint_root", "run_name"), "checkpoint.dirpath", compute_fn=_checkpoint_dir)
         parser.link_arguments("data.batch_size", "model.batch_size")
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
+        parser.link_arguments("data.image_size", "model.image_size", apply_on="instantiate")
 
     @override
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:

@@ -77,6 +77,7 @@ class CIFAR10DataModule(LightningDataModule):
     """
 
     num_classes = 10
+    image_size = 32  # the side of its square images
 
     def __init__(
         self,

@@ -1,7 +1,8 @@
-"""``ResNet50Classifier``: the LightningModule that trains the network of ``resnet.py``.
+"""``ResNet50Classifier``: the LightningModule that trains ResNet-50 (``resnet.py``) or any torchvision classifier
+(``--model.arch``, ``architectures.py``).
 
 It holds the loss, the metrics and the optimizer. The network itself is the plain
-``nn.Sequential`` in ``self.net`` (see ``multigpu.model.resnet`` for its block layout);
+``nn.Sequential`` of blocks in ``self.net`` (see ``multigpu.model.resnet`` for ResNet-50's block layout);
 strategies may move or wrap ``self.net`` but touch nothing else here.
 """
 
@@ -21,11 +22,12 @@ from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
 from multigpu.errors import UsageError, check_at_least
+from multigpu.model.architectures import DEFAULT_ARCH, network_blocks
 from multigpu.model.lazy_blocks import LazyBlocks
 from multigpu.model.lr_schedule import scaled_lr, warmup_cosine
 from multigpu.model.recomputation import recompute_blocks
 from multigpu.model.replica_statistics import ReplicaStatistics, micro_batches_per_step, records_step_statistics
-from multigpu.model.resnet import Stem, resnet50_block_factories
+from multigpu.model.resnet import Stem
 from multigpu.model.step_batch_norm import record_step_statistics
 from multigpu.model.torchvision_weights import load_torchvision_weights, read_state_dict
 from multigpu.run.replicas import data_parallel_size
@@ -76,12 +78,18 @@ def check_recipe(
 
 
 class ResNet50Classifier(LightningModule):
-    """ResNet-50 image classifier with SGD, linear LR scaling, warm-up and cosine decay.
+    """Image classifier (ResNet-50 by default) with SGD, linear LR scaling, warm-up and cosine decay.
 
     Args:
+        arch: the network: ``resnet50`` (ResNet-50 with each bottleneck in two blocks), any other of
+            torchvision's classifiers (``resnet18``, ``convnext_tiny``, ``mobilenet_v3_small``, ``vit_b_32``...),
+            or ``package.module.function`` for a network of your own (docs/networks.md). Every strategy splits
+            it into blocks.
         num_classes: number of classes; linked from the data module by the CLI.
         batch_size: images per device and step; linked from the data module by the CLI.
-        stem: ``cifar`` (3x3 stride-1 first convolution, no max-pool) or ``imagenet``.
+        image_size: the side of the square images; linked from the data module by the CLI.
+        stem: ``cifar`` (3x3 stride-1 first convolution, no max-pool) or ``imagenet``: the ResNet family's first
+            layers. The other networks keep their own.
         base_lr: learning rate for a global batch of 256 images. The rate used is
             ``base_lr * batch_size * devices * nodes * accumulate_grad_batches / 256``.
         momentum: SGD momentum.
@@ -107,8 +115,10 @@ class ResNet50Classifier(LightningModule):
 
     def __init__(
         self,
+        arch: str = DEFAULT_ARCH,
         num_classes: int = 10,
         batch_size: int = 128,
+        image_size: int = 32,
         stem: Stem = "cifar",
         base_lr: float = 0.2,
         momentum: float = 0.9,
@@ -136,11 +146,11 @@ class ResNet50Classifier(LightningModule):
         )
         self.save_hyperparameters()
         # On the meta device until configure_model, where the strategy places each block (lazy_blocks).
-        self.net = LazyBlocks(resnet50_block_factories(num_classes, stem))
+        self.net = LazyBlocks(network_blocks(arch, num_classes, stem, image_size))
         if not compile:
-            # Two CIFAR-sized images: the model summary shows sizes, and strategies time the blocks with
+            # Two images of the run's size: the model summary shows sizes, and strategies time the blocks with
             # them. The summary's forward would make a compiled network compile once more, for 2 images.
-            self.example_input_array = torch.zeros(2, *IMAGE_SHAPE)
+            self.example_input_array = torch.zeros(2, *self.image_shape)
         self._compiled = False
         self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
         # Top-1: the share of images whose most probable class is right (torchmetrics' default is the mean over
@@ -184,10 +194,15 @@ class ResNet50Classifier(LightningModule):
     def training_flops_per_image(self) -> int:
         """FLOPs of the forward and backward pass of one training image, counted with torch's flop
         counter on a copy of the network on the meta device (nothing is computed)."""
-        net = nn.Sequential(*LazyBlocks(resnet50_block_factories(self.hparams.num_classes, self.hparams.stem), seed=0))
+        net = nn.Sequential(*LazyBlocks(self.net.factories, seed=0))
         with torch.device("meta"):
-            images = torch.zeros(2, *IMAGE_SHAPE)  # BatchNorm in training mode needs two
+            images = torch.zeros(2, *self.image_shape)  # BatchNorm in training mode needs two
         return measure_flops(net, lambda: net(images), lambda logits: logits.sum()) // 2
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        """The shape of one input image: 3 channels, ``image_size`` square."""
+        return (3, self.hparams.image_size, self.hparams.image_size)
 
     @override
     def forward(self, x: Tensor) -> Tensor:

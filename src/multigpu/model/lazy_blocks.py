@@ -17,7 +17,7 @@ LightningModules build their network on the meta device in ``__init__`` and call
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Any
 
@@ -64,6 +64,8 @@ class LazyBlocks(BuiltBlocksMove):
         with torch.device("meta"):
             super().__init__(*(factory() for factory in factories))
         self.factories = list(factories)
+        # Factories cut from one network (``architectures.NetworkBlocks``) keep it while blocks are built in turn.
+        self._holding = getattr(factories, "holding", nullcontext)
         self.seed = int(torch.randint(0, 2**62, (), device="cpu").item()) if seed is None else seed
         self._complete = False  # every block built: checked in forward, where a loop over tensors would cost
         self._materialized = False  # materialize() has run (else a state dict loaded into it builds it first)
@@ -74,6 +76,10 @@ class LazyBlocks(BuiltBlocksMove):
         with torch.random.fork_rng(devices=[]), torch.device("cpu"):
             torch.default_generator.manual_seed(self.seed + index)  # the CPU's alone: GPU generators untouched
             return self.factories[index]()
+
+    def building(self) -> AbstractContextManager:
+        """Within it, ``build`` calls in turn share what their factories have in common (one network built once)."""
+        return self._holding()
 
     @property
     def pending(self) -> list[int]:
@@ -91,9 +97,10 @@ class LazyBlocks(BuiltBlocksMove):
                 "building them here from their initial weights would mix them with trained ones. Load a full "
                 "checkpoint into a new LightningModule instead."
             )
-        for index in pending:
-            if devices[index] is not None and devices[index].type != "meta":  # meta: shapes only, as asked
-                self[index] = self.build(index).to(devices[index])
+        with self.building():
+            for index in pending:
+                if devices[index] is not None and devices[index].type != "meta":  # meta: shapes only, as asked
+                    self[index] = self.build(index).to(devices[index])
         self._materialized = True
         self._complete = not self.pending
 

@@ -81,7 +81,7 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
         f"{options.windows} timed windows of {steps} step(s) per measured layout",
         flush=True,
     )
-    profile = setting.profile(config["model"]["stem"])
+    profile = setting.profile(config["model"])
     layouts, unbalanced = balanced(layouts, profile)
     refusals += unbalanced
     budget = memory_budget(setting.cuda, setting.device_ids or list(range(setting.devices)), options.memory_per_device)

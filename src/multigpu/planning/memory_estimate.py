@@ -26,8 +26,7 @@ import torch
 from torch import Tensor
 
 from multigpu.model.classifier import IMAGE_SHAPE
-from multigpu.model.lazy_blocks import LazyBlocks
-from multigpu.model.resnet import Stem, resnet50_block_factories
+from multigpu.model.lazy_blocks import BlockFactory, LazyBlocks
 from multigpu.planning.layouts import Layout
 from multigpu.strategies.partition import stage_ranges
 
@@ -51,9 +50,10 @@ def _bytes(tensors) -> int:
     return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
 
 
-def block_memory(num_classes: int, stem: Stem, half_activations: bool) -> BlockMemory:
-    """Count, on the meta device, what each block of ResNet-50 holds (see the module's docstring)."""
-    blocks = LazyBlocks(resnet50_block_factories(num_classes, stem), seed=0).train()
+def block_memory(factories: Sequence[BlockFactory], half_activations: bool) -> BlockMemory:
+    """Count, on the meta device, what each block of the network of ``factories`` holds (see the module's
+    docstring)."""
+    blocks = LazyBlocks(factories, seed=0).train()
     images = 2  # BatchNorm in training mode needs two
     x: Tensor | tuple[Tensor, ...] = torch.zeros(images, *IMAGE_SHAPE, device="meta")
     scale = 0.5 if half_activations else 1.0

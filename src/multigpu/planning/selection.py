@@ -7,8 +7,8 @@ import torch
 
 from multigpu.cli.trainer_options import accelerator_name, device_request
 from multigpu.data.datamodule import CIFAR10DataModule
+from multigpu.model.architectures import network_blocks
 from multigpu.model.lazy_blocks import LazyBlocks
-from multigpu.model.resnet import Stem, resnet50_block_factories
 from multigpu.planning.layouts import Layout, Refusal
 from multigpu.planning.memory_estimate import BlockMemory, block_memory, estimate
 from multigpu.planning.profile import BlockProfile, precision_plugin
@@ -32,10 +32,11 @@ class Setting:
     optimizer_states: int
     overhead: int  # CPU: what a process holds before the network (Python, torch, Lightning)
 
-    def profile(self, stem: Stem) -> BlockProfile:
-        """The blocks' times on the first device, in the run's precision, measured as they are asked for."""
+    def profile(self, model: dict) -> BlockProfile:
+        """The blocks' times of the network ``model`` (its ``--model.*`` options) on the first device, in the run's
+        precision, measured as they are asked for."""
         device = torch.device("cuda", (self.device_ids or [0])[0]) if self.cuda else torch.device("cpu")
-        blocks = LazyBlocks(resnet50_block_factories(CIFAR10DataModule.num_classes, stem))
+        blocks = LazyBlocks(network_blocks(model["arch"], CIFAR10DataModule.num_classes, model["stem"]))
         return BlockProfile(blocks, precision_plugin(self.precision, device), device)
 
     def estimated_peaks(self, layout: Layout) -> list[int]:
@@ -62,7 +63,9 @@ def setting_of(config) -> Setting:
         device_ids=device_ids,
         batch_size=config["data"]["batch_size"],
         precision=precision,
-        memory=block_memory(CIFAR10DataModule.num_classes, model["stem"], half_activations="16" in precision),
+        memory=block_memory(
+            network_blocks(model["arch"], CIFAR10DataModule.num_classes, model["stem"], seed=0), "16" in precision
+        ),
         optimizer_states=1 if model["momentum"] > 0 else 0,
         overhead=0 if cuda else resident_bytes(),
     )

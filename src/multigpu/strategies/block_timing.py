@@ -4,6 +4,7 @@ the device the same way, with ``synchronize``."""
 
 import copy
 import time
+from collections.abc import Callable
 
 import torch
 from lightning.pytorch.plugins.precision import Precision
@@ -46,7 +47,15 @@ def block_pass_times(
     the meta device. One warm-up pass comes before the ``repeats`` that are timed, and the
     fastest counts (the others were slowed by something else).
     """
-    fresh = blocks.build if isinstance(blocks, LazyBlocks) else lambda index: copy.deepcopy(blocks[index])
+    if isinstance(blocks, LazyBlocks):
+        with blocks.building():
+            return _pass_times(blocks, blocks.build, example, device, repeats)
+    return _pass_times(blocks, lambda index: copy.deepcopy(blocks[index]), example, device, repeats)
+
+
+def _pass_times(
+    blocks: nn.Sequential, fresh: Callable[[int], nn.Module], example: Tensor, device: torch.device, repeats: int
+) -> list[tuple[float, float, float]]:
     times, x = [], example.to(device)
     for index in range(len(blocks)):
         block = fresh(index).to(device).train()

@@ -1,0 +1,131 @@
+"""Train one network of each torchvision family for 2 steps under a layout, and save every network's parameters and
+buffers.
+
+Run as a script (Lightning relaunches it once per process):
+
+    python tests/network_training.py LAYOUT OUT.pt
+
+Every layout trains the same global batch of 4 in forward groups of 2 images (one device accumulating 2 batches,
+2 micro-batches of a pipeline, 2 data-parallel processes), so that BatchNorm sees the same groups everywhere, on one
+thread per process. The networks are torchvision's smallest of each family, at CIFAR's 32x32; where a family's
+smallest is large (VGG's classifier, ConvNeXt, Swin, ViT), a few layers of its own class, which ``--model.arch``
+splits by the same rule (``tiny_*`` below, reachable as ``network_training.tiny_vit`` and so on).
+"""
+
+import gc
+import sys
+from collections.abc import Callable
+from functools import partial
+
+import torch
+import torch.distributed as dist
+import torchvision
+from helpers import bare_trainer, fit_in_order
+from lightning.pytorch import seed_everything
+from torch import nn
+from torchvision.models import VGG, ConvNeXt, SwinTransformer, VisionTransformer
+from torchvision.models.convnext import CNBlockConfig
+from torchvision.models.vgg import make_layers
+from torchvision.ops import StochasticDepth
+
+from multigpu.data.cifar10 import SyntheticCIFAR10
+from multigpu.model.classifier import ResNet50Classifier
+from multigpu.run.process_groups import end_process_groups
+from multigpu.strategies import FullyShardedStrategy, ManualModelParallelStrategy, PipelineStrategy
+
+STEPS = 2
+
+
+def _without_dropout(name: str) -> Callable[[int], nn.Module]:
+    """torchvision's ``name`` with its dropout and stochastic depth off: their masks come from each process's
+    generator, so a layout draws others than one device (docs/networks.md)."""
+
+    def build(num_classes: int) -> nn.Module:
+        network = torchvision.models.get_model(name, num_classes=num_classes)
+        for module in network.modules():
+            if isinstance(module, (nn.Dropout, StochasticDepth)):
+                module.p = 0.0
+        return network
+
+    return build
+
+
+mobilenet_v2, mobilenet_v3_small, efficientnet_b0, squeezenet1_0, mnasnet0_5 = map(
+    _without_dropout, ["mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0", "squeezenet1_0", "mnasnet0_5"]
+)
+
+
+def tiny_vgg(num_classes: int) -> nn.Module:
+    network = VGG(make_layers([16, "M", 32, "M"], batch_norm=True), num_classes=num_classes)
+    network.classifier = nn.Sequential(nn.Linear(32 * 7 * 7, 32), nn.ReLU(True), nn.Linear(32, num_classes))
+    return network
+
+
+def tiny_convnext(num_classes: int) -> nn.Module:
+    return ConvNeXt([CNBlockConfig(16, 32, 1), CNBlockConfig(32, None, 1)], num_classes=num_classes)
+
+
+def tiny_swin(num_classes: int) -> nn.Module:
+    return SwinTransformer([2, 2], 16, [1, 1], [2, 2], [2, 2], num_classes=num_classes)
+
+
+def tiny_vit(num_classes: int) -> nn.Module:
+    return VisionTransformer(32, 8, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32, num_classes=num_classes)
+
+
+ARCHS = [
+    "resnet18",
+    "network_training.tiny_vgg",
+    "network_training.mobilenet_v2",
+    "network_training.mobilenet_v3_small",
+    "network_training.efficientnet_b0",
+    "regnet_x_400mf",
+    "network_training.tiny_convnext",
+    "densenet121",
+    "shufflenet_v2_x0_5",
+    "network_training.squeezenet1_0",
+    "network_training.mnasnet0_5",
+    "network_training.tiny_swin",
+    "network_training.tiny_vit",
+]
+BATCH, GROUP = 16, 8  # the global batch, and the images of one forward pass
+PIPELINE = partial(PipelineStrategy, micro_batches=2, balance_by="params")
+# layout: (strategy, devices, batch per process, accumulated batches)
+LAYOUTS = {
+    "one_device": ("auto", 1, GROUP, 2),
+    "mmp": (partial(ManualModelParallelStrategy, balance_by="params"), 2, GROUP, 2),
+    "pipe_1f1b": (partial(PIPELINE, schedule="1f1b"), 2, BATCH, 1),
+    "pipe_interleaved": (partial(PIPELINE, schedule="Interleaved1F1B", stages_per_process=2), 2, BATCH, 1),
+    "ddp": ("ddp", 2, GROUP, 1),
+    "fsdp": (partial(FullyShardedStrategy, accumulate_whole_gradients=True), 2, GROUP, 1),
+}
+
+
+def main(layout: str, out: str, archs: str = ",".join(ARCHS)) -> None:
+    strategy, devices, batch_size, accumulate = LAYOUTS[layout]
+    torch.set_num_threads(1)
+    trained, held = {}, {}
+    for arch in archs.split(","):
+        seed_everything(0)
+        model = ResNet50Classifier(arch=arch, batch_size=batch_size, warmup_epochs=0, weight_decay=0)
+        trainer = bare_trainer(
+            strategy() if callable(strategy) else strategy, devices, STEPS, accumulate_grad_batches=accumulate
+        )
+        fit_in_order(trainer, model, SyntheticCIFAR10(BATCH * STEPS, seed=1), batch_size)
+        state = trainer.strategy.lightning_module_state_dict()  # on every rank: a pipeline gathers its stages
+        if trainer.is_global_zero:
+            trained[arch] = {key: value.cpu() for key, value in state.items()}
+        # The parameters each process holds (a pipeline's stage holds its own blocks alone).
+        own = sum(parameter.numel() for parameter in model.net.parameters() if not parameter.is_meta)
+        held[arch] = [own]
+        if dist.is_initialized():
+            held[arch] = [None] * dist.get_world_size()
+            dist.all_gather_object(held[arch], own)
+    if trainer.is_global_zero:
+        torch.save({"trained": trained, "held": held}, out)
+    end_process_groups()
+
+
+if __name__ == "__main__":
+    gc.freeze()  # as main.py does
+    main(*sys.argv[1:])
