@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from PIL import Image
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from typing_extensions import override
 
@@ -149,6 +150,25 @@ def write_tiny_cifar10(root: Path, per_batch: int = 20, test: int = 20) -> Path:
     images = rng.integers(0, 256, (5 * per_batch + test, 3, 32, 32), dtype=np.uint8)
     labels = rng.integers(0, 10, len(images)).tolist()
     return write_cifar10_files(root, images[:-test], labels[:-test], images[-test:], labels[-test:])
+
+
+def write_image_folder(
+    root: Path, classes: tuple[str, ...] = ("cat", "dog", "owl"), train: int = 8, val: int = 2
+) -> Path:
+    """Write ImageNet's layout under ``root``: ``train/<class>/`` and ``val/<class>/`` with ``train`` and ``val``
+    PNG or JPEG images of each class, of assorted sizes, each class tinted its own colour."""
+    rng = np.random.default_rng(0)
+    for split, count in (("train", train), ("val", val)):
+        for label, name in enumerate(classes):
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for index in range(count):
+                height, width = rng.integers(24, 64, 2)
+                pixels = rng.integers(0, 128, (height, width, 3), dtype=np.uint8)
+                pixels[..., label % 3] += 100
+                suffix = ".jpg" if index % 3 == 2 else ".png"
+                Image.fromarray(pixels).save(folder / f"{index}{suffix}")
+    return root
 
 
 class RecordSamples(Callback):

@@ -23,6 +23,7 @@ import torchvision
 from helpers import bare_trainer, fit_in_order
 from lightning.pytorch import seed_everything
 from torch import nn
+from torch.utils.data import Subset
 from torchvision.models import VGG, ConvNeXt, SwinTransformer, VisionTransformer
 from torchvision.models.convnext import CNBlockConfig
 from torchvision.models.vgg import make_layers
@@ -66,7 +67,7 @@ def tiny_convnext(num_classes: int) -> nn.Module:
 
 
 def tiny_swin(num_classes: int) -> nn.Module:
-    return SwinTransformer([2, 2], 16, [1, 1], [2, 2], [2, 2], num_classes=num_classes)
+    return SwinTransformer([2, 2], 16, [1, 1], [2, 2], [2, 2], stochastic_depth_prob=0.0, num_classes=num_classes)
 
 
 def tiny_vit(num_classes: int) -> nn.Module:
@@ -101,6 +102,14 @@ LAYOUTS = {
 }
 
 
+def _group_of(position: int, replicas: int = 2) -> int:
+    """The sample at ``position`` of a dataset that 2 replicas read in turns (``DistributedSampler`` unshuffled:
+    replica r reads positions r, r + 2, ...), so that each reads in one batch what one device reads in one group."""
+    replica, index = position % replicas, position // replicas
+    step, within = divmod(index, GROUP)
+    return step * BATCH + replica * GROUP + within
+
+
 def main(layout: str, out: str, archs: str = ",".join(ARCHS)) -> None:
     strategy, devices, batch_size, accumulate = LAYOUTS[layout]
     torch.set_num_threads(1)
@@ -111,7 +120,10 @@ def main(layout: str, out: str, archs: str = ",".join(ARCHS)) -> None:
         trainer = bare_trainer(
             strategy() if callable(strategy) else strategy, devices, STEPS, accumulate_grad_batches=accumulate
         )
-        fit_in_order(trainer, model, SyntheticCIFAR10(BATCH * STEPS, seed=1), batch_size)
+        data = SyntheticCIFAR10(BATCH * STEPS, seed=1)
+        if layout in ("ddp", "fsdp"):  # replica r's k-th batch: one device's k-th step's r-th group
+            data = Subset(data, [_group_of(position) for position in range(len(data))])
+        fit_in_order(trainer, model, data, batch_size)
         state = trainer.strategy.lightning_module_state_dict()  # on every rank: a pipeline gathers its stages
         if trainer.is_global_zero:
             trained[arch] = {key: value.cpu() for key, value in state.items()}

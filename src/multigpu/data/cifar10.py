@@ -1,4 +1,4 @@
-"""CIFAR-10 as in-memory tensors, and a synthetic stand-in of the same shape.
+"""CIFAR-10 and CIFAR-100 as in-memory tensors, and a synthetic stand-in of the same shape.
 
 The official files are read once, in torchvision's layout, into one uint8 tensor
 (N, 3, 32, 32); augmentation runs per sample on that tensor with
@@ -13,16 +13,20 @@ from urllib.error import URLError
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset
-from torchvision.datasets import CIFAR10
+from torchvision.datasets import CIFAR10, CIFAR100
 from torchvision.datasets.utils import check_integrity
 from torchvision.transforms import v2
 
 from multigpu.errors import UsageError
 
 __all__ = [
+    "CIFAR",
     "CIFAR10_CLASSES",
     "CIFAR10_MEAN",
     "CIFAR10_STD",
+    "CIFAR100_MEAN",
+    "CIFAR100_STD",
+    "cifar_classes",
     "ImageTensorDataset",
     "SyntheticCIFAR10",
     "cifar10_root",
@@ -36,20 +40,28 @@ __all__ = [
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
-_FILES = CIFAR10.train_list + CIFAR10.test_list + [[CIFAR10.meta["filename"], CIFAR10.meta["md5"]]]
+CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
+CIFAR100_STD = (0.2673, 0.2564, 0.2762)
+CIFAR = {"cifar10": CIFAR10, "cifar100": CIFAR100}  # torchvision's classes: their file lists and folder
+_NAMES = {CIFAR10: "CIFAR-10", CIFAR100: "CIFAR-100"}
+_LABELS = {CIFAR10: "labels", CIFAR100: "fine_labels"}
 
 
-def _normalize() -> list[v2.Transform]:
-    return [v2.ToDtype(torch.float32, scale=True), v2.Normalize(CIFAR10_MEAN, CIFAR10_STD)]
+def _files(which: type[CIFAR10]) -> list[list[str]]:
+    return which.train_list + which.test_list + [[which.meta["filename"], which.meta["md5"]]]
 
 
-def train_transform() -> v2.Compose:
-    """Random crop 32 with padding 4, horizontal flip, then normalisation."""
-    return v2.Compose([v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip(), *_normalize()])
+def _normalize(mean: tuple[float, ...], std: tuple[float, ...]) -> list[v2.Transform]:
+    return [v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]
 
 
-def eval_transform() -> v2.Compose:
-    return v2.Compose(_normalize())
+def train_transform(size: int = 32, mean=CIFAR10_MEAN, std=CIFAR10_STD) -> v2.Compose:
+    """Random crop ``size`` with padding ``size / 8`` (4 for CIFAR), horizontal flip, then normalisation."""
+    return v2.Compose([v2.RandomCrop(size, padding=size // 8), v2.RandomHorizontalFlip(), *_normalize(mean, std)])
+
+
+def eval_transform(mean=CIFAR10_MEAN, std=CIFAR10_STD) -> v2.Compose:
+    return v2.Compose(_normalize(mean, std))
 
 
 class ImageTensorDataset(Dataset):
@@ -102,38 +114,53 @@ def synthetic_images(length: int, num_classes: int = 10, seed: int = 0) -> Image
     return ImageTensorDataset(images, labels, train_transform())
 
 
-def cifar10_root(data_dir: str | os.PathLike) -> Path:
-    """The folder that holds ``cifar-10-batches-py/``: ``data_dir``, or its parent where ``data_dir`` is that inner
-    folder itself (it holds ``batches.meta`` or bears its name)."""
+def cifar10_root(data_dir: str | os.PathLike, which: type[CIFAR10] = CIFAR10) -> Path:
+    """The folder that holds ``cifar-10-batches-py/`` (``cifar-100-python/``): ``data_dir``, or its parent where
+    ``data_dir`` is that inner folder itself (it holds the ``meta`` file or bears its name)."""
     folder = Path(os.fspath(data_dir))
-    inner = folder.name == CIFAR10.base_folder or (folder / CIFAR10.meta["filename"]).is_file()
+    inner = folder.name == which.base_folder or (folder / which.meta["filename"]).is_file()
     return folder.parent if inner else folder
 
 
-def _missing_files(root: Path) -> list[str]:
-    folder = root / CIFAR10.base_folder
-    return [name for name, _ in _FILES if not (folder / name).is_file()]
+def _missing_files(root: Path, which: type[CIFAR10]) -> list[str]:
+    folder = root / which.base_folder
+    return [name for name, _ in _files(which) if not (folder / name).is_file()]
 
 
-def _corrupt_files(root: Path) -> list[str]:
-    folder = root / CIFAR10.base_folder
-    return [name for name, md5 in _FILES if not check_integrity(str(folder / name), md5)]
+def _corrupt_files(root: Path, which: type[CIFAR10]) -> list[str]:
+    folder = root / which.base_folder
+    return [name for name, md5 in _files(which) if not check_integrity(str(folder / name), md5)]
 
 
-def ensure_cifar10(data_dir: str, download: bool, verify_checksums: bool) -> None:
-    """Make sure the python version of CIFAR-10 is under ``data_dir``, or stop with a clear message.
+def _check_not_the_other(data_dir: str, which: type[CIFAR10]) -> None:
+    """Refuse a folder that holds the other CIFAR where this one is missing: it is the wrong ``--data.dataset``."""
+    other = CIFAR100 if which is CIFAR10 else CIFAR10
+    holds_other = (cifar10_root(data_dir, other) / other.base_folder).is_dir()
+    if holds_other and _missing_files(cifar10_root(data_dir, which), which):
+        option = next(name for name, kind in CIFAR.items() if kind is other)
+        raise UsageError(
+            f"{data_dir} holds {_NAMES[other]} ({other.base_folder}/), not {_NAMES[which]}: add "
+            f"--data.dataset={option}, or point --data.data_dir at {_NAMES[which]}."
+        )
+
+
+def ensure_cifar10(data_dir: str, download: bool, verify_checksums: bool, which: type[CIFAR10] = CIFAR10) -> None:
+    """Make sure the python version of CIFAR-10 (or CIFAR-100, ``which``) is under ``data_dir``, or stop with a
+    clear message.
 
     Downloads it with torchvision when it is missing and ``download`` is set; a download that fails takes back
     what it wrote (the folders it made, a partial archive).
     """
-    root = cifar10_root(data_dir)
-    missing = _missing_files(root)
+    _check_not_the_other(data_dir, which)
+    name = _NAMES[which]
+    root = cifar10_root(data_dir, which)
+    missing = _missing_files(root, which)
     if missing and download:
         made = [folder for folder in (root, *root.parents) if not folder.exists()]
-        archive = root / CIFAR10.filename
+        archive = root / which.filename
         had_archive = archive.exists()
         try:
-            CIFAR10(str(root), train=True, download=True)
+            which(str(root), train=True, download=True)
             return  # torchvision has just verified the checksums of what it downloaded
         except (URLError, OSError) as error:
             reason = f"the download failed ({error})"
@@ -146,30 +173,37 @@ def ensure_cifar10(data_dir: str, download: bool, verify_checksums: bool) -> Non
         reason = "data.download is false"
     if missing:
         raise UsageError(
-            f"CIFAR-10 is not in {root.resolve()} ({missing[0]} is missing) and {reason}. "
+            f"{name} is not in {root.resolve()} ({missing[0]} is missing) and {reason}. "
             f"Either connect to the network and run with --data.download=true, or put the python "
-            f"version of CIFAR-10 (the folder {CIFAR10.base_folder}/) there or point --data.data_dir at "
+            f"version of {name} (the folder {which.base_folder}/) there or point --data.data_dir at "
             f"the folder that holds it (add --data.verify_checksums=false for a partial copy)."
         )
-    if verify_checksums and (corrupt := _corrupt_files(root)):
+    if verify_checksums and (corrupt := _corrupt_files(root, which)):
         raise UsageError(
-            f"CIFAR-10 files in {root.resolve() / CIFAR10.base_folder} fail their checksum ({', '.join(corrupt)}). "
+            f"{name} files in {root.resolve() / which.base_folder} fail their checksum ({', '.join(corrupt)}). "
             f"Delete the folder and let --data.download=true fetch it again, or, for your own "
             f"copy or a subset, run with --data.verify_checksums=false."
         )
 
 
-def load_cifar10_split(data_dir: str, train: bool) -> tuple[Tensor, Tensor]:
-    """The official training or test split as uint8 images (N, 3, 32, 32) and int64 labels.
+def load_cifar10_split(data_dir: str, train: bool, which: type[CIFAR10] = CIFAR10) -> tuple[Tensor, Tensor]:
+    """The official training or test split as uint8 images (N, 3, 32, 32) and int64 labels (CIFAR-100's 100
+    fine labels).
 
     The batches are read as torchvision's ``CIFAR10`` reads them, without its md5 check: ``ensure_cifar10``
     has checked the files once, before the model was built, and a subset is read without one.
     """
-    folder = cifar10_root(data_dir) / CIFAR10.base_folder
+    folder = cifar10_root(data_dir, which) / which.base_folder
     images, labels = [], []
-    for name, _ in CIFAR10.train_list if train else CIFAR10.test_list:
+    for name, _ in which.train_list if train else which.test_list:
         with open(folder / name, "rb") as file:
             batch = pickle.load(file, encoding="latin1")
         images.append(torch.from_numpy(batch["data"]).view(-1, 3, 32, 32))  # rows of 3 x 32 x 32, channel first
-        labels.extend(batch["labels"])
+        labels.extend(batch[_LABELS[which]])
     return torch.cat(images), torch.tensor(labels, dtype=torch.int64)
+
+
+def cifar_classes(data_dir: str, which: type[CIFAR10]) -> list[str]:
+    """The class names the dataset's ``meta`` file lists, in label order."""
+    with open(cifar10_root(data_dir, which) / which.base_folder / which.meta["filename"], "rb") as file:
+        return list(pickle.load(file, encoding="latin1")[which.meta["key"]])

@@ -1,16 +1,26 @@
-"""``CIFAR10DataModule``: CIFAR-10 from torchvision, or synthetic data of the same shape."""
+"""``CIFAR10DataModule``: CIFAR-10 or CIFAR-100 from torchvision, a folder of the user's labelled images, or
+synthetic data of CIFAR's shape."""
 
 import os
+from typing import Literal
 
 import torch
 from lightning.fabric.utilities.data import suggested_max_num_workers
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torchvision.transforms import v2
 from typing_extensions import override
 
 from multigpu.data.cifar10 import (
+    CIFAR,
+    CIFAR10_CLASSES,
+    CIFAR10_MEAN,
+    CIFAR10_STD,
+    CIFAR100_MEAN,
+    CIFAR100_STD,
     ImageTensorDataset,
     SyntheticCIFAR10,
+    cifar_classes,
     ensure_cifar10,
     eval_transform,
     load_cifar10_split,
@@ -18,7 +28,8 @@ from multigpu.data.cifar10 import (
     train_transform,
 )
 from multigpu.data.image_files import ImageFiles, Indexed
-from multigpu.data.on_device import DeviceBatches
+from multigpu.data.image_folder import ImageFolderSplit, folder_classes, folder_stats, verified
+from multigpu.data.on_device import DeviceBatches, free_memory
 from multigpu.data.sampling import EpochOrder, ResumableSampler
 from multigpu.errors import UsageError, check_at_least
 from multigpu.run.loop_position import next_position
@@ -35,7 +46,7 @@ def node_local_rank() -> int:
 
 
 class CIFAR10DataModule(LightningDataModule):
-    """CIFAR-10 for training, validation, test and predict.
+    """CIFAR-10 (or CIFAR-100, or a folder of labelled images) for training, validation, test and predict.
 
     Under DDP, Lightning wraps each loader in a ``DistributedSampler`` so that every
     rank reads its own shard. That sampler pads the validation set with repeated
@@ -43,7 +54,11 @@ class CIFAR10DataModule(LightningDataModule):
     the accuracy of a small validation set slightly.
 
     Args:
-        data_dir: folder that holds (or receives) ``cifar-10-batches-py/``.
+        dataset: ``cifar10``, ``cifar100`` (torchvision's, downloaded where missing), or ``imagefolder``: your own
+            images under ``data_dir/train/<class>/`` and ``data_dir/val/<class>/``
+            (``multigpu.data.image_folder``), validated on ``val/`` and tested on it too.
+        data_dir: folder that holds (or receives) ``cifar-10-batches-py/`` (``cifar-100-python/``), or the image
+            folder's ``train/`` and ``val/``.
         download: download CIFAR-10 with torchvision when it is missing.
         verify_checksums: check the files against torchvision's md5 sums. Turn off for
             your own or a partial copy of the dataset.
@@ -72,16 +87,17 @@ class CIFAR10DataModule(LightningDataModule):
         on_device: keep the whole dataset (uint8) on the training device and crop, flip and
             normalise whole batches there, without loader workers (see ``multigpu.data.on_device``).
             Each rank reads the same shard of the same per-epoch shuffle as without it.
+        image_size: the side of the square images an image folder is resized to (CIFAR's are 32).
+        mean: per-channel mean the images are normalised with; default the dataset's (an image folder's measured).
+        std: per-channel standard deviation, as ``mean``.
         predict_dir: ``predict`` reads the PNG and JPEG images under this folder, of any size, instead of
             the test split (``multigpu.data.image_files``); CIFAR-10 need not be on disk then.
     """
 
-    num_classes = 10
-    image_size = 32  # the side of its square images
-
     def __init__(
         self,
         data_dir: str = "data",
+        dataset: Literal["cifar10", "cifar100", "imagefolder"] = "cifar10",
         download: bool = True,
         verify_checksums: bool = True,
         batch_size: int = 128,
@@ -94,6 +110,9 @@ class CIFAR10DataModule(LightningDataModule):
         synthetic_size: int = 50_000,
         shuffle_seed: int | None = None,
         on_device: bool = False,
+        image_size: int = 32,
+        mean: tuple[float, float, float] | None = None,
+        std: tuple[float, float, float] | None = None,
         predict_dir: str | None = None,
     ) -> None:
         super().__init__()
@@ -104,6 +123,9 @@ class CIFAR10DataModule(LightningDataModule):
             check_at_least("data.num_workers", num_workers, 0)
         check_at_least("data.synthetic_size", synthetic_size, 1)
         check_at_least("data.val_split", val_split, 0)
+        check_at_least("data.image_size", image_size, 1)
+        if dataset != "imagefolder" and image_size != 32:
+            raise UsageError(f"data.image_size={image_size}: CIFAR's images are 32x32; it sizes an image folder's.")
         self.save_hyperparameters()
         self.batch_size = batch_size
         self.datasets: dict[str, Dataset] = {}
@@ -114,9 +136,23 @@ class CIFAR10DataModule(LightningDataModule):
         # Lightning starts the other local processes after it; under torchrun or srun, which start
         # them all at once, they wait for it when the process group is set up, which it joins after this.
         # A folder of the user's own images is checked here too, before anything is built.
-        self._predict_files = ImageFiles(predict_dir) if predict_dir else None
-        if not synthetic and not predict_dir and node_local_rank() == 0:
-            ensure_cifar10(data_dir, download, verify_checksums)
+        self.image_size = image_size
+        self.classes: list[str] | None = list(CIFAR10_CLASSES) if dataset == "cifar10" else None  # names, by label
+        self.num_classes = {"cifar10": 10, "cifar100": 100}.get(dataset, 0)
+        if dataset == "imagefolder" and not synthetic:
+            self.classes = folder_classes(data_dir)
+            self.num_classes = len(self.classes)
+            if not predict_dir and node_local_rank() == 0:
+                verified(data_dir, self.classes)
+        elif dataset == "imagefolder":
+            raise UsageError("data.synthetic=true stands in for CIFAR: use it with --data.dataset=cifar10 or cifar100.")
+        self._stats = (mean, std) if mean and std else None  # the image folder's are measured in ``setup``
+        if dataset != "imagefolder":
+            self._stats = (mean or (CIFAR10_MEAN, CIFAR100_MEAN)[dataset == "cifar100"],
+                           std or (CIFAR10_STD, CIFAR100_STD)[dataset == "cifar100"])  # fmt: skip
+        self._predict_files = ImageFiles(predict_dir, image_size, self._stats) if predict_dir else None
+        if not synthetic and not predict_dir and dataset in CIFAR and node_local_rank() == 0:
+            ensure_cifar10(data_dir, download, verify_checksums, CIFAR[dataset])
 
     @override
     def setup(self, stage: str) -> None:
@@ -124,6 +160,9 @@ class CIFAR10DataModule(LightningDataModule):
             return
         hp = self.hparams
         if self._predict_files is not None and stage == "predict":
+            if self._stats is None:  # an image folder's: measured again on its training images, as its run did
+                self._stats = folder_stats(self._folder_split("train", v2.Identity()))
+            self._predict_files.normalized_as(self.stats)
             self.datasets = {"predict": self._predict_files}
             return
         if hp.synthetic:
@@ -135,18 +174,53 @@ class CIFAR10DataModule(LightningDataModule):
                 "val": synthetic(eval_size, self.num_classes, seed=1),
                 "test": synthetic(eval_size, self.num_classes, seed=2),
             }
+        elif hp.dataset == "imagefolder":
+            self.datasets = self._image_folder()
         else:
-            self.datasets = self._cifar10()
+            self.datasets = self._cifar()
         if hp.on_device:
             device = self._device()
             for dataset in self.datasets.values():
                 dataset.images, dataset.labels = dataset.images.to(device), dataset.labels.to(device)
 
-    def _cifar10(self) -> dict[str, ImageTensorDataset]:
+    @property
+    def stats(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """The per-channel mean and std the images are normalised with (an image folder's: once set up)."""
+        if self._stats is None:
+            raise RuntimeError("an image folder's mean and std are measured in setup(): call it first")
+        return self._stats
+
+    def _image_folder(self) -> dict[str, ImageTensorDataset | ImageFolderSplit]:
         hp = self.hparams
-        images, labels = load_cifar10_split(hp.data_dir, train=True)
-        test_images, test_labels = load_cifar10_split(hp.data_dir, train=False)
-        test = ImageTensorDataset(test_images, test_labels, eval_transform())
+        train = self._folder_split("train", v2.Identity())
+        if self._stats is None:
+            self._stats = folder_stats(train)
+        train.transform = train_transform(hp.image_size, *self.stats)
+        val = self._folder_split("val", eval_transform(*self.stats))
+        datasets = {"train": train, "val": val, "test": val}
+        if hp.on_device:
+            needed = (len(train) + len(val)) * 3 * hp.image_size**2
+            if needed > free_memory(self._device()):
+                raise UsageError(
+                    f"data.on_device=true: the image folder's {len(train) + len(val)} images take {needed / 2**30:.1f} "
+                    f"GiB at {hp.image_size}x{hp.image_size}, more than {self._device()} has free: drop "
+                    "--data.on_device, or lower --data.image_size."
+                )
+            datasets = {split: dataset.in_memory() for split, dataset in datasets.items()}
+            datasets["test"] = datasets["val"]
+        return datasets
+
+    def _folder_split(self, split: str, transform: v2.Transform) -> ImageFolderSplit:
+        return ImageFolderSplit(self.hparams.data_dir, split, self.classes, self.hparams.image_size, transform)
+
+    def _cifar(self) -> dict[str, ImageTensorDataset]:
+        hp = self.hparams
+        which = CIFAR[hp.dataset]
+        if self.classes is None:
+            self.classes = cifar_classes(hp.data_dir, which)
+        images, labels = load_cifar10_split(hp.data_dir, train=True, which=which)
+        test_images, test_labels = load_cifar10_split(hp.data_dir, train=False, which=which)
+        test = ImageTensorDataset(test_images, test_labels, eval_transform(*self.stats))
         if hp.val_split:
             if hp.val_split >= len(labels):
                 raise UsageError(
@@ -155,10 +229,10 @@ class CIFAR10DataModule(LightningDataModule):
             # A fixed generator holds out the same images on every run and every rank.
             order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))
             train_idx, val_idx = order[: -hp.val_split], order[-hp.val_split :]
-            train = ImageTensorDataset(images[train_idx], labels[train_idx], train_transform())
-            val = ImageTensorDataset(images[val_idx], labels[val_idx], eval_transform())
+            train = ImageTensorDataset(images[train_idx], labels[train_idx], train_transform(32, *self.stats))
+            val = ImageTensorDataset(images[val_idx], labels[val_idx], eval_transform(*self.stats))
         else:
-            train, val = ImageTensorDataset(images, labels, train_transform()), test
+            train, val = ImageTensorDataset(images, labels, train_transform(32, *self.stats)), test
         return {"train": train, "val": val, "test": test}
 
     def _workers(self) -> int:
@@ -181,7 +255,7 @@ class CIFAR10DataModule(LightningDataModule):
             if sampler is None:  # evaluation: in order, sharded as Lightning shards a DataLoader
                 replicas, rank = self._shard()
                 sampler = DistributedSampler(self.datasets[split], replicas, rank, shuffle=False)
-            return DeviceBatches(self.datasets[split], sampler, self.batch_size, augment=split == "train")
+            return DeviceBatches(self.datasets[split], sampler, self.batch_size, split == "train", self.stats)
         workers = self._workers()
         return DataLoader(
             self.datasets[split],

@@ -1,7 +1,7 @@
 """What ``predict`` reads: the test split, or a folder of the user's own images, each sample with its index.
 
 ``ImageFiles`` takes every PNG and JPEG file under a folder (in sorted order), of any size:
-each is resized (its shorter side to 32 pixels, then cropped to the 32x32 centre) and
+each is resized (its shorter side to the run's image size, 32 for CIFAR, then cropped to the centre square) and
 normalised as the network's training images were. A file that cannot be read as an image is
 left out with one warning line; a missing or empty folder stops the run before anything is built.
 """
@@ -15,7 +15,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
-from multigpu.data.cifar10 import eval_transform
+from multigpu.data.cifar10 import CIFAR10_MEAN, CIFAR10_STD, eval_transform
 from multigpu.errors import UsageError
 
 __all__ = ["IMAGE_SUFFIXES", "ImageFiles", "Indexed"]
@@ -31,7 +31,12 @@ def _warn(message: str) -> None:
 class ImageFiles(Dataset):
     """The PNG and JPEG images under ``folder`` as ``(image, -1)``: no label (see the module's docstring)."""
 
-    def __init__(self, folder: str | Path) -> None:
+    def __init__(
+        self,
+        folder: str | Path,
+        image_size: int = 32,
+        stats: tuple[tuple[float, ...], tuple[float, ...]] | None = (CIFAR10_MEAN, CIFAR10_STD),
+    ) -> None:
         root = Path(folder)
         if not root.is_dir():
             raise UsageError(
@@ -50,7 +55,13 @@ class ImageFiles(Dataset):
                 f"--data.predict_dir={folder} holds no readable PNG or JPEG image: put some there, or point it at "
                 "another folder."
             )
-        self.transform = v2.Compose([v2.Resize(32), v2.CenterCrop(32), eval_transform()])
+        # An image folder's own mean and std are those its checkpoint's run measured (``normalized_as``).
+        self.resize = v2.Compose([v2.Resize(image_size), v2.CenterCrop(image_size)])
+        self.transform = v2.Compose([self.resize, eval_transform(*stats)]) if stats else None
+
+    def normalized_as(self, stats: tuple[tuple[float, ...], tuple[float, ...]]) -> None:
+        """Normalise with ``stats`` (the training data's mean and std)."""
+        self.transform = v2.Compose([self.resize, eval_transform(*stats)])
 
     def __len__(self) -> int:
         return len(self.paths)

@@ -1,4 +1,5 @@
-"""CIFAR-10 resident on the training device: batches are gathered, augmented and normalised there.
+"""A dataset resident on the training device (CIFAR, or an image folder decoded once): batches are gathered,
+augmented and normalised there.
 
 No loader workers, and one host-to-device copy per epoch (the shard's order): the uint8
 images (150 MB for the whole training set) sit on the device, and each batch is one
@@ -6,6 +7,7 @@ gather, one random crop and flip of the whole batch, and one normalisation. The 
 code runs on the CPU.
 """
 
+import os
 from collections.abc import Iterator
 
 import torch
@@ -15,7 +17,7 @@ from torch.utils.data import DistributedSampler
 
 from multigpu.data.cifar10 import CIFAR10_MEAN, CIFAR10_STD, ImageTensorDataset
 
-__all__ = ["DeviceBatches", "cifar10_stats", "normalize", "random_crop_flip"]
+__all__ = ["DeviceBatches", "cifar10_stats", "free_memory", "normalize", "random_crop_flip"]
 
 
 def random_crop_flip(images: Tensor, generator: torch.Generator, padding: int = 4) -> Tensor:
@@ -35,11 +37,19 @@ def random_crop_flip(images: Tensor, generator: torch.Generator, padding: int = 
     return torch.where(flip[:, None, None, None], cropped.flip(3), cropped)
 
 
-def cifar10_stats(device: torch.device) -> tuple[Tensor, Tensor]:
-    """CIFAR-10's per-channel mean and std on ``device``, shaped (1, 3, 1, 1)."""
-    mean = torch.tensor(CIFAR10_MEAN, device=device)[None, :, None, None]
-    std = torch.tensor(CIFAR10_STD, device=device)[None, :, None, None]
+def cifar10_stats(
+    device: torch.device, stats: tuple[tuple[float, ...], tuple[float, ...]] = (CIFAR10_MEAN, CIFAR10_STD)
+) -> tuple[Tensor, Tensor]:
+    """Per-channel mean and std (CIFAR-10's by default) on ``device``, shaped (1, 3, 1, 1)."""
+    mean, std = (torch.tensor(values, device=device)[None, :, None, None] for values in stats)
     return mean, std
+
+
+def free_memory(device: torch.device) -> int:
+    """Bytes free on ``device``: an accelerator's own count, the machine's available memory for the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def normalize(images: Tensor, mean: Tensor, std: Tensor) -> Tensor:
@@ -58,13 +68,18 @@ class DeviceBatches:
     """
 
     def __init__(
-        self, dataset: ImageTensorDataset, sampler: DistributedSampler, batch_size: int, augment: bool
+        self,
+        dataset: ImageTensorDataset,
+        sampler: DistributedSampler,
+        batch_size: int,
+        augment: bool,
+        stats: tuple[tuple[float, ...], tuple[float, ...]] = (CIFAR10_MEAN, CIFAR10_STD),
     ) -> None:
         self.images, self.labels = dataset.images, dataset.labels
         self.sampler, self.batch_size, self.augment = sampler, batch_size, augment
         self.batch_sampler = None  # as a DataLoader built with a sampler: Lightning inspects both
         self.drop_last = augment  # training drops the last short batch, as its DataLoader does
-        self._stats = cifar10_stats(self.images.device)
+        self._stats = cifar10_stats(self.images.device, stats)
 
     def __len__(self) -> int:
         if self.drop_last:
@@ -81,5 +96,5 @@ class DeviceBatches:
             images = self.images[index]
             if self.augment:
                 generator.manual_seed(keys[start][1])
-                images = random_crop_flip(images, generator)
+                images = random_crop_flip(images, generator, padding=images.shape[-1] // 8)
             yield normalize(images, *self._stats), self.labels[index]

@@ -8,6 +8,7 @@ probabilities. ``plot`` also draws the first images with their predicted and tru
 """
 
 import csv
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,11 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from multigpu.data.cifar10 import CIFAR10_CLASSES
+from multigpu.data.cifar10 import CIFAR10_MEAN, CIFAR10_STD
 from multigpu.errors import check_at_least
 from multigpu.trained.prediction_plot import plot_predictions
 
-__all__ = ["PredictionWriter", "class_name"]
+__all__ = ["PredictionWriter"]
 
 PLOTTED = 32  # images in predictions.png
 
@@ -83,6 +84,7 @@ class PredictionWriter(BasePredictionWriter):
             return
         unique = sorted({row[0]: row for row in rows}.values())  # padding repeats an image: once each
         names = _names(trainer)
+        class_name = _class_names(trainer)
         path = self._csv_path(trainer)
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "w", newline="") as file:
@@ -101,7 +103,8 @@ class PredictionWriter(BasePredictionWriter):
         rank_zero_info(f"{said}; wrote {path}.")
         if self.plot:
             plotted = [row for row in unique if row[0] in images]
-            plot_predictions([images[row[0]] for row in plotted], plotted, path.with_suffix(".png"))
+            stats = getattr(trainer.datamodule, "stats", (CIFAR10_MEAN, CIFAR10_STD))
+            plot_predictions([images[row[0]] for row in plotted], plotted, path.with_suffix(".png"), class_name, stats)
             rank_zero_info(f"predict: drew the first {len(plotted)} images in {path.with_suffix('.png')}.")
 
     def _csv_path(self, trainer: Trainer) -> Path:
@@ -113,9 +116,11 @@ class PredictionWriter(BasePredictionWriter):
         return Path(trainer.default_root_dir) / "predictions.csv"
 
 
-def class_name(index: int) -> str:
-    """CIFAR-10's name of class ``index``."""
-    return CIFAR10_CLASSES[index] if 0 <= index < len(CIFAR10_CLASSES) else str(index)
+def _class_names(trainer: Trainer) -> Callable[[int], str]:
+    """The name of each class of the run's data (CIFAR-10's, CIFAR-100's, an image folder's), its number where the
+    data module names none."""
+    classes = getattr(trainer.datamodule, "classes", None) or []
+    return lambda index: classes[index] if 0 <= index < len(classes) else str(index)
 
 
 def _names(trainer: Trainer):
