@@ -1,0 +1,129 @@
+"""Other data than CIFAR-10: CIFAR-100 in its official files, and a folder of the user's labelled images in
+ImageNet's layout, under every layout; what is wrong with such data is refused in one line."""
+
+import csv
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from helpers import HELPERS_ENV, SMOKE, cli_error, cli_main, helper_callback, run_args, run_cli, write_image_folder
+
+from multigpu.data.datamodule import CIFAR10DataModule
+
+
+def write_tiny_cifar100(root, train: int = 32, test: int = 8):
+    """CIFAR-100's official python layout (``train``, ``test``, ``meta``) with random images."""
+    folder = root / "cifar-100-python"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name, count in (("train", train), ("test", test)):
+        entry = {"data": rng.integers(0, 256, (count, 3072), dtype=np.uint8), "fine_labels": list(range(count))}
+        (folder / name).write_bytes(pickle.dumps(entry))
+    (folder / "meta").write_bytes(pickle.dumps({"fine_label_names": [f"class{index}" for index in range(100)]}))
+    return root
+
+
+FILES = ["--data.synthetic=false", "--data.download=false", "--data.verify_checksums=false"]
+
+
+def test_cifar100_trains_a_100_class_head_and_predicts_its_class_names(tmp_path):
+    data = write_tiny_cifar100(tmp_path / "c100")
+    args = ["--config", SMOKE, *run_args(tmp_path), *FILES, "--data.dataset=cifar100", f"--data.data_dir={data}"]
+    cli_main("fit", *args)
+    checkpoint = torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt", weights_only=False)
+    assert checkpoint["state_dict"]["net.33.2.weight"].shape == (100, 2048)
+    out = tmp_path / "predictions.csv"
+    cli_main("predict", *args, "--ckpt_path=last", f"--predictions.path={out}")
+    rows = list(csv.DictReader(open(out)))
+    assert [row["label"] for row in rows] == [f"class{index}" for index in range(8)]
+
+
+@pytest.mark.slow
+def test_an_image_folder_trains_resnet18_under_ddp_with_its_own_classes(tmp_path):
+    """3 classes of PNG and JPEG images of assorted sizes: the head has 3 outputs, predict names the classes."""
+    folder = write_image_folder(tmp_path / "pets")
+    args = [*run_args(tmp_path), "--data.synthetic=false", "--data.dataset=imagefolder", f"--data.data_dir={folder}"]
+    args += ["--model.arch=resnet18", "--data.batch_size=4", "--data.num_workers=1"]
+    fit = run_cli("fit", "--config", SMOKE, *args, "--trainer.strategy=ddp", "--trainer.devices=2")
+    assert fit.returncode == 0, fit.stdout
+    checkpoint = torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt", weights_only=False)
+    assert checkpoint["state_dict"]["net.10.weight"].shape == (3, 512)  # resnet18's fc, the last of its 11 blocks
+    assert checkpoint["hyper_parameters"]["num_classes"] == 3
+    out = tmp_path / "predictions.csv"
+    cli_main("predict", "--config", SMOKE, *args, "--ckpt_path=last", f"--predictions.path={out}")
+    rows = list(csv.DictReader(open(out)))
+    assert sorted(row["label"] for row in rows) == ["cat", "cat", "dog", "dog", "owl", "owl"]
+    assert {row["class_1"] for row in rows} <= {"cat", "dog", "owl"}
+
+
+@pytest.mark.slow
+def test_an_image_folder_run_killed_and_resumed_ends_bit_for_bit_like_an_uninterrupted_run(tmp_path):
+    """SIGKILL in the second epoch, with the recipe's 2 persistent loader workers reading the files, then the same
+    command with --ckpt_path last: the state of a run never killed."""
+    folder = write_image_folder(tmp_path / "pets", train=6)
+    args = ["fit", "--config", SMOKE, "--data.synthetic=false", "--data.dataset=imagefolder"]
+    args += [f"--data.data_dir={folder}", "--model.arch=resnet18", "--data.batch_size=4", "--data.num_workers=2"]
+    args += ["--data.persistent_workers=true", "--save_every_n_steps=2", "--trainer.max_epochs=2", "--ckpt_path=last"]
+    one_thread = {**HELPERS_ENV, "OMP_NUM_THREADS": "1"}
+    whole = run_cli(*args, *run_args(tmp_path, "whole"), env=one_thread)
+    assert whole.returncode == 0, whole.stdout
+    kill = helper_callback(tmp_path, "KillAt", step=7)  # 4 steps an epoch, last.ckpt at step 6
+    killed = run_cli(
+        *args, *run_args(tmp_path, "killed"), "--config", kill, env={**HELPERS_ENV, "OMP_NUM_THREADS": "1"}
+    )
+    assert killed.returncode != 0
+    resumed = run_cli(*args, *run_args(tmp_path, "killed"), env={"OMP_NUM_THREADS": "1"})
+    assert resumed.returncode == 0 and "Resuming from" in resumed.stdout and "at step 6." in resumed.stdout, (
+        resumed.stdout
+    )
+    expected, found = (torch.load(tmp_path / "checkpoints" / run / "last.ckpt") for run in ("whole", "killed"))
+    assert found["global_step"] == expected["global_step"] == 8
+    for key, tensor in expected["state_dict"].items():
+        assert torch.equal(found["state_dict"][key], tensor), key
+
+
+def test_an_image_folder_is_normalised_with_its_own_mean_and_std(tmp_path):
+    folder = write_image_folder(tmp_path / "pets")
+    data = CIFAR10DataModule(str(folder), dataset="imagefolder", image_size=16, num_workers=0)
+    assert data.num_classes == 3 and data.classes == ["cat", "dog", "owl"]
+    data.setup("fit")
+    images = torch.stack([data.datasets["val"][index][0] for index in range(len(data.datasets["val"]))])
+    assert images.shape == (6, 3, 16, 16)
+    mean, std = data.stats
+    assert all(0.2 < value < 0.9 for value in mean) and all(0.05 < value < 0.5 for value in std)
+
+
+def _broken(root):
+    """Each way an image folder can be wrong, and the start of the one line that says so."""
+    cases = {}
+    cases["empty"] = (root / "empty", "has no train/<class>/ folders")
+    (root / "empty").mkdir()
+    extra = write_image_folder(root / "extra")
+    (extra / "val" / "ferret").mkdir()
+    cases["extra"] = (extra, f"{extra / 'val' / 'ferret'} is a class that {extra / 'train'} lacks")
+    hollow = write_image_folder(root / "hollow")
+    for image in (hollow / "train" / "dog").iterdir():
+        image.unlink()
+    cases["hollow"] = (hollow, f"{hollow / 'train' / 'dog'} holds no PNG or JPEG image")
+    unreadable = write_image_folder(root / "unreadable")
+    (unreadable / "train" / "owl" / "9.png").write_text("not an image")
+    cases["unreadable"] = (unreadable, f"{unreadable / 'train' / 'owl' / '9.png'} cannot be read as an image")
+    return cases
+
+
+def test_a_wrong_image_folder_is_refused_in_one_line_naming_what_is_wrong(capsys, tmp_path):
+    for name, (folder, refusal) in _broken(tmp_path).items():
+        args = ["--data.synthetic=false", "--data.dataset=imagefolder", f"--data.data_dir={folder}"]
+        error = cli_error(capsys, *args, *run_args(tmp_path / name))
+        assert error.startswith("error: ") and refusal in error, (name, error)
+        assert not (tmp_path / name / "checkpoints").exists()
+
+
+def test_cifar100_given_as_cifar10_is_refused_in_one_line(capsys, tmp_path):
+    data = write_tiny_cifar100(tmp_path / "c100")
+    error = cli_error(capsys, *FILES, f"--data.data_dir={data}", *run_args(tmp_path))
+    assert error == (
+        f"error: {data} holds CIFAR-100 (cifar-100-python/), not CIFAR-10: add --data.dataset=cifar100, or point "
+        "--data.data_dir at CIFAR-10."
+    )
