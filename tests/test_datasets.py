@@ -2,11 +2,13 @@
 ImageNet's layout, under every layout; what is wrong with such data is refused in one line."""
 
 import csv
+import json
 import pickle
 
 import numpy as np
 import pytest
 import torch
+import torchvision
 from helpers import HELPERS_ENV, SMOKE, cli_error, cli_main, helper_callback, run_args, run_cli, write_image_folder
 
 from multigpu.data.datamodule import CIFAR10DataModule
@@ -55,6 +57,11 @@ def test_an_image_folder_trains_resnet18_under_ddp_with_its_own_classes(tmp_path
     rows = list(csv.DictReader(open(out)))
     assert sorted(row["label"] for row in rows) == ["cat", "cat", "dog", "dog", "owl", "owl"]
     assert {row["class_1"] for row in rows} <= {"cat", "dog", "owl"}
+    exported = tmp_path / "resnet18.pt"
+    cli_main("export", "--config", SMOKE, *args, "--ckpt_path=last", "--to=torchvision", f"--out={exported}")
+    torchvision.models.resnet18(num_classes=3).load_state_dict(torch.load(exported), strict=True)
+    notes = json.loads(exported.with_name("resnet18.pt.input.json").read_text())
+    assert notes["classes"] == ["cat", "dog", "owl"] and notes["shape"] == ["batch", 3, 32, 32]
 
 
 @pytest.mark.slow

@@ -54,7 +54,8 @@ def export(args: Sequence[str], default_config_files: Sequence[str | Path]) -> N
     if not checkpoint:
         raise UsageError(f"--ckpt_path {path}: export reads a checkpoint file on this machine; copy it here first.")
     to = config["to"]
-    out = Path(config["out"] or Path(path).with_name(f"resnet50-{Path(path).stem}{SUFFIXES[to]}"))
+    arch = checkpoint.get("hyper_parameters", {}).get("arch", "resnet50").rsplit(".", 1)[-1]
+    out = Path(config["out"] or Path(path).with_name(f"{arch}-{Path(path).stem}{SUFFIXES[to]}"))
     check_writable("--out", out)  # before the network is built
     out.parent.mkdir(parents=True, exist_ok=True)
     before = {file: file.stat().st_mtime_ns for file in out.parent.glob(f"{glob.escape(out.name)}*")}

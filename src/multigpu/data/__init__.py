@@ -1,10 +1,12 @@
-"""The data: CIFAR-10's files and the user's images, the training order, the on-device path.
+"""The data: CIFAR-10's and CIFAR-100's files, a folder of labelled images, the user's images, the training order,
+the on-device path.
 
 datamodule     CIFAR10DataModule: the LightningDataModule the CLI builds (``--data.*``)
-cifar10        the official files read into tensors, the transforms, a synthetic stand-in
+cifar10        CIFAR-10's and CIFAR-100's official files read into tensors, the transforms, a synthetic stand-in
+image_folder   a folder of labelled images in ImageNet's layout (``--data.dataset=imagefolder``)
 sampling       each epoch's order in global batches, resumable on any layout
 on_device      whole batches cropped, flipped and normalised on the training device
 image_files    the user's own images for ``predict`` (``--data.predict_dir``)
 """
 
-__all__ = ["cifar10", "datamodule", "image_files", "on_device", "sampling"]
+__all__ = ["cifar10", "datamodule", "image_files", "image_folder", "on_device", "sampling"]

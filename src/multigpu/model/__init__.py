@@ -1,7 +1,8 @@
 """The model: the LightningModule, the network as a sequence of blocks, and what changes how blocks compute.
 
 classifier            ResNet50Classifier: the loss, the metrics, the optimizer and its schedule (``--model.*``)
-resnet                torchvision's ResNet-50 as a flat sequence of blocks
+architectures         any torchvision classifier (``--model.arch``), or the user's network, as a sequence of blocks
+resnet                torchvision's ResNet-50 as a flat sequence of blocks (the default network)
 lazy_blocks           blocks built one at a time, each where a strategy places it, from its own seed
 lr_schedule           the learning rate's scaling, warm-up and cosine decay
 recomputation         activations recomputed in the backward pass (``--model.recompute_activations``)
@@ -12,6 +13,7 @@ torchvision_weights   our parameter names against torchvision's (``--model.init_
 """
 
 __all__ = [
+    "architectures",
     "classifier",
     "deferred_batch_norm",
     "lazy_blocks",

@@ -206,6 +206,7 @@ class NetworkBlocks(Sequence[BlockFactory]):
         self._held: list[nn.Module] | None = None
         self._holding = 0
         network = self._network()
+        self._resnet = isinstance(network, ResNet)
         blocks = self._blocks_of(network)
         self._check(network, blocks)
         self._shapes = [copy.deepcopy(block).to("meta") for block in blocks]
@@ -276,6 +277,18 @@ class NetworkBlocks(Sequence[BlockFactory]):
             self._holding -= 1
             if not self._holding:
                 self._held = None
+
+    def network_with(self, blocks_state: dict[str, Tensor]) -> nn.Module:
+        """The network itself (torchvision's, or the user's), holding the weights of a state dict of its blocks
+        (keys ``<block>.<name>``): torchvision's names for the same tensors, for ``export``."""
+        network = self._network()
+        nn.Sequential(*self._blocks_of(network)).load_state_dict(blocks_state, strict=True)
+        return network.eval()
+
+    @property
+    def is_resnet(self) -> bool:
+        """Whether the network is of the ResNet family (the one the CIFAR stem applies to)."""
+        return self._resnet
 
     def _block(self, index: int) -> nn.Module:
         """A new copy of block ``index``: its shapes alone on the meta device, else its initial weights."""

@@ -103,6 +103,19 @@ class ThroughputSummary(Callback):
         pl_module.print(" | ".join(parts))
 
 
+def _data_description(datamodule: Any) -> dict[str, Any]:
+    """What ``export`` and ``predict`` need to know of the data the run trained on: its class names, and the mean
+    and std its images were normalised with (an image folder's were measured)."""
+    description = {}
+    if classes := getattr(datamodule, "classes", None):
+        description["classes"] = list(classes)
+    try:
+        description["mean"], description["std"] = (list(values) for values in datamodule.stats)
+    except (AttributeError, RuntimeError):  # no data module of ours, or not set up
+        pass
+    return description
+
+
 class RunMetadata(Callback):
     """Stores in each checkpoint how it was made, under the key ``"multigpu"``; on resume, reports in one line
     what the layout kept and changed, and has Lightning count the resumed epoch in the new layout's batches.
@@ -143,6 +156,7 @@ class RunMetadata(Callback):
         checkpoint[self.KEY] = {
             "log_version": trainer.logger.version if trainer.logger else None,
             **self._layout(trainer, pl_module),
+            "data": _data_description(trainer.datamodule),
         }
 
     @override
