@@ -5,11 +5,12 @@ Run as a script (Lightning relaunches it once per process):
 
     python tests/network_training.py LAYOUT OUT.pt
 
-Every layout trains the same global batch of 4 in forward groups of 2 images (one device accumulating 2 batches,
+Every layout trains the same global batch of 16 in forward groups of 8 images (one device accumulating 2 batches,
 2 micro-batches of a pipeline, 2 data-parallel processes), so that BatchNorm sees the same groups everywhere, on one
-thread per process. The networks are torchvision's smallest of each family, at CIFAR's 32x32; where a family's
-smallest is large (VGG's classifier, ConvNeXt, Swin, ViT), a few layers of its own class, which ``--model.arch``
-splits by the same rule (``tiny_*`` below, reachable as ``network_training.tiny_vit`` and so on).
+thread per process. The networks are torchvision's smallest of each family, at CIFAR's 32x32, with their dropout
+off; where a family's smallest is large or slow to build (VGG's classifier, ConvNeXt, DenseNet, Swin, ViT), a few
+layers of its own class, which ``--model.arch`` splits by the same rule (``tiny_*`` below, reachable as
+``network_training.tiny_vit`` and so on).
 """
 
 import gc
@@ -24,7 +25,7 @@ from helpers import bare_trainer, fit_in_order
 from lightning.pytorch import seed_everything
 from torch import nn
 from torch.utils.data import Subset
-from torchvision.models import VGG, ConvNeXt, SwinTransformer, VisionTransformer
+from torchvision.models import VGG, ConvNeXt, DenseNet, SwinTransformer, VisionTransformer
 from torchvision.models.convnext import CNBlockConfig
 from torchvision.models.vgg import make_layers
 from torchvision.ops import StochasticDepth
@@ -62,6 +63,10 @@ def tiny_vgg(num_classes: int) -> nn.Module:
     return network
 
 
+def tiny_densenet(num_classes: int) -> nn.Module:
+    return DenseNet(growth_rate=8, block_config=(2, 2), num_init_features=16, num_classes=num_classes)
+
+
 def tiny_convnext(num_classes: int) -> nn.Module:
     return ConvNeXt([CNBlockConfig(16, 32, 1), CNBlockConfig(32, None, 1)], num_classes=num_classes)
 
@@ -82,7 +87,7 @@ ARCHS = [
     "network_training.efficientnet_b0",
     "regnet_x_400mf",
     "network_training.tiny_convnext",
-    "densenet121",
+    "network_training.tiny_densenet",
     "shufflenet_v2_x0_5",
     "network_training.squeezenet1_0",
     "network_training.mnasnet0_5",
