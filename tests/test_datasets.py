@@ -12,6 +12,7 @@ import torchvision
 from helpers import HELPERS_ENV, SMOKE, cli_error, cli_main, helper_callback, run_args, run_cli, write_image_folder
 
 from multigpu.data.datamodule import CIFAR10DataModule
+from multigpu.errors import UsageError
 
 
 def write_tiny_cifar100(root, train: int = 32, test: int = 8):
@@ -134,3 +135,22 @@ def test_cifar100_given_as_cifar10_is_refused_in_one_line(capsys, tmp_path):
         f"error: {data} holds CIFAR-100 (cifar-100-python/), not CIFAR-10: add --data.dataset=cifar100, or point "
         "--data.data_dir at CIFAR-10."
     )
+
+
+def test_an_image_folder_on_the_device_gives_the_batches_of_its_files_and_is_refused_where_it_does_not_fit(
+    tmp_path, monkeypatch
+):
+    """``data.on_device``: the folder decoded once, each evaluation batch the images its files give; a device with
+    less free memory than the decoded images refuses in one line."""
+    folder = write_image_folder(tmp_path / "pets")
+    files = CIFAR10DataModule(str(folder), dataset="imagefolder", batch_size=6, num_workers=0)
+    files.setup("fit")
+    resident = CIFAR10DataModule(str(folder), dataset="imagefolder", batch_size=6, on_device=True)
+    resident.setup("fit")
+    images, labels = next(iter(resident.val_dataloader()))
+    expected = [files.datasets["val"][index] for index in range(6)]
+    torch.testing.assert_close(images, torch.stack([image for image, _ in expected]))
+    assert labels.tolist() == [label for _, label in expected]
+    monkeypatch.setattr("multigpu.data.datamodule.free_memory", lambda device: 1000)
+    with pytest.raises(UsageError, match=r"^data.on_device=true: the image folder's 30 images take 0.0 GiB at 32x32"):
+        CIFAR10DataModule(str(folder), dataset="imagefolder", on_device=True).setup("fit")

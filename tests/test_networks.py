@@ -15,6 +15,7 @@ from multigpu.model.architectures import network_blocks
 from multigpu.model.lazy_blocks import LazyBlocks
 
 
+@pytest.mark.internals  # the families' forward, attribute by attribute: on the lowest torchvision too
 @pytest.mark.parametrize("arch", ["resnet18", "mobilenet_v3_small", "shufflenet_v2_x0_5", "regnet_x_400mf"])
 def test_a_torchvision_network_splits_into_blocks_that_chain_to_its_forward(arch):
     """The check at build time passes (the chain equals the network's forward bit for bit), and a block built alone,
