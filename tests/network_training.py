@@ -3,7 +3,7 @@ buffers.
 
 Run as a script (Lightning relaunches it once per process):
 
-    python tests/network_training.py LAYOUT OUT.pt
+    python tests/network_training.py LAYOUT[,LAYOUT...] OUT_DIR    # the layouts of one process count
 
 Every layout trains the same global batch of 16 in forward groups of 8 images (one device accumulating 2 batches,
 2 micro-batches of a pipeline, 2 data-parallel processes), so that BatchNorm sees the same groups everywhere, on one
@@ -17,6 +17,7 @@ import gc
 import sys
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -115,11 +116,12 @@ def _group_of(position: int, replicas: int = 2) -> int:
     return step * BATCH + replica * GROUP + within
 
 
-def main(layout: str, out: str, archs: str = ",".join(ARCHS)) -> None:
+def train(layout: str, archs: list[str]) -> dict | None:
+    """Every network of ``archs`` trained under ``layout``: their state dicts and what each process held (on the
+    first process; None on the others)."""
     strategy, devices, batch_size, accumulate = LAYOUTS[layout]
-    torch.set_num_threads(1)
     trained, held = {}, {}
-    for arch in archs.split(","):
+    for arch in archs:
         seed_everything(0)
         model = ResNet50Classifier(arch=arch, batch_size=batch_size, warmup_epochs=0, weight_decay=0)
         trainer = bare_trainer(
@@ -138,8 +140,16 @@ def main(layout: str, out: str, archs: str = ",".join(ARCHS)) -> None:
         if dist.is_initialized():
             held[arch] = [None] * dist.get_world_size()
             dist.all_gather_object(held[arch], own)
-    if trainer.is_global_zero:
-        torch.save({"trained": trained, "held": held}, out)
+    return {"trained": trained, "held": held} if trainer.is_global_zero else None
+
+
+def main(layouts: str, out_dir: str, archs: str = ",".join(ARCHS)) -> None:
+    """Train under each of ``layouts`` in turn, in the same processes (each launch costs seconds), and write
+    ``OUT_DIR/<layout>.pt``."""
+    torch.set_num_threads(1)
+    for layout in layouts.split(","):
+        if (result := train(layout, archs.split(","))) is not None:
+            torch.save(result, Path(out_dir) / f"{layout}.pt")
     end_process_groups()
 
 
