@@ -1,6 +1,7 @@
 """Any torchvision classifier, split into blocks (``multigpu.model.architectures``), trains under every strategy as
 on one device; a network that is not a chain of its children, or a name that is not a network, is refused."""
 
+import os
 import subprocess
 import sys
 
@@ -92,7 +93,8 @@ def trained(tmp_path_factory) -> dict[str, dict]:
     folder = tmp_path_factory.mktemp("networks")
     for layouts in ("one_device,mmp", "pipe_1f1b,pipe_interleaved,ddp,fsdp"):  # one process, then two
         command = [sys.executable, str(REPO / "tests" / "network_training.py"), layouts, str(folder)]
-        done = subprocess.run(command, cwd=REPO / "tests", capture_output=True, text=True, timeout=600)
+        one_thread = {**os.environ, "OMP_NUM_THREADS": "1"}  # model parallel's stage threads too: the same sums
+        done = subprocess.run(command, cwd=REPO / "tests", env=one_thread, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout + done.stderr
     return {layout: torch.load(folder / f"{layout}.pt") for layout in LAYOUTS}
 
