@@ -144,9 +144,12 @@ def _start(args: list[str], log: Path, env: dict[str, str] | None = None) -> sub
             cwd=REPO,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"},
             start_new_session=True,
         )
+
+
+REFERENCE_TIMEOUT = 300  # seconds; an uninterrupted run takes 10 to 60 here
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +170,10 @@ def resumable(tmp_path_factory):
             while process.poll() is None:
                 if first_save is None and last.exists():
                     first_save = time.monotonic() - start
+                if time.monotonic() - start > REFERENCE_TIMEOUT:  # a hang: fail with every process's stack
+                    os.killpg(process.pid, signal.SIGABRT)
+                    process.wait()
+                    pytest.fail(f"{name} ran past {REFERENCE_TIMEOUT} s:\n{(root / f'{name}.log').read_text()}")
                 time.sleep(0.05)
             assert process.returncode == 0, (root / f"{name}.log").read_text()
             reference.timing[tuple(extra)] = (first_save, time.monotonic() - start)

@@ -203,13 +203,17 @@ class NetworkBlocks(Sequence[BlockFactory]):
         self.arch, self.num_classes, self.stem, self.image_size = arch, num_classes, stem, image_size
         # Drawn from torch's global generator, as LazyBlocks' own seed: seed_everything fixes it in every process.
         self.seed = int(torch.randint(0, 2**62, (), device="cpu").item()) if seed is None else seed
-        self._held: list[nn.Module] | None = None
         self._holding = 0
         network = self._network()
         self._resnet = isinstance(network, ResNet)
         blocks = self._blocks_of(network)
         self._check(network, blocks)
         self._shapes = [copy.deepcopy(block).to("meta") for block in blocks]
+        # Kept until ``release()`` (the end of ``LazyBlocks.materialize``): the blocks' timing and materialisation
+        # copy them instead of building the network again.
+        self._built: nn.Module | None = network
+        self._held: list[nn.Module] | None = blocks
+        self._kept = True
 
     def _network(self) -> nn.Module:
         """The whole network, built on the CPU under ``seed`` (torch's other generators untouched)."""
@@ -275,13 +279,20 @@ class NetworkBlocks(Sequence[BlockFactory]):
             yield
         finally:
             self._holding -= 1
-            if not self._holding:
+            if not self._holding and not self._kept:
                 self._held = None
+
+    def release(self) -> None:
+        """Let go of the network built at construction (its blocks are built where they go from now on)."""
+        self._kept, self._built = False, None
+        if not self._holding:
+            self._held = None
 
     def network_with(self, blocks_state: dict[str, Tensor]) -> nn.Module:
         """The network itself (torchvision's, or the user's), holding the weights of a state dict of its blocks
         (keys ``<block>.<name>``): torchvision's names for the same tensors, for ``export``."""
-        network = self._network()
+        network = self._built if self._built is not None else self._network()
+        self.release()  # the network is the caller's now: its blocks are no longer initial weights
         nn.Sequential(*self._blocks_of(network)).load_state_dict(blocks_state, strict=True)
         return network.eval()
 

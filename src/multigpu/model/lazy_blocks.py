@@ -66,6 +66,7 @@ class LazyBlocks(BuiltBlocksMove):
         self.factories = list(factories)
         # Factories cut from one network (``architectures.NetworkBlocks``) keep it while blocks are built in turn.
         self._holding = getattr(factories, "holding", nullcontext)
+        self._release = getattr(factories, "release", None)
         self.seed = int(torch.randint(0, 2**62, (), device="cpu").item()) if seed is None else seed
         self._complete = False  # every block built: checked in forward, where a loop over tensors would cost
         self._materialized = False  # materialize() has run (else a state dict loaded into it builds it first)
@@ -103,6 +104,8 @@ class LazyBlocks(BuiltBlocksMove):
                     self[index] = self.build(index).to(devices[index])
         self._materialized = True
         self._complete = not self.pending
+        if self._release is not None:
+            self._release()
 
     @override
     def __getitem__(self, index: int | slice) -> nn.Module:
