@@ -8,7 +8,7 @@ Run as a script (Lightning relaunches it once per process):
 Every layout trains the same global batch of 16 in forward groups of 8 images (one device accumulating 2 batches,
 2 micro-batches of a pipeline, 2 data-parallel processes), so that BatchNorm sees the same groups everywhere, on one
 thread per process. The networks are torchvision's smallest of each family, at CIFAR's 32x32, with their dropout
-off; where a family's smallest is large or slow to build (VGG's classifier, ConvNeXt, DenseNet, Swin, ViT), a few
+off; where a family's smallest is large or slow to build (VGG's classifier, ConvNeXt, DenseNet, ViT), a few
 layers of its own class, which ``--model.arch`` splits by the same rule (``tiny_*`` below, reachable as
 ``network_training.tiny_vit`` and so on).
 """
@@ -26,7 +26,7 @@ from helpers import bare_trainer, fit_in_order
 from lightning.pytorch import seed_everything
 from torch import nn
 from torch.utils.data import Subset
-from torchvision.models import VGG, ConvNeXt, DenseNet, SwinTransformer, VisionTransformer
+from torchvision.models import VGG, ConvNeXt, DenseNet, VisionTransformer
 from torchvision.models.convnext import CNBlockConfig
 from torchvision.models.vgg import make_layers
 from torchvision.ops import StochasticDepth
@@ -53,8 +53,8 @@ def _without_dropout(name: str) -> Callable[[int], nn.Module]:
     return build
 
 
-mobilenet_v2, mobilenet_v3_small, efficientnet_b0, squeezenet1_0, mnasnet0_5 = map(
-    _without_dropout, ["mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0", "squeezenet1_0", "mnasnet0_5"]
+mobilenet_v2, mobilenet_v3_small, efficientnet_b0 = map(
+    _without_dropout, ["mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0"]
 )
 
 
@@ -72,10 +72,6 @@ def tiny_convnext(num_classes: int) -> nn.Module:
     return ConvNeXt([CNBlockConfig(16, 32, 1), CNBlockConfig(32, None, 1)], num_classes=num_classes)
 
 
-def tiny_swin(num_classes: int) -> nn.Module:
-    return SwinTransformer([2, 2], 16, [1, 1], [2, 2], [2, 2], stochastic_depth_prob=0.0, num_classes=num_classes)
-
-
 def tiny_vit(num_classes: int) -> nn.Module:
     return VisionTransformer(32, 8, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32, num_classes=num_classes)
 
@@ -90,9 +86,6 @@ ARCHS = [
     "network_training.tiny_convnext",
     "network_training.tiny_densenet",
     "shufflenet_v2_x0_5",
-    "network_training.squeezenet1_0",
-    "network_training.mnasnet0_5",
-    "network_training.tiny_swin",
     "network_training.tiny_vit",
 ]
 BATCH, GROUP = 16, 8  # the global batch, and the images of one forward pass

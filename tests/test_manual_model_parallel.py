@@ -114,7 +114,9 @@ def test_balance_by_parameters_and_by_time_differ_on_blocks_of_unequal_cost(capl
 
 @pytest.mark.slow
 def test_cli_trains_prints_its_split_and_resumes_under_ddp(tmp_path):
+    """ConvNeXt-Tiny (``--model.arch``), on the smoke preset."""
     args = ["fit", "--config", SMOKE, "--trainer.accelerator=cpu", "--trainer.devices=2", *run_args(tmp_path)]
+    args.append("--model.arch=convnext_tiny")
     first = run_cli(*args, "--trainer.strategy=manual_model_parallel", "--trainer.strategy.balance_by=params")
     assert first.returncode == 0, first.stdout
     assert "manual_model_parallel: 2 stages per replica, 1 replica(s)" in first.stdout

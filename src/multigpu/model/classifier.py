@@ -7,6 +7,8 @@ strategies may move or wrap ``self.net`` but touch nothing else here.
 """
 
 import math
+import os
+import random
 from typing import Any
 
 import torch
@@ -215,6 +217,16 @@ class ResNet50Classifier(LightningModule):
         """Images per optimizer step over all processes: the batch the learning rate scales with."""
         trainer = self.trainer
         return self.hparams.batch_size * data_parallel_size(trainer) * trainer.accumulate_grad_batches
+
+    @override
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        # Dropout and stochastic depth draw their masks from torch's generators, whose state no checkpoint keeps.
+        # Seeded here from the run's seed, the step, the batch within the step and the process, they draw the same
+        # masks in a run resumed from its checkpoint as in the run never stopped.
+        trainer = self.trainer
+        within = batch_idx % trainer.accumulate_grad_batches
+        key = f"{os.environ.get('PL_GLOBAL_SEED', '')}/{trainer.global_step}/{within}/{trainer.global_rank}"
+        torch.manual_seed(random.Random(key).getrandbits(63))
 
     @override
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
