@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torchvision
+import yaml
 from helpers import HELPERS_ENV, SMOKE, cli_error, cli_main, helper_callback, run_args, run_cli, write_image_folder
 
 from multigpu.data.datamodule import CIFAR10DataModule
@@ -44,19 +45,33 @@ def test_cifar100_trains_a_100_class_head_and_predicts_its_class_names(tmp_path)
 
 @pytest.mark.slow
 def test_an_image_folder_trains_resnet18_under_ddp_with_its_own_classes(tmp_path):
-    """3 classes of PNG and JPEG images of assorted sizes: the head has 3 outputs, predict names the classes."""
+    """3 classes of PNG and JPEG images of assorted sizes, 24 for training: 3 steps of 8 under ddp, stopped by SIGTERM
+    after the first and resumed on one device accumulating 2 batches. The head has 3 outputs, predict names the
+    classes."""
     folder = write_image_folder(tmp_path / "pets")
     args = [*run_args(tmp_path), "--data.synthetic=false", "--data.dataset=imagefolder", f"--data.data_dir={folder}"]
     args += ["--model.arch=resnet18", "--data.batch_size=4", "--data.num_workers=1"]
-    fit = run_cli("fit", "--config", SMOKE, *args, "--trainer.strategy=ddp", "--trainer.devices=2")
+    stop = helper_callback(tmp_path, "KillAt", step=0, moment="sigterm")  # ends after step 1
+    ddp = ["--trainer.strategy=ddp", "--trainer.devices=2", "--config", stop]
+    fit = run_cli("fit", "--config", SMOKE, *args, *ddp, env=HELPERS_ENV)
     assert fit.returncode == 0, fit.stdout
+    assert torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt")["global_step"] == 1
+    resumed = run_cli("fit", "--config", SMOKE, *args, "--ckpt_path=last", "--trainer.accumulate_grad_batches=2")
+    assert resumed.returncode == 0, resumed.stdout
+    assert "world size 2 -> 1, replicas 2 -> 1, accumulated batches 1 -> 2): kept the global batch 8" in resumed.stdout
     checkpoint = torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt", weights_only=False)
+    assert checkpoint["global_step"] == 3 and checkpoint["CIFAR10DataModule"]["epoch"] == 1
     assert checkpoint["state_dict"]["net.10.weight"].shape == (3, 512)  # resnet18's fc, the last of its 11 blocks
     assert checkpoint["hyper_parameters"]["num_classes"] == 3
+    # An image added since: predict normalises as the run did (its checkpoint's mean and std), not as the folder now.
+    torchvision.io.write_png(torch.full((3, 40, 40), 255, dtype=torch.uint8), str(folder / "train" / "cat" / "w.png"))
     out = tmp_path / "predictions.csv"
     cli_main("predict", "--config", SMOKE, *args, "--ckpt_path=last", f"--predictions.path={out}")
     rows = list(csv.DictReader(open(out)))
     assert sorted(row["label"] for row in rows) == ["cat", "cat", "dog", "dog", "owl", "owl"]
+    (saved,) = (tmp_path / "logs").rglob("predict-config.yaml")
+    measured = checkpoint["multigpu"]["data"]
+    assert yaml.safe_load(saved.read_text())["data"]["mean"] == measured["mean"], measured
     assert {row["class_1"] for row in rows} <= {"cat", "dog", "owl"}
     exported = tmp_path / "resnet18.pt"
     cli_main("export", "--config", SMOKE, *args, "--ckpt_path=last", "--to=torchvision", f"--out={exported}")

@@ -23,7 +23,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from multigpu.cli.saved_options import take_saved_options
+from multigpu.cli.saved_options import take_saved_normalisation, take_saved_options
 from multigpu.cli.trainer_options import USUAL_STRATEGIES, check_trainer_options
 from multigpu.compat import CheckpointPathCLI
 from multigpu.data.datamodule import CIFAR10DataModule
@@ -224,11 +224,13 @@ class MultiGPUCLI(CheckpointPathCLI):
         if subcommand != "fit":
             # The run's own data, network and batch size, where the command line leaves them; its log folder.
             take_saved_options(config, checkpoint, self._command_line)
+            take_saved_normalisation(config, checkpoint, self._command_line)
             config["model"]["batch_size"] = config["data"]["batch_size"]  # the link, after the data's was taken
             check_model_options(config["ckpt_path"], checkpoint, config["model"], report=False)
             rank_zero_info(f"{subcommand}: the weights of {config['ckpt_path']} ({trained_to(checkpoint)}).")
             self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": f"{subcommand}-config.yaml"}
         else:
+            take_saved_normalisation(config, checkpoint, self._command_line)
             check_model_options(config["ckpt_path"], checkpoint, config["model"])
             trainer = config["trainer"]
             limits = (trainer.get(name) for name in ("max_epochs", "max_steps", "max_time"))

@@ -15,7 +15,7 @@ import yaml
 
 from multigpu.renamed_options import new_hyperparameter_names
 
-__all__ = ["SECTIONS", "given_options", "take_saved_options"]
+__all__ = ["SECTIONS", "given_options", "take_saved_normalisation", "take_saved_options"]
 
 SECTIONS = {"model": "hyper_parameters", "data": "datamodule_hyper_parameters"}  # section -> checkpoint key
 
@@ -45,3 +45,16 @@ def take_saved_options(config: Any, checkpoint: dict[str, Any], command_line: Se
         for name, value in saved.items():
             if name in config[section] and name not in given:
                 config[section][name] = value
+
+
+def take_saved_normalisation(config: Any, checkpoint: dict[str, Any], command_line: Sequence[str]) -> None:
+    """An image folder's mean and std as its run measured them (``checkpoint["multigpu"]["data"]``), into ``config``
+    where the command line gives none: a resumed run and every command on its checkpoint normalise the images as the
+    run did, without reading the folder again, even if images were added to it since."""
+    if config["data"].get("dataset") != "imagefolder":
+        return
+    measured = checkpoint.get("multigpu", {}).get("data", {})
+    given = given_options(command_line, "data")
+    for name in ("mean", "std"):
+        if name in measured and name not in given:
+            config["data"][name] = tuple(measured[name])

@@ -190,6 +190,11 @@ class CIFAR10DataModule(LightningDataModule):
             raise RuntimeError("an image folder's mean and std are measured in setup(): call it first")
         return self._stats
 
+    @property
+    def known_stats(self) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+        """``stats`` where known, else None (an image folder's before ``setup`` measures them)."""
+        return self._stats
+
     def _image_folder(self) -> dict[str, ImageTensorDataset | ImageFolderSplit]:
         hp = self.hparams
         train = self._folder_split("train", v2.Identity())

@@ -109,10 +109,8 @@ def _data_description(datamodule: Any) -> dict[str, Any]:
     description = {}
     if classes := getattr(datamodule, "classes", None):
         description["classes"] = list(classes)
-    try:
-        description["mean"], description["std"] = (list(values) for values in datamodule.stats)
-    except (AttributeError, RuntimeError):  # no data module of ours, or not set up
-        pass
+    if stats := getattr(datamodule, "known_stats", None):  # a data module of ours, its mean and std known
+        description["mean"], description["std"] = (list(values) for values in stats)
     return description
 
 
