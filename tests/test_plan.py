@@ -6,6 +6,7 @@ import re
 from dataclasses import replace
 
 import pytest
+import torch
 import yaml
 from helpers import SMOKE, cli_main, run_args, run_cli
 from lightning.fabric.utilities.rank_zero import LightningDeprecationWarning
@@ -255,6 +256,8 @@ def test_dry_run_forecasts_every_layout_with_its_estimate_and_runs_none(tmp_path
 
 @pytest.mark.slow
 def test_plan_forecasts_measures_the_best_marks_ties_and_writes_a_config_that_fit_trains_with(tmp_path):
+    """For ResNet-18 (``--model.arch``: any network is profiled, forecast and measured as ResNet-50 is)."""
+    arch = "--model.arch=resnet18"
     result = run_cli(
         "plan",
         "--config",
@@ -262,6 +265,7 @@ def test_plan_forecasts_measures_the_best_marks_ties_and_writes_a_config_that_fi
         "--trainer.accelerator=cpu",
         "--trainer.devices=2",
         *run_args(tmp_path),
+        arch,
         "--plan.strategies=[ddp,pipeline]",
         "--plan.schedules=[1f1b]",
         "--plan.micro_batches=[2,4]",
@@ -314,7 +318,14 @@ def test_plan_forecasts_measures_the_best_marks_ties_and_writes_a_config_that_fi
     assert config["model"] == {"recompute_activations": False}
     assert config["trainer"]["accelerator"] == "cpu"
     trained = run_cli(
-        "fit", "--config", SMOKE, "--config", str(folder / "plan.yaml"), *run_args(tmp_path, "winner"), cwd=tmp_path
+        "fit",
+        "--config",
+        SMOKE,
+        "--config",
+        str(folder / "plan.yaml"),
+        *run_args(tmp_path, "winner"),
+        arch,
+        cwd=tmp_path,
     )
     assert trained.returncode == 0, trained.stdout
-    assert (tmp_path / "checkpoints" / "winner" / "last.ckpt").is_file()
+    assert torch.load(tmp_path / "checkpoints" / "winner" / "last.ckpt")["hyper_parameters"]["arch"] == "resnet18"
