@@ -59,7 +59,12 @@ mobilenet_v2, mobilenet_v3_small, efficientnet_b0 = map(
 
 
 def tiny_vgg(num_classes: int) -> nn.Module:
-    network = VGG(make_layers([16, "M", 32, "M"], batch_norm=True), num_classes=num_classes)
+    """VGG's class with a narrow classifier: ``VGG.__init__`` would build (and initialise) its 120-million-parameter
+    one first, a second per build."""
+    network = VGG.__new__(VGG)
+    nn.Module.__init__(network)
+    network.features = make_layers([16, "M", 32, "M"], batch_norm=True)
+    network.avgpool = nn.AdaptiveAvgPool2d((7, 7))
     network.classifier = nn.Sequential(nn.Linear(32 * 7 * 7, 32), nn.ReLU(True), nn.Linear(32, num_classes))
     return network
 
