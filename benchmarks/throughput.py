@@ -5,7 +5,9 @@
     python benchmarks/throughput.py --list                           # every configuration
 
 Each configuration trains ResNet-50 on synthetic CIFAR-sized images in fresh processes:
-``--warmup`` untimed optimizer steps, then ``--steps`` timed ones. The application runs
+``--warmup`` untimed optimizer steps, then ``--steps`` timed ones. It runs ``--rounds`` times, the
+configurations interleaved (every configuration once per round, each round in another order), so that a
+slow period of the machine falls on all of them alike; each ratio is taken within each round. The application runs
 through ``main.py fit`` with its own callbacks and logger (no checkpoint is written); the reference
 is ``plain_loop.py``, the loop the plain recipes write by hand. On the CPU every process
 gets ``--threads`` threads (default 1). The table shows, for each configuration:
@@ -15,6 +17,10 @@ gets ``--threads`` threads (default 1). The table shows, for each configuration:
     peak MiB       the most memory each device held (CUDA: allocated, per device; CPU: resident, per process)
     vs plain       img/s over the plain loop's with the same precision and memory format
     efficiency     multi-process runs: img/s over (processes x the one-process img/s)
+
+Each figure is that of the configuration's median round, and each interval the rounds' order-statistic
+interval of the median (``multigpu.planning.intervals``): with 5 rounds, the slowest and the fastest, which
+enclose the true median 15 times in 16 whatever the noise.
 
 and writes the figures to ``<out>/throughput.json`` and a chart to ``<out>/throughput.png``.
 """
@@ -31,6 +37,7 @@ from pathlib import Path
 import torch
 
 from multigpu.planning.bar_chart import write_bar_chart
+from multigpu.planning.intervals import median_interval
 from multigpu.planning.step_timer import step_timer
 from multigpu.planning.timed_runs import RunFailed, run
 from multigpu.planning.timed_runs import fit_command as timed_fit_command
@@ -176,40 +183,66 @@ def fit_command(
 
 
 def measure(names: list[str], args: argparse.Namespace) -> list[dict]:
+    """Every configuration once per round, the rounds' orders rotated, so that a slow period of the machine falls
+    on all of them alike; each row holds its median round's figures and the intervals of its rounds."""
     table = configs(args.processes)
-    rows: dict[str, dict] = {}
+    threads = None if args.cuda else args.threads
+    runs: dict[str, list[dict]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        for name in names:
-            config = table[name]
-            threads = None if args.cuda else args.threads
-            figures = run_config(
-                command(config, args, folder), folder / f"{name}.json", threads, folder / f"{name}.log"
-            )
-            rows[name] = {"name": name, "description": config.description, **figures}
-            print(f"  {name}: {figures['images_per_s']:.1f} img/s", flush=True)
-    for name, row in rows.items():
-        config = table[name]
-        reference = rows.get(config.reference)
-        row["vs_plain"] = (
-            row["images_per_s"] / reference["images_per_s"] if reference and name != config.reference else None
-        )
-        single = rows.get(config.one_process)
-        row["efficiency"] = (
-            row["images_per_s"] / (args.processes * single["images_per_s"]) if config.multi_process and single else None
-        )
-    return list(rows.values())
+        for round_index in range(args.rounds):
+            folder = Path(tmp) / f"round{round_index}"
+            folder.mkdir()
+            shift = round_index % len(names)
+            for name in names[shift:] + names[:shift]:
+                command_line = command(table[name], args, folder)
+                runs[name].append(run_config(command_line, folder / f"{name}.json", threads, folder / f"{name}.log"))
+            figures = ", ".join(f"{name} {runs[name][-1]['images_per_s']:.1f}" for name in names)
+            print(f"  round {round_index + 1} of {args.rounds} (img/s): {figures}", flush=True)
+    return [summary(name, table, runs, args.processes) for name in names]
+
+
+def summary(name: str, table: dict[str, Config], runs: dict[str, list[dict]], processes: int) -> dict:
+    """``name``'s row: the figures of its median round, and the median and 95% interval of its images per second,
+    of its ratio to its plain loop and of its scaling efficiency, each taken round by round."""
+    config, own = table[name], [figures["images_per_s"] for figures in runs[name]]
+    median_round = sorted(range(len(own)), key=own.__getitem__)[(len(own) - 1) // 2]
+    row = {"name": name, "description": config.description, **runs[name][median_round]}
+    throughput = median_interval(own)
+    row["images_per_s_interval"] = [throughput.low, throughput.high]
+    row["rounds_images_per_s"], row["interval_coverage"] = own, throughput.coverage
+    pairs = {
+        "vs_plain": (config.reference, 1) if name != config.reference else None,
+        "efficiency": (config.one_process, processes) if config.multi_process else None,
+    }
+    for field_name, pair in pairs.items():
+        row[field_name] = row[f"{field_name}_interval"] = None
+        if pair is not None and pair[0] in runs:
+            other = [figures["images_per_s"] for figures in runs[pair[0]]]
+            ratio = median_interval([mine / (pair[1] * theirs) for mine, theirs in zip(own, other, strict=True)])
+            row[field_name], row[f"{field_name}_interval"] = ratio.median, [ratio.low, ratio.high]
+    return row
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"\n{'config':<22} {'img/s':>9} {'step ms':>9} {'peak MiB':>16} {'vs plain':>9} {'efficiency':>10}")
+    """Each figure of the median round; ratios as their median over the rounds, with their 95% interval."""
+
+    def ratio(row: dict, name: str) -> str:
+        if row[name] is None:
+            return "-"
+        low, high = row[f"{name}_interval"]
+        return f"{row[name]:.3f} [{low:.3f}, {high:.3f}]"
+
+    print(
+        f"\n{'config':<22} {'img/s':>9} {'img/s interval':>17} {'step ms':>9} {'peak MiB':>16} "
+        f"{'vs plain':>22} {'efficiency':>22}"
+    )
     for row in rows:
         memory = "/".join(f"{value / 2**20:.0f}" for value in row["peak_memory_bytes"])
-        ratio = f"{row['vs_plain']:.3f}" if row["vs_plain"] is not None else "-"
-        efficiency = f"{row['efficiency']:.3f}" if row["efficiency"] is not None else "-"
+        low, high = row["images_per_s_interval"]
         print(
-            f"{row['name']:<22} {row['images_per_s']:>9.1f} {row['step_time_s'] * 1000:>9.1f} {memory:>16} "
-            f"{ratio:>9} {efficiency:>10}"
+            f"{row['name']:<22} {row['images_per_s']:>9.1f} {f'[{low:.1f}, {high:.1f}]':>17} "
+            f"{row['step_time_s'] * 1000:>9.1f} {memory:>16} {ratio(row, 'vs_plain'):>22} "
+            f"{ratio(row, 'efficiency'):>22}"
         )
 
 
@@ -263,6 +296,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, help="per process (default: 512 on GPUs, 128 on the CPU)")
     parser.add_argument("--steps", type=int, help="timed steps (default: 30 on GPUs, 3 on the CPU)")
     parser.add_argument("--warmup", type=int, help="untimed steps first (default: 10 on GPUs, 3 on the CPU)")
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="runs of every configuration, interleaved (5: a 94%% interval)"
+    )
     add_run_options(parser)
     args = parser.parse_args()
     device = where(args)
@@ -280,12 +316,14 @@ def main() -> None:
         for config in table.values():
             print(f"{config.name:<22} {config.description}")
         return
+    if args.rounds < 1:
+        sys.exit("error: --rounds must be at least 1.")
     names = args.configs or default_configs(args.cuda)
     if unknown := [name for name in names if name not in table]:
         sys.exit(f"error: unknown configuration {unknown[0]!r}; --list shows them all.")
     title = (
         f"ResNet-50 ({args.stem} stem), batch {args.batch_size} per process, {args.precision}, {device}, "
-        f"{args.warmup} warm-up + {args.steps} timed steps"
+        f"{args.warmup} warm-up + {args.steps} timed steps, {args.rounds} rounds"
     )
     print(title, flush=True)
     rows = measure(names, args)

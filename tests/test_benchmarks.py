@@ -22,15 +22,24 @@ def test_throughput_harness_prints_its_table_and_writes_json_and_chart(tmp_path)
         "--warmup=1",
         "--batch-size=2",
         "--stem=imagenet",
+        "--rounds=2",
         f"--out={tmp_path}",
     ]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "round 2 of 2 (img/s): plain " in result.stdout
     table = result.stdout[result.stdout.index("config") :].splitlines()
     assert [line.split()[0] for line in table[1:4]] == ["plain", "app", "ddp"]
     figures = json.loads((tmp_path / "throughput.json").read_text())
     rows = {row["name"]: row for row in figures["results"]}
     assert rows["plain"]["vs_plain"] is None and rows["app"]["efficiency"] is None
+    assert rows["plain"]["vs_plain_interval"] is None and rows["app"]["efficiency_interval"] is None
+    for name, field in (("app", "vs_plain"), ("ddp", "vs_plain"), ("ddp", "efficiency")):  # taken round by round
+        low, high = rows[name][f"{field}_interval"]
+        assert low <= rows[name][field] <= high, (name, field)
+    for row in rows.values():  # the median round's figures, inside the rounds' interval
+        assert len(row["rounds_images_per_s"]) == 2 and row["images_per_s"] in row["rounds_images_per_s"]
+        assert row["images_per_s_interval"] == [min(row["rounds_images_per_s"]), max(row["rounds_images_per_s"])]
     # Images per step over all processes: the batch of 2 once, and once per ddp process.
     for name, images in (("plain", 2), ("app", 2), ("ddp", 4)):
         assert rows[name]["images_per_s"] * rows[name]["step_time_s"] == pytest.approx(images), name
