@@ -224,13 +224,11 @@ class MultiGPUCLI(CheckpointPathCLI):
         if subcommand != "fit":
             # The run's own data, network and batch size, where the command line leaves them; its log folder.
             take_saved_options(config, checkpoint, self._command_line)
-            take_saved_normalisation(config, checkpoint, self._command_line)
             config["model"]["batch_size"] = config["data"]["batch_size"]  # the link, after the data's was taken
             check_model_options(config["ckpt_path"], checkpoint, config["model"], report=False)
             rank_zero_info(f"{subcommand}: the weights of {config['ckpt_path']} ({trained_to(checkpoint)}).")
             self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": f"{subcommand}-config.yaml"}
         else:
-            take_saved_normalisation(config, checkpoint, self._command_line)
             check_model_options(config["ckpt_path"], checkpoint, config["model"])
             trainer = config["trainer"]
             limits = (trainer.get(name) for name in ("max_epochs", "max_steps", "max_time"))
@@ -241,6 +239,7 @@ class MultiGPUCLI(CheckpointPathCLI):
                 )
 
             rank_zero_info(f"Resuming from {config['ckpt_path']} at step {checkpoint['global_step']}.")
+        take_saved_normalisation(config, checkpoint, self._command_line)  # after the saved options: over them
 
     @override
     def instantiate_classes(self) -> None:

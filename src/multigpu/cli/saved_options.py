@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from multigpu.renamed_options import new_hyperparameter_names
+from multigpu.run.callbacks import RunMetadata
 
 __all__ = ["SECTIONS", "given_options", "take_saved_normalisation", "take_saved_options"]
 
@@ -48,12 +49,12 @@ def take_saved_options(config: Any, checkpoint: dict[str, Any], command_line: Se
 
 
 def take_saved_normalisation(config: Any, checkpoint: dict[str, Any], command_line: Sequence[str]) -> None:
-    """An image folder's mean and std as its run measured them (``checkpoint["multigpu"]["data"]``), into ``config``
+    """An image folder's mean and std as its run measured them (``RunMetadata``'s ``data``), into ``config``
     where the command line gives none: a resumed run and every command on its checkpoint normalise the images as the
     run did, without reading the folder again, even if images were added to it since."""
     if config["data"].get("dataset") != "imagefolder":
         return
-    measured = checkpoint.get("multigpu", {}).get("data", {})
+    measured = checkpoint.get(RunMetadata.KEY, {}).get("data", {})
     given = given_options(command_line, "data")
     for name in ("mean", "std"):
         if name in measured and name not in given:

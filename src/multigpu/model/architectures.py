@@ -213,7 +213,6 @@ class NetworkBlocks(Sequence[BlockFactory]):
         # copy them instead of building the network again.
         self._built: nn.Module | None = network
         self._held: list[nn.Module] | None = blocks
-        self._kept = True
 
     def _network(self) -> nn.Module:
         """The whole network, built on the CPU under ``seed`` (torch's other generators untouched)."""
@@ -279,12 +278,12 @@ class NetworkBlocks(Sequence[BlockFactory]):
             yield
         finally:
             self._holding -= 1
-            if not self._holding and not self._kept:
+            if not self._holding and self._built is None:
                 self._held = None
 
     def release(self) -> None:
         """Let go of the network built at construction (its blocks are built where they go from now on)."""
-        self._kept, self._built = False, None
+        self._built = None
         if not self._holding:
             self._held = None
 

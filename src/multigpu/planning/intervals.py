@@ -24,11 +24,6 @@ class MedianInterval:
     high: float
     coverage: float
 
-    @property
-    def half_width(self) -> float:
-        """The larger distance from the median to an end of the interval, relative to the median."""
-        return max(self.median - self.low, self.high - self.median) / self.median if self.median else math.inf
-
 
 def _below(n: int, k: int) -> float:
     """P(binomial(n, 1/2) < k)."""
