@@ -218,6 +218,11 @@ def _assert_resumed_from(output: str, step: int | None, name: str) -> None:
         assert resumed == [str(step)], f"{name}: resumed from step {resumed}, the checkpoint holds {step}\n{output}"
 
 
+def _said_where_it_starts(output: str) -> bool:
+    """The run got as far as saying which checkpoint it resumes from, or that it starts from scratch."""
+    return re.search(r"Resuming from \S+ at step \d+\.|starting from scratch", output) is not None
+
+
 def _run_killed_after(
     args: list[str], seconds: float, log: Path, env: dict[str, str] | None = None
 ) -> tuple[str, bool]:
@@ -263,7 +268,8 @@ def test_killed_at_random_moments_and_resumed_ends_bit_for_bit_like_an_uninterru
             f"attempt {attempt}: from step {on_disk}, {'killed' if killed else 'ended'} after {seconds:.1f} s, "
             f"left step {_step_on_disk(tmp_path, 'killed')}"
         )
-        if on_disk != STEPS[name]:
+        # A kill while the process still starts (imports, a loaded machine) comes before it reads the checkpoint.
+        if on_disk != STEPS[name] and (not killed or _said_where_it_starts(output)):
             _assert_resumed_from(output, on_disk, f"{name}, attempt {attempt} (seed {seed})")
         assert (_step_on_disk(tmp_path, "killed") or 0) >= (on_disk or 0), f"{name}: a kill lost a checkpoint"
     on_disk = _step_on_disk(tmp_path, "killed")
@@ -342,7 +348,7 @@ def test_killed_at_random_moments_and_resumed_on_another_device_count_ends_like_
         output, killed = _run_killed_after(with_layout, draw.uniform(first_save, length), log, ONE_THREAD)
         left = _step_on_disk(tmp_path, "killed")
         print(f"attempt {attempt}: from step {on_disk}, {'killed' if killed else 'ended'}, left step {left}")
-        if on_disk not in (None, STEPS["ddp"]):
+        if on_disk not in (None, STEPS["ddp"]) and (not killed or _said_where_it_starts(output)):
             _assert_resumed_from(output, on_disk, f"attempt {attempt} (seed {seed})")
     resumed = run_cli(*args, *ONE_DEVICE_ACCUMULATING, env=ONE_THREAD)
     assert resumed.returncode == 0, resumed.stdout
