@@ -20,7 +20,9 @@ gets ``--threads`` threads (default 1). The table shows, for each configuration:
 
 Each figure is that of the configuration's median round, and each interval the rounds' order-statistic
 interval of the median (``multigpu.planning.intervals``): with 5 rounds, the slowest and the fastest, which
-enclose the true median 15 times in 16 whatever the noise.
+enclose the true median 15 times in 16 whatever the noise. On the CPU it checks the cores before and after
+the rounds (``multigpu.planning.busy_cores``) and says so when another process keeps them busy; the share
+of the cores its check got is in ``throughput.json``'s ``machine``, with ``busy``.
 
 and writes the figures to ``<out>/throughput.json`` and a chart to ``<out>/throughput.png``.
 """
@@ -37,7 +39,9 @@ from pathlib import Path
 import torch
 
 from multigpu.planning.bar_chart import write_bar_chart
+from multigpu.planning.busy_cores import note_if_busy
 from multigpu.planning.intervals import median_interval
+from multigpu.planning.profile import cores
 from multigpu.planning.step_timer import step_timer
 from multigpu.planning.timed_runs import RunFailed, run
 from multigpu.planning.timed_runs import fit_command as timed_fit_command
@@ -326,11 +330,17 @@ def main() -> None:
         f"{args.warmup} warm-up + {args.steps} timed steps, {args.rounds} rounds"
     )
     print(title, flush=True)
+    # On the CPU, the cores before and after the rounds: another process on them is measured too, so it is said.
+    before = None if args.cuda else note_if_busy("throughput", "before the rounds")
     rows = measure(names, args)
+    after = None if args.cuda else note_if_busy("throughput", "after the rounds")
     print_table(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
-    machine = {"device": device, "torch": torch.__version__, "python": platform.python_version()}
+    machine = {"device": device, "cores": cores(), "torch": torch.__version__, "python": platform.python_version()}
+    if before and after:
+        machine["cores_share"] = {"before": round(before.share, 3), "after": round(after.share, 3)}
+        machine["busy"] = before.busy or after.busy
     (args.out / "throughput.json").write_text(
         json.dumps({"machine": machine, "settings": settings, "results": rows}, indent=2)
     )

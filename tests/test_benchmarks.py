@@ -45,6 +45,8 @@ def test_throughput_harness_prints_its_table_and_writes_json_and_chart(tmp_path)
         assert rows[name]["images_per_s"] * rows[name]["step_time_s"] == pytest.approx(images), name
     assert len(rows["ddp"]["peak_memory_bytes"]) == 2  # one figure per process
     assert (tmp_path / "throughput.png").read_bytes().startswith(b"\x89PNG")
+    machine = figures["machine"]  # the cores checked before and after the rounds
+    assert set(machine["cores_share"]) == {"before", "after"} and isinstance(machine["busy"], bool)
 
 
 @pytest.mark.slow

@@ -3,7 +3,9 @@ it measures, its table with ties, and its config."""
 
 import json
 import re
+import time
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,6 +21,9 @@ from multigpu.planning.ranking import FORECAST_ERROR
 from multigpu.planning.selection import Setting, choose
 
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
+
+# The suite's other worker keeps the cores busy: the plans here say so and go on (test_busy_cores checks the rest).
+BUSY_GO = "--plan.if_busy=go"
 
 TWO_CPU_PROCESSES = {
     "1 device",
@@ -154,6 +159,7 @@ def test_layouts_that_would_not_fit_are_left_out_and_tried_with_recomputation(me
         ("--plan.micro_batches=[0]", "error: --plan.micro_batches must be at least 1, not 0."),
         ("--plan.memory_per_device=-1", "error: --plan.memory_per_device must be more than 0 GiB, not -1.0."),
         ("--plan.memory_per_device=0", "error: --plan.memory_per_device must be more than 0 GiB, not 0.0."),
+        ("--plan.budget_s=0", "error: --plan.budget_s must be more than 0 seconds (or null: no bound), not 0.0."),
     ],
 )
 def test_bad_plan_options_end_with_one_line(capsys, option, message):
@@ -188,6 +194,7 @@ def test_a_plan_that_trains_no_layout_says_so_and_fails(capsys, tmp_path):
             *run_args(tmp_path),
             "--plan.strategies=[ddp]",
             "--plan.memory_per_device=0.01",
+            BUSY_GO,
         )
     assert exit_info.value.code == 2
     out, err = capsys.readouterr()
@@ -227,6 +234,7 @@ def test_dry_run_forecasts_every_layout_with_its_estimate_and_runs_none(tmp_path
         *run_args(tmp_path),
         "--plan.dry_run=true",
         "--plan.micro_batches=[2,16]",
+        BUSY_GO,
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout
@@ -273,6 +281,8 @@ def test_plan_forecasts_measures_the_best_marks_ties_and_writes_a_config_that_fi
         "--plan.warmup=1",
         "--plan.windows=3",
         "--data.num_workers=1",
+        "--plan.budget_s=null",  # every layout chosen, whatever this machine's load: the budget has its own test
+        BUSY_GO,
         cwd=tmp_path,
         timeout=600,  # the recipe's loader workers
     )
@@ -329,3 +339,42 @@ def test_plan_forecasts_measures_the_best_marks_ties_and_writes_a_config_that_fi
     )
     assert trained.returncode == 0, trained.stdout
     assert torch.load(tmp_path / "checkpoints" / "winner" / "last.ckpt")["hyper_parameters"]["arch"] == "resnet18"
+
+
+def test_a_time_budget_measures_the_reference_and_the_best_forecast_then_what_fits(monkeypatch, capsys):
+    """``--plan.budget_s``: the layouts in measuring order, the reference and the best forecast whatever the time,
+    then each one whose forecast training time still ends before the deadline; the rest are named, unmeasured."""
+    from multigpu.planning import measurement
+    from multigpu.planning.layouts import Layout
+    from multigpu.planning.ranking import Outcome, in_measuring_order
+
+    trained = []
+
+    def fake_run(command, out, log, timeout):
+        trained.append(next(arg for arg in command if arg.startswith("--trainer.strategy=")))
+        return {"window_images_per_s": [10.0, 11.0], "images_per_s": 10.5, "peak_memory_bytes": []}
+
+    monkeypatch.setattr(measurement, "run", fake_run)
+    monkeypatch.setattr("sys.argv", ["main.py"])
+    outcomes = [
+        Outcome(Layout(name, strategy, 2, 2, 8), [1], forecast)
+        for name, strategy, forecast in (
+            ("ddp", "ddp", 15.0),
+            ("1 device", "auto", 10.0),  # the slowest forecast, and the reference
+            ("fsdp", "fsdp", 12.0),
+            ("model parallel 2", "manual_model_parallel", 20.0),
+        )
+    ]
+    order = in_measuring_order(outcomes)
+    assert [o.layout.name for o in order] == ["1 device", "model parallel 2", "ddp", "fsdp"]
+    setting = SimpleNamespace(batch_size=8, devices=2, device_ids=None)  # what measure reads of a Setting
+    # Each layout trains 2 x 8 images per step for 1 + 1 x 2 steps: 48 images, 3.2 s at ddp's 15 img/s.
+    measured = measurement.measure(order, [], setting, 1, 1, 2, 1, deadline=time.monotonic() + 3.0)
+    assert trained == ["--trainer.strategy=auto", "--trainer.strategy=manual_model_parallel"]
+    assert [o.figures is not None for o in measured] == [True, True, False, False]
+    assert "  not measured, the time budget spent: ddp, fsdp (raise --plan.budget_s to measure them)" in (
+        capsys.readouterr().out
+    )
+    trained.clear()
+    measurement.measure(order, [], setting, 1, 1, 2, 1, deadline=time.monotonic() + 60.0)
+    assert len(trained) == 4

@@ -13,8 +13,14 @@ layout's images per second (``forecast``). Then it trains, in fresh processes th
 ``main.py fit`` on synthetic data of CIFAR-10's shape, the reference (one device) and the best
 forecast layouts (``ranking``), timing repeated windows of steps (``multigpu.planning.timed_runs``, as
 the benchmarks do), and picks the simplest of the layouts tied with the fastest (``report``).
+
+The measurements stop when the time budget (``--plan.budget_s``, counted from the start) would run out
+before the next layout ends; the reference and the forecast best are always measured. On the CPU it
+checks the cores before and after profiling (``busy_cores``): busy cores would make the forecasts
+measure another process, so it waits for them to quieten and profiles again, or refuses.
 """
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,18 +29,21 @@ from typing_extensions import override
 
 from multigpu.cli.lightning_cli import MultiGPUCLI
 from multigpu.errors import UsageError
+from multigpu.planning.busy_cores import check_cores, until_quiet
 from multigpu.planning.forecast import forecast
-from multigpu.planning.layouts import Refusal, candidate_layouts
+from multigpu.planning.layouts import Layout, Refusal, candidate_layouts
 from multigpu.planning.links import measure_links
 from multigpu.planning.measurement import balanced, measure
 from multigpu.planning.options import PlanOptions, check_no_plan_section
-from multigpu.planning.ranking import Outcome, to_measure
+from multigpu.planning.ranking import Outcome, in_measuring_order, to_measure
 from multigpu.planning.report import dry_run_line, print_report, write_outputs
 from multigpu.planning.resources import budget as memory_budget
-from multigpu.planning.selection import choose, setting_of
+from multigpu.planning.selection import Setting, choose, setting_of
 from multigpu.renamed_options import add_old_names
 
 __all__ = ["PlanCLI", "plan"]
+
+BUSY_REMEDY = "pass --plan.if_busy=go to plan anyway"
 
 
 class PlanCLI(MultiGPUCLI):
@@ -53,6 +62,7 @@ class PlanCLI(MultiGPUCLI):
 
 def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> None:
     """Run ``python main.py plan <args>``."""
+    started = time.monotonic()
     cli = PlanCLI(default_config_files=default_config_files, args=list(args), run=False)
     config = cli.config
     check_no_plan_section(args)
@@ -81,26 +91,34 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
         f"{options.windows} timed windows of {steps} step(s) per measured layout",
         flush=True,
     )
-    profile = setting.profile(config["model"])
-    layouts, unbalanced = balanced(layouts, profile)
-    refusals += unbalanced
     budget = memory_budget(setting.cuda, setting.device_ids or list(range(setting.devices)), options.memory_per_device)
-    chosen, left_out = choose(layouts, setting, budget, options.recompute, bool(config["model"]["compile"]))
+    if not setting.cuda:
+        until_quiet(options.if_busy, "plan", "before profiling", BUSY_REMEDY)
+    outcomes, left_out = _forecasts(config, setting, options, layouts, budget)
+    if not setting.cuda and not until_quiet(options.if_busy, "plan", "after profiling", BUSY_REMEDY):
+        if options.if_busy != "go":  # it waited for quiet cores: the profile measured the other process
+            print("plan: profiling again, on quiet cores", flush=True)
+            outcomes, left_out = _forecasts(config, setting, options, layouts, budget)
+            if (again := check_cores()).busy:
+                raise UsageError(
+                    f"the cores were busy again while plan profiled ({again}): its figures would measure another "
+                    f"process. Stop it, or {BUSY_REMEDY}."
+                )
     refusals += left_out
-    links = measure_links(max(layout.processes for layout in chosen) if chosen else 1, setting.cuda, setting.device_ids)
-    outcomes = []
-    for layout in chosen:
-        expected = forecast(layout, profile, links, setting.memory)
-        if isinstance(expected, str):
-            refusals.append(Refusal(layout.label, expected))
-        else:
-            outcomes.append(Outcome(layout, setting.estimated_peaks(layout), expected))
     if not options.dry_run:
         accumulate = trainer.get("accumulate_grad_batches") or 1
-        selected = outcomes if options.measure == "all" else to_measure(outcomes, options.top)
-        print(f"measuring {len(selected)} of {len(outcomes)} layouts", flush=True)
+        selected = in_measuring_order(outcomes if options.measure == "all" else to_measure(outcomes, options.top))
+        within = "" if options.budget_s is None else f", within {options.budget_s:.0f} s in all"
+        print(f"measuring {len(selected)} of {len(outcomes)} layouts{within}", flush=True)
         measured = measure(
-            selected, args, setting, warmup, steps, options.windows, accumulate if isinstance(accumulate, int) else 1
+            selected,
+            args,
+            setting,
+            warmup,
+            steps,
+            options.windows,
+            accumulate if isinstance(accumulate, int) else 1,
+            None if options.budget_s is None else started + options.budget_s,
         )
         done = {id(before): after for before, after in zip(selected, measured)}
         outcomes = [done.get(id(outcome), outcome) for outcome in outcomes]
@@ -120,3 +138,23 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
         raise UsageError("no layout trained, so nothing was written: each was left out or failed, as listed above.")
     if options.dry_run:
         print(dry_run_line(outcomes, refusals))
+
+
+def _forecasts(
+    config, setting: Setting, options: PlanOptions, layouts: list[Layout], budget: tuple[int, bool]
+) -> tuple[list[Outcome], list[Refusal]]:
+    """Profile the network's blocks and the links, and forecast each layout that fits: the outcomes, and the
+    layouts left out with why."""
+    profile = setting.profile(config["model"])
+    layouts, refusals = balanced(layouts, profile)
+    chosen, left_out = choose(layouts, setting, budget, options.recompute, bool(config["model"]["compile"]))
+    refusals += left_out
+    links = measure_links(max(layout.processes for layout in chosen) if chosen else 1, setting.cuda, setting.device_ids)
+    outcomes = []
+    for layout in chosen:
+        expected = forecast(layout, profile, links, setting.memory)
+        if isinstance(expected, str):
+            refusals.append(Refusal(layout.label, expected))
+        else:
+            outcomes.append(Outcome(layout, setting.estimated_peaks(layout), expected))
+    return outcomes, refusals

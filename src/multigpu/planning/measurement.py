@@ -1,8 +1,10 @@
 """``plan``'s measurements: the split layouts balanced by their blocks' time, then the layouts chosen to measure
 trained in fresh processes through ``main.py fit``, their figures scraped from what the run writes."""
 
+import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -48,18 +50,30 @@ def measure(
     steps: int,
     windows: int,
     accumulate: int,
+    deadline: float | None = None,
 ) -> list[Outcome]:
-    """Train each layout in fresh processes, timing ``windows`` windows of ``steps`` steps; its figures, or why it
-    failed."""
+    """Train each layout in fresh processes, in the given order, timing ``windows`` windows of ``steps`` steps; its
+    figures, or why it failed. With a ``deadline`` (``time.monotonic()``'s clock) a layout is left unmeasured,
+    and so are those after it, once it would end past it: its forecast training time, plus what the runs
+    so far took besides theirs (starting processes, building the network). The first layout (the reference)
+    and the best forecast are measured whatever the time."""
     entry = Path(sys.argv[0]).resolve()
     if entry.suffix != ".py":
         raise UsageError("run plan as `python main.py plan ...`: it launches main.py fit for each layout.")
     user_args = without_plan_options(args)
     images = setting.batch_size * setting.devices * accumulate * (warmup + steps * windows + 1)
-    measured = []
+    always = {id(outcomes[0]), id(max(outcomes, key=lambda o: o.forecast or 0.0))} if outcomes else set()
+    measured, overheads, left = [], [], []
     with tempfile.TemporaryDirectory(prefix="multigpu-plan-") as tmp:
         folder = Path(tmp)
         for index, outcome in enumerate(outcomes):
+            layout_images = outcome.layout.batch_size * outcome.layout.replicas * accumulate
+            training_s = layout_images * (warmup + steps * windows) / (outcome.forecast or float("inf"))
+            if deadline is not None and id(outcome) not in always:
+                if left or time.monotonic() + training_s + statistics.mean(overheads or [0.0]) > deadline:
+                    left.append(outcome)
+                    measured.append(outcome)
+                    continue
             out = folder / f"layout{index}.json"
             options = [*user_args, *outcome.layout.fit_options(setting.device_ids)]
             command = fit_command(
@@ -71,6 +85,7 @@ def measure(
                 images,
                 step_timer(warmup, out, steps),
             )
+            start = time.monotonic()
             try:
                 outcome = replace(
                     outcome, figures=run(command, out, folder / f"layout{index}.log", timeout=LAYOUT_TIMEOUT_S)
@@ -86,8 +101,15 @@ def measure(
                     else f"still training after {LAYOUT_TIMEOUT_S} s: stopped",
                 )
                 said = f"failed: {outcome.failure}"
+            overheads.append(max(0.0, time.monotonic() - start - training_s))
             print(f"  [{index + 1}/{len(outcomes)}] {outcome.layout.label}: {said}", flush=True)
             measured.append(outcome)
+    if left:
+        print(
+            f"  not measured, the time budget spent: {', '.join(o.layout.label for o in left)} "
+            f"(raise --plan.budget_s to measure them)",
+            flush=True,
+        )
     return measured
 
 

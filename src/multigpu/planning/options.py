@@ -7,6 +7,7 @@ from typing import Literal
 import yaml
 
 from multigpu.errors import UsageError, check_at_least
+from multigpu.planning.busy_cores import IF_BUSY
 from multigpu.planning.layouts import PLANNED_STRATEGIES
 from multigpu.strategies.pipeline.stage_placement import SCHEDULES
 
@@ -30,6 +31,12 @@ class PlanOptions:
             (it adds a forward pass per step and saves only memory); ``both``, ``no`` or ``yes``.
         memory_per_device: GiB each device may use (on the CPU: each process), instead of the free memory.
         dry_run: list the layouts, the ones left out and the memory estimates, and train none.
+        budget_s: seconds the whole plan may take: it measures the layouts in the order of their forecasts
+            (the reference and the forecast best first, always) while the next one would end within it, and
+            says which it left unmeasured; ``null`` measures them all.
+        if_busy: on the CPU, what to do when other processes keep the cores busy before or after profiling
+            (the forecasts would measure them too): ``wait`` up to a minute for quiet cores, then profile again
+            or refuse; ``refuse`` at once; ``go`` on, saying so.
     """
 
     def __init__(
@@ -45,6 +52,8 @@ class PlanOptions:
         recompute_activations: Literal["auto", "both", "no", "yes"] = "auto",
         memory_per_device: float | None = None,
         dry_run: bool = False,
+        budget_s: float | None = 90.0,
+        if_busy: IF_BUSY = "wait",
     ) -> None:
         for option, value, least in (
             ("warmup", warmup, 0),
@@ -54,6 +63,8 @@ class PlanOptions:
         ):
             if value is not None:
                 check_at_least(f"--plan.{option}", value, least)
+        if budget_s is not None and budget_s <= 0:
+            raise UsageError(f"--plan.budget_s must be more than 0 seconds (or null: no bound), not {budget_s}.")
         if memory_per_device is not None and memory_per_device <= 0:
             raise UsageError(f"--plan.memory_per_device must be more than 0 GiB, not {memory_per_device}.")
         for count in micro_batches or ():
@@ -66,6 +77,7 @@ class PlanOptions:
         self.strategies, self.schedules = strategies, schedules
         self.micro_batches, self.recompute = micro_batches, recompute_activations
         self.memory_per_device, self.dry_run = memory_per_device, dry_run
+        self.budget_s, self.if_busy = budget_s, if_busy
 
 
 def check_no_plan_section(args: Sequence[str]) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from multigpu.planning.layouts import Layout
 
-__all__ = ["FORECAST_ERROR", "REFERENCE", "Outcome", "choice", "ranked", "tied", "to_measure"]
+__all__ = ["FORECAST_ERROR", "REFERENCE", "Outcome", "choice", "in_measuring_order", "ranked", "tied", "to_measure"]
 
 FORECAST_ERROR = 0.2
 REFERENCE = "auto"  # one device: the strategy of the layout every other one is compared with
@@ -65,6 +65,11 @@ def to_measure(outcomes: Sequence[Outcome], top: int) -> list[Outcome]:
     kept = {id(o) for o in by_forecast[:top]}
     kept |= {id(o) for o in by_forecast if o.forecast >= best * (1 - FORECAST_ERROR)}
     return [o for o in outcomes if id(o) in kept or o.layout.strategy == REFERENCE]
+
+
+def in_measuring_order(outcomes: Sequence[Outcome]) -> list[Outcome]:
+    """The reference first, then by forecast, the best first: the order in which a time budget measures them."""
+    return sorted(outcomes, key=lambda o: (o.layout.strategy != REFERENCE, -(o.forecast or 0.0)))
 
 
 def ranked(outcomes: Sequence[Outcome]) -> list[Outcome]:
