@@ -5,7 +5,7 @@
     python benchmarks/plan_accuracy.py --plan-json logs/smoke/plan.json    # a plan run with --plan.measure=all
 
 It runs ``python main.py plan --config configs/smoke.yaml --trainer.accelerator=cpu
---trainer.devices=N --plan.measure=all`` (every layout trained, as ``plan`` did before it
+--trainer.devices=N --plan.measure=all --plan.budget_s=null`` (every layout trained, as ``plan`` did before it
 forecast), reads the ``plan.json`` it writes, and prints for every layout its forecast
 images per second, the measured median and range of its windows, and the forecast's error.
 Below the table: the largest and the median error, the rank correlation between forecasts and
@@ -173,6 +173,7 @@ def main() -> None:
             "--trainer.accelerator=cpu",
             f"--trainer.devices={args.devices}",
             "--plan.measure=all",
+            "--plan.budget_s=null",
             "--run_name=plan-accuracy",
         ]
         subprocess.run(command, cwd=REPO, check=True)
