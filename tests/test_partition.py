@@ -4,7 +4,7 @@ from torch import nn
 
 from multigpu.errors import UsageError
 from multigpu.model.resnet import resnet50_blocks
-from multigpu.strategies.block_timing import block_times
+from multigpu.strategies.block_timing import block_pass_times_together, block_times
 from multigpu.strategies.partition import (
     balance_by_cost,
     check_balance,
@@ -63,6 +63,18 @@ def test_block_times_measure_every_block_on_a_copy():
     assert times[1] > times[2]  # a convolution costs more than a flatten
     for name, tensor in net.state_dict().items():  # BatchNorm statistics untouched
         assert torch.equal(tensor, before[name]), name
+
+
+def test_blocks_timed_together_at_several_sizes_each_pass_its_own_input_through():
+    """``block_pass_times_together`` (plan's profile): each size's input through every block, each with its own
+    thread count, the sizes in turn; a bigger input costs more, and the threads are as they were afterwards."""
+    net = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.Conv2d(32, 32, 3, padding=1), nn.Flatten())
+    threads = torch.get_num_threads()
+    small, large = block_pass_times_together(
+        net, [torch.randn(1, 3, 32, 32), torch.randn(32, 3, 32, 32)], [1, None], torch.device("cpu"), repeats=2
+    )
+    assert len(small) == len(large) == 3 and torch.get_num_threads() == threads
+    assert sum(map(sum, large[:2])) > sum(map(sum, small[:2]))  # 32 images cost more than 1
 
 
 def test_choose_balance_takes_the_given_balance_or_the_costs():

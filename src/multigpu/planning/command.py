@@ -30,12 +30,12 @@ from typing_extensions import override
 from multigpu.cli.lightning_cli import MultiGPUCLI
 from multigpu.errors import UsageError
 from multigpu.planning.busy_cores import check_cores, until_quiet
-from multigpu.planning.forecast import forecast
+from multigpu.planning.forecast import forecast, timed_input
 from multigpu.planning.layouts import Layout, Refusal, candidate_layouts
 from multigpu.planning.links import measure_links
 from multigpu.planning.measurement import balanced, measure
 from multigpu.planning.options import PlanOptions, check_no_plan_section
-from multigpu.planning.ranking import Outcome, in_measuring_order, to_measure
+from multigpu.planning.ranking import Outcome, calibrated, in_measuring_order, to_measure
 from multigpu.planning.report import dry_run_line, print_report, write_outputs
 from multigpu.planning.resources import budget as memory_budget
 from multigpu.planning.selection import Setting, choose, setting_of
@@ -121,7 +121,7 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
             None if options.budget_s is None else started + options.budget_s,
         )
         done = {id(before): after for before, after in zip(selected, measured)}
-        outcomes = [done.get(id(outcome), outcome) for outcome in outcomes]
+        outcomes = [calibrated(done.get(id(outcome), outcome), measured[0]) for outcome in outcomes]
     folder = Path(trainer.get("default_root_dir") or "logs") / config["run_name"]
     print_report(outcomes, refusals, setting.device_ids, budget, measured=not options.dry_run)
     if (
@@ -146,6 +146,7 @@ def _forecasts(
     """Profile the network's blocks and the links, and forecast each layout that fits: the outcomes, and the
     layouts left out with why."""
     profile = setting.profile(config["model"])
+    profile.measure_together({timed_input(layout) for layout in layouts})
     layouts, refusals = balanced(layouts, profile)
     chosen, left_out = choose(layouts, setting, budget, options.recompute, bool(config["model"]["compile"]))
     refusals += left_out

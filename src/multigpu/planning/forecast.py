@@ -31,18 +31,24 @@ from multigpu.planning.pipeline_simulation import simulate_step
 from multigpu.planning.profile import BlockProfile
 from multigpu.strategies.partition import stage_ranges
 
-__all__ = ["forecast"]
+__all__ = ["forecast", "timed_input"]
 
 MIB = 2**20
 DDP_FIRST_BUCKET, DDP_BUCKET = 1 * MIB, 25 * MIB  # DistributedDataParallel's defaults
 
 
-def forecast(layout: Layout, profile: BlockProfile, links: Links, memory: BlockMemory) -> float | str:
-    """Forecast images per second of ``layout``, or why its blocks cannot be timed."""
+def timed_input(layout: Layout) -> tuple[int, int]:
+    """The images of one input of a device of ``layout`` (a micro-batch, dp's slice of the batch), and its
+    processes: what its blocks are timed at."""
     images = layout.batch_size // layout.micro_batches if layout.strategy == "pipeline" else layout.batch_size
     if layout.strategy == "dp":
         images = -(-layout.batch_size // layout.devices)
-    times = profile.times(images, layout.processes)
+    return images, layout.processes
+
+
+def forecast(layout: Layout, profile: BlockProfile, links: Links, memory: BlockMemory) -> float | str:
+    """Forecast images per second of ``layout``, or why its blocks cannot be timed."""
+    times = profile.times(*timed_input(layout))
     if isinstance(times, str):
         return times
     times = times.scaled(links.slowdown(layout.processes))

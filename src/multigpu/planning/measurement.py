@@ -10,10 +10,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from multigpu.errors import UsageError
+from multigpu.planning.forecast import timed_input
 from multigpu.planning.layouts import Layout, Refusal
 from multigpu.planning.options import without_plan_options
 from multigpu.planning.profile import BlockProfile
-from multigpu.planning.ranking import Outcome
+from multigpu.planning.ranking import Outcome, calibrated
 from multigpu.planning.selection import Setting
 from multigpu.planning.step_timer import step_timer
 from multigpu.planning.timed_runs import RunFailed, fit_command, run
@@ -31,7 +32,7 @@ def balanced(layouts: list[Layout], profile: BlockProfile) -> tuple[list[Layout]
     balanced, refusals = [], []
     for layout in layouts:
         if layout.num_stages > 1:
-            times = profile.times(layout.batch_size // layout.micro_batches, layout.processes)
+            times = profile.times(*timed_input(layout))
             if isinstance(times, str):
                 refusals.append(Refusal(layout.label, times))
                 continue
@@ -53,7 +54,8 @@ def measure(
     deadline: float | None = None,
 ) -> list[Outcome]:
     """Train each layout in fresh processes, in the given order, timing ``windows`` windows of ``steps`` steps; its
-    figures, or why it failed. With a ``deadline`` (``time.monotonic()``'s clock) a layout is left unmeasured,
+    figures, or why it failed; once the first (the reference) has run, the others' forecasts are ``calibrated``
+    on it. With a ``deadline`` (``time.monotonic()``'s clock) a layout is left unmeasured,
     and so are those after it, once it would end past it: its forecast training time, plus what the runs
     so far took besides theirs (starting processes, building the network). The first layout (the reference)
     and the best forecast are measured whatever the time."""
@@ -62,14 +64,15 @@ def measure(
         raise UsageError("run plan as `python main.py plan ...`: it launches main.py fit for each layout.")
     user_args = without_plan_options(args)
     images = setting.batch_size * setting.devices * accumulate * (warmup + steps * windows + 1)
-    always = {id(outcomes[0]), id(max(outcomes, key=lambda o: o.forecast or 0.0))} if outcomes else set()
+    always = {0, max(range(len(outcomes)), key=lambda i: outcomes[i].forecast or 0.0)} if outcomes else set()
     measured, overheads, left = [], [], []
     with tempfile.TemporaryDirectory(prefix="multigpu-plan-") as tmp:
         folder = Path(tmp)
         for index, outcome in enumerate(outcomes):
+            outcome = calibrated(outcome, measured[0]) if measured else outcome
             layout_images = outcome.layout.batch_size * outcome.layout.replicas * accumulate
             training_s = layout_images * (warmup + steps * windows) / (outcome.forecast or float("inf"))
-            if deadline is not None and id(outcome) not in always:
+            if deadline is not None and index not in always:
                 if left or time.monotonic() + training_s + statistics.mean(overheads or [0.0]) > deadline:
                     left.append(outcome)
                     measured.append(outcome)
@@ -103,6 +106,8 @@ def measure(
                 said = f"failed: {outcome.failure}"
             overheads.append(max(0.0, time.monotonic() - start - training_s))
             print(f"  [{index + 1}/{len(outcomes)}] {outcome.layout.label}: {said}", flush=True)
+            if index == 0 and outcome.error is not None:
+                print(f"  the forecasts below are calibrated on it: x{1 / (1 + outcome.error):.2f}", flush=True)
             measured.append(outcome)
     if left:
         print(

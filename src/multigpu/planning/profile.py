@@ -10,6 +10,7 @@ batches short.
 
 import os
 import time
+from collections.abc import Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -18,12 +19,13 @@ from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 
 from multigpu.model.classifier import IMAGE_SHAPE
 from multigpu.model.lazy_blocks import LazyBlocks
-from multigpu.strategies.block_timing import block_pass_times, synchronize
+from multigpu.strategies.block_timing import block_pass_times, block_pass_times_together, synchronize
 from multigpu.strategies.micro_batch_check import micro_batch_refusal
 
 __all__ = ["CPU_IMAGES", "BlockProfile", "PassTimes", "cores", "precision_plugin", "threads_per_process"]
 
 CPU_IMAGES = 32
+REPEATS = 2  # timed passes of each block per size, after one untimed; the fastest counts
 
 
 def cores() -> int:
@@ -111,6 +113,40 @@ class BlockProfile:
         found = self._times[key]
         return found if isinstance(found, str) else found.scaled(images / timed)
 
+    def measure_together(self, requests: Iterable[tuple[int, int]]) -> None:
+        """Time the blocks for every (images, processes) of ``requests`` not timed yet, all in one pass over the
+        blocks (``block_pass_times_together``): a slow moment of the machine then falls on every size alike,
+        and the forecasts that compare them stay fair. What cannot be timed together is timed alone later."""
+        keys: dict[tuple[int, int | None], None] = {}
+        for images, processes in requests:
+            threads = threads_per_process(processes) if self.device.type == "cpu" else None
+            key = (min(images, CPU_IMAGES) if self.device.type == "cpu" else images, threads)
+            if key in self._times or key in keys:
+                continue
+            if why := micro_batch_refusal(self.blocks, IMAGE_SHAPE, key[0]):
+                self._times[key] = f"micro-batches of {key[0]} image(s) do not train: {why}"
+            else:
+                keys[key] = None
+        if not keys:
+            return
+        sizes = ", ".join(
+            f"{images} images" + (f" on {threads} thread(s)" if threads else "") for images, threads in keys
+        )
+        print(f"timing the blocks for {sizes}, together", flush=True)
+        try:
+            with self.precision.train_step_context():
+                examples = [self.precision.convert_input(torch.zeros(images, *IMAGE_SHAPE)) for images, _ in keys]
+                timed = block_pass_times_together(
+                    self.blocks, examples, [threads for _, threads in keys], self.device, repeats=REPEATS
+                )
+        except RuntimeError:  # out of memory, say: each size is timed alone, and says why it cannot be
+            return
+        finally:
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        for key, passes in zip(keys, timed):
+            self._times[key] = PassTimes(*(list(column) for column in zip(*passes)))
+
     def _measure(self, images: int, threads: int | None) -> PassTimes | str:
         if why := micro_batch_refusal(self.blocks, IMAGE_SHAPE, images):
             return f"micro-batches of {images} image(s) do not train: {why}"
@@ -119,7 +155,7 @@ class BlockProfile:
         try:
             with _threads(threads), self.precision.train_step_context():
                 example = self.precision.convert_input(torch.zeros(images, *IMAGE_SHAPE))
-                passes = block_pass_times(self.blocks, example, self.device, repeats=2)
+                passes = block_pass_times(self.blocks, example, self.device, repeats=REPEATS)
         except RuntimeError as error:  # out of memory, say
             return f"timing its blocks failed: {str(error).splitlines()[0]}"
         finally:

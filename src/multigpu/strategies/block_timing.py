@@ -4,7 +4,7 @@ the device the same way, with ``synchronize``."""
 
 import copy
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from lightning.pytorch.plugins.precision import Precision
@@ -14,7 +14,14 @@ from torch import Tensor, nn
 
 from multigpu.model.lazy_blocks import LazyBlocks
 
-__all__ = ["block_pass_times", "block_times", "block_times_in", "synchronize", "time_blocks"]
+__all__ = [
+    "block_pass_times",
+    "block_pass_times_together",
+    "block_times",
+    "block_times_in",
+    "synchronize",
+    "time_blocks",
+]
 
 
 def synchronize(device: torch.device) -> None:
@@ -47,43 +54,79 @@ def block_pass_times(
     the meta device. One warm-up pass comes before the ``repeats`` that are timed, and the
     fastest counts (the others were slowed by something else).
     """
+    return block_pass_times_together(blocks, [example], [None], device, repeats)[0]
+
+
+def block_pass_times_together(
+    blocks: nn.Sequential,
+    examples: Sequence[Tensor],
+    threads: Sequence[int | None],
+    device: torch.device,
+    repeats: int = 3,
+) -> list[list[tuple[float, float, float]]]:
+    """``block_pass_times`` for each input of ``examples``, with as many CPU threads as ``threads`` gives it (None:
+    as they are), timed together: each block's copy runs every input in turn, repeat after repeat, so that a slow
+    moment of the machine falls on all of them alike, not on the inputs timed then."""
     if isinstance(blocks, LazyBlocks):
         with blocks.building():
-            return _pass_times(blocks, blocks.build, example, device, repeats)
-    return _pass_times(blocks, lambda index: copy.deepcopy(blocks[index]), example, device, repeats)
+            return _pass_times(blocks, blocks.build, examples, threads, device, repeats)
+    return _pass_times(blocks, lambda index: copy.deepcopy(blocks[index]), examples, threads, device, repeats)
 
 
 def _pass_times(
-    blocks: nn.Sequential, fresh: Callable[[int], nn.Module], example: Tensor, device: torch.device, repeats: int
-) -> list[tuple[float, float, float]]:
-    times, x = [], example.to(device)
-    for index in range(len(blocks)):
-        block = fresh(index).to(device).train()
-        params = [param for param in block.parameters() if param.requires_grad]
-        update = torch.optim.SGD(params, lr=0.0, momentum=0.9) if params else None
-        # A block's input may be a tuple of tensors (the halves of a bottleneck pass two).
-        x = apply_to_collection(x, Tensor, lambda t: t.detach().requires_grad_(index > 0 and t.is_floating_point()))
-        forwards, backwards, updates = [], [], []
-        for _ in range(repeats + 1):
-            synchronize(device)
-            start = time.perf_counter()
-            out = block(x)
-            synchronize(device)
-            middle = time.perf_counter()
-            outputs = [output for output in ([out] if isinstance(out, Tensor) else out) if output.requires_grad]
-            if outputs:  # none where a block without parameters is first (nothing before it needs gradients)
-                torch.autograd.backward(outputs, [torch.ones_like(output) for output in outputs])
-            synchronize(device)
-            end = time.perf_counter()
-            if update is not None:
-                update.step()
-            synchronize(device)
-            forwards.append(middle - start)
-            backwards.append(end - middle)
-            updates.append(time.perf_counter() - end)
-        times.append((min(forwards[1:]), min(backwards[1:]), min(updates[1:])))
-        x = out
+    blocks: nn.Sequential,
+    fresh: Callable[[int], nn.Module],
+    examples: Sequence[Tensor],
+    threads: Sequence[int | None],
+    device: torch.device,
+    repeats: int,
+) -> list[list[tuple[float, float, float]]]:
+    times: list[list[tuple[float, float, float]]] = [[] for _ in examples]
+    inputs, before = [example.to(device) for example in examples], torch.get_num_threads()
+    try:
+        for index in range(len(blocks)):
+            block = fresh(index).to(device).train()
+            params = [param for param in block.parameters() if param.requires_grad]
+            update = torch.optim.SGD(params, lr=0.0, momentum=0.9) if params else None
+            # A block's input may be a tuple of tensors (the halves of a bottleneck pass two).
+            inputs = [
+                apply_to_collection(x, Tensor, lambda t: t.detach().requires_grad_(index > 0 and t.is_floating_point()))
+                for x in inputs
+            ]
+            passes, outputs = [([], [], []) for _ in examples], list(inputs)
+            for _ in range(repeats + 1):
+                for which, x in enumerate(inputs):
+                    torch.set_num_threads(threads[which] or before)
+                    outputs[which] = _timed_pass(block, x, update, device, passes[which])
+            for which, (forwards, backwards, updates) in enumerate(passes):
+                times[which].append((min(forwards[1:]), min(backwards[1:]), min(updates[1:])))
+            inputs = outputs
+    finally:
+        torch.set_num_threads(before)
     return times
+
+
+def _timed_pass(block: nn.Module, x, update: torch.optim.Optimizer | None, device: torch.device, passes: tuple):
+    """One forward pass, backward pass and update of ``block``, each one's seconds appended to ``passes``; returns
+    the block's output."""
+    forwards, backwards, updates = passes
+    synchronize(device)
+    start = time.perf_counter()
+    out = block(x)
+    synchronize(device)
+    middle = time.perf_counter()
+    outputs = [output for output in ([out] if isinstance(out, Tensor) else out) if output.requires_grad]
+    if outputs:  # none where a block without parameters is first (nothing before it needs gradients)
+        torch.autograd.backward(outputs, [torch.ones_like(output) for output in outputs])
+    synchronize(device)
+    end = time.perf_counter()
+    if update is not None:
+        update.step()
+    synchronize(device)
+    forwards.append(middle - start)
+    backwards.append(end - middle)
+    updates.append(time.perf_counter() - end)
+    return out
 
 
 def time_blocks(strategy: Strategy, blocks: nn.Sequential, micro_batches: int = 1) -> list[float] | None:
