@@ -65,8 +65,9 @@ def block_pass_times_together(
     repeats: int = 3,
 ) -> list[list[tuple[float, float, float]]]:
     """``block_pass_times`` for each input of ``examples``, with as many CPU threads as ``threads`` gives it (None:
-    as they are), timed together: each block's copy runs every input in turn, repeat after repeat, so that a slow
-    moment of the machine falls on all of them alike, not on the inputs timed then."""
+    as they are), timed together: each block's copy runs every input in turn (its untimed pass, then its timed
+    ones) before the next block comes, so that a slow moment of the machine falls on all of them alike, not on
+    the inputs timed then."""
     if isinstance(blocks, LazyBlocks):
         with blocks.building():
             return _pass_times(blocks, blocks.build, examples, threads, device, repeats)
@@ -94,9 +95,9 @@ def _pass_times(
                 for x in inputs
             ]
             passes, outputs = [([], [], []) for _ in examples], list(inputs)
-            for _ in range(repeats + 1):
-                for which, x in enumerate(inputs):
-                    torch.set_num_threads(threads[which] or before)
+            for which, x in enumerate(inputs):  # each after its own untimed pass: another thread count, say
+                torch.set_num_threads(threads[which] or before)
+                for _ in range(repeats + 1):
                     outputs[which] = _timed_pass(block, x, update, device, passes[which])
             for which, (forwards, backwards, updates) in enumerate(passes):
                 times[which].append((min(forwards[1:]), min(backwards[1:]), min(updates[1:])))
