@@ -17,7 +17,9 @@ the measured latency and bandwidth of the links:
 - ``dp``: a slice of the batch on every device at once, the parameters broadcast and the
   gradients gathered on the first every step;
 - ``pipeline``: the schedule's step simulated from its action lists (``pipeline_simulation``),
-  then, with several copies of the pipeline, an all-reduce of each process's gradients.
+  its passes slowed by the processes' average concurrency over the step (they compute at once only
+  between the bubbles), then, with several copies of the pipeline, an all-reduce of each process's
+  gradients.
 
 With activation recomputation each backward pass also runs its block's forward pass again.
 """
@@ -140,14 +142,24 @@ def _data_parallel(layout, forward, backward, update, links, memory) -> float:
 def _pipeline(layout, forward, backward, update, links, memory) -> float:
     pipeline, stages = layout.pipeline, stage_ranges(layout.balance)
     sends = _boundary_bytes(memory, layout.balance, layout.batch_size / layout.micro_batches)
-    finish = simulate_step(
-        pipeline,
-        layout.micro_batches,
-        [sum(forward[i] for i in blocks) for blocks in stages],
-        [sum(backward[i] for i in blocks) for blocks in stages],
-        lambda stage: links.send(sends[stage]),
-        links.pipeline_action,
-    )
+
+    def simulated(scale: float) -> list[float]:
+        return simulate_step(
+            pipeline,
+            layout.micro_batches,
+            [scale * sum(forward[i] for i in blocks) for blocks in stages],
+            [scale * sum(backward[i] for i in blocks) for blocks in stages],
+            lambda stage: links.send(sends[stage]),
+            links.pipeline_action,
+        )
+
+    finish = simulated(1.0)
+    # The passes came slowed as if every process computed all the time; between the bubbles fewer do. Slow
+    # them as much as the processes' average concurrency over the simulated step does instead.
+    computing = layout.replicas * layout.micro_batches * (sum(forward) + sum(backward))  # every copy's processes
+    everyone = links.slowdown(layout.processes)
+    if everyone > 1.0:
+        finish = simulated(links.slowdown(computing / max(finish)) / everyone)
     ends = []
     for process, clock in enumerate(finish):
         held = [i for stage in pipeline.stages_of(process) for i in stages[stage]]

@@ -88,9 +88,10 @@ class Links:
         link = self.scatters if latency else Link(0.0, self.scatters.bandwidth)
         return self._collective(link, nbytes, group, (group - 1) / group)
 
-    def slowdown(self, processes: int) -> float:
-        """How much slower a process computes with ``processes`` processes at once."""
-        if processes < 2 or self.world < 2:
+    def slowdown(self, processes: float) -> float:
+        """How much slower a process computes with ``processes`` processes at once (on average: a pipeline's
+        processes compute at once only between their bubbles)."""
+        if processes <= 1 or self.world < 2:
             return 1.0
         return 1.0 + (self.contention - 1.0) * (processes - 1) / (self.world - 1)
 
