@@ -344,8 +344,7 @@ def test_plan_forecasts_measures_the_best_marks_ties_and_writes_a_config_that_fi
 
 def test_a_time_budget_measures_the_reference_and_the_best_forecast_then_what_fits(monkeypatch, capsys):
     """``--plan.budget_s``: the layouts in measuring order, the reference and the best forecast whatever the time,
-    then each one whose forecast training time still ends before the deadline; the rest are named, unmeasured.
-    The forecasts after the reference's are calibrated on its measurement."""
+    then each one whose forecast training time still ends before the deadline; the rest are named, unmeasured."""
     from multigpu.planning import measurement
     from multigpu.planning.layouts import Layout
     from multigpu.planning.ranking import Outcome, in_measuring_order
@@ -370,17 +369,10 @@ def test_a_time_budget_measures_the_reference_and_the_best_forecast_then_what_fi
     order = in_measuring_order(outcomes)
     assert [o.layout.name for o in order] == ["1 device", "model parallel 2", "ddp", "fsdp"]
     setting = SimpleNamespace(batch_size=8, devices=2, device_ids=None)  # what measure reads of a Setting
-    # Each layout trains 2 x 8 images per step for 1 + 1 x 2 steps: 48 images, 3 s at ddp's 15 img/s x 1.05.
+    # Each layout trains 2 x 8 images per step for 1 + 1 x 2 steps: 48 images, 3.2 s at ddp's 15 img/s.
     measured = measurement.measure(order, [], setting, 1, 1, 2, 1, deadline=time.monotonic() + 2.0)
     assert trained == ["--trainer.strategy=auto", "--trainer.strategy=manual_model_parallel"]
     assert [o.figures is not None for o in measured] == [True, True, False, False]
-    # The reference measured 10.5 img/s against its forecast of 10: the others' forecasts are scaled by 1.05.
-    assert [(o.forecast, o.raw_forecast) for o in measured] == [
-        (10.0, None),
-        (pytest.approx(21.0), 20.0),
-        (pytest.approx(15.75), 15.0),
-        (pytest.approx(12.6), 12.0),
-    ]
     assert "  not measured, the time budget spent: ddp, fsdp (raise --plan.budget_s to measure them)" in (
         capsys.readouterr().out
     )

@@ -35,7 +35,7 @@ from multigpu.planning.layouts import Layout, Refusal, candidate_layouts
 from multigpu.planning.links import measure_links
 from multigpu.planning.measurement import balanced, measure
 from multigpu.planning.options import PlanOptions, check_no_plan_section
-from multigpu.planning.ranking import Outcome, calibrated, in_measuring_order, to_measure
+from multigpu.planning.ranking import Outcome, in_measuring_order, to_measure
 from multigpu.planning.report import dry_run_line, print_report, write_outputs
 from multigpu.planning.resources import budget as memory_budget
 from multigpu.planning.selection import Setting, choose, setting_of
@@ -121,7 +121,7 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
             None if options.budget_s is None else started + options.budget_s,
         )
         done = {id(before): after for before, after in zip(selected, measured)}
-        outcomes = [calibrated(done.get(id(outcome), outcome), measured[0]) for outcome in outcomes]
+        outcomes = [done.get(id(outcome), outcome) for outcome in outcomes]
     folder = Path(trainer.get("default_root_dir") or "logs") / config["run_name"]
     print_report(outcomes, refusals, setting.device_ids, budget, measured=not options.dry_run)
     if (

@@ -14,7 +14,7 @@ from multigpu.planning.forecast import timed_input
 from multigpu.planning.layouts import Layout, Refusal
 from multigpu.planning.options import without_plan_options
 from multigpu.planning.profile import BlockProfile
-from multigpu.planning.ranking import Outcome, calibrated
+from multigpu.planning.ranking import Outcome
 from multigpu.planning.selection import Setting
 from multigpu.planning.step_timer import step_timer
 from multigpu.planning.timed_runs import RunFailed, fit_command, run
@@ -54,8 +54,7 @@ def measure(
     deadline: float | None = None,
 ) -> list[Outcome]:
     """Train each layout in fresh processes, in the given order, timing ``windows`` windows of ``steps`` steps; its
-    figures, or why it failed; once the first (the reference) has run, the others' forecasts are ``calibrated``
-    on it. With a ``deadline`` (``time.monotonic()``'s clock) a layout is left unmeasured,
+    figures, or why it failed. With a ``deadline`` (``time.monotonic()``'s clock) a layout is left unmeasured,
     and so are those after it, once it would end past it: its forecast training time, plus what the runs
     so far took besides theirs (starting processes, building the network). The first layout (the reference)
     and the best forecast are measured whatever the time."""
@@ -69,7 +68,6 @@ def measure(
     with tempfile.TemporaryDirectory(prefix="multigpu-plan-") as tmp:
         folder = Path(tmp)
         for index, outcome in enumerate(outcomes):
-            outcome = calibrated(outcome, measured[0]) if measured else outcome
             layout_images = outcome.layout.batch_size * outcome.layout.replicas * accumulate
             training_s = layout_images * (warmup + steps * windows) / (outcome.forecast or float("inf"))
             if deadline is not None and index not in always:
@@ -106,8 +104,6 @@ def measure(
                 said = f"failed: {outcome.failure}"
             overheads.append(max(0.0, time.monotonic() - start - training_s))
             print(f"  [{index + 1}/{len(outcomes)}] {outcome.layout.label}: {said}", flush=True)
-            if index == 0 and outcome.error is not None:
-                print(f"  the forecasts below are calibrated on it: x{1 / (1 + outcome.error):.2f}", flush=True)
             measured.append(outcome)
     if left:
         print(

@@ -2,8 +2,7 @@
 
 It measures the reference (one device), the ``top`` layouts by forecast, and every other
 layout whose forecast lies within ``FORECAST_ERROR`` of the best forecast: the largest
-error the accuracy benchmark (``benchmarks/plan_accuracy.py``) allows. Once the reference has
-run, every other forecast is scaled by its measured over forecast figure (``calibrated``). A measured layout's
+error the accuracy benchmark (``benchmarks/plan_accuracy.py``) allows. A measured layout's
 figure is the median of its windows' images per second, and its range runs from the slowest
 window to the fastest: with 5 windows the median lies inside it 15 times in 16, whatever the
 noise (each window is as likely to fall above the median as below it). Layouts whose range
@@ -13,7 +12,7 @@ the fewest processes, then the least memory.
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from multigpu.planning.layouts import Layout
 
@@ -21,7 +20,6 @@ __all__ = [
     "FORECAST_ERROR",
     "REFERENCE",
     "Outcome",
-    "calibrated",
     "choice",
     "in_measuring_order",
     "ranked",
@@ -43,7 +41,6 @@ class Outcome:
     forecast: float | None = None
     figures: dict | None = None
     failure: str | None = None
-    raw_forecast: float | None = None  # the forecast before ``calibrated`` scaled it (None: not scaled)
 
     @property
     def windows(self) -> list[float]:
@@ -68,17 +65,6 @@ class Outcome:
         if not (self.figures and self.forecast):
             return None
         return self.forecast / self.images_per_s - 1
-
-
-def calibrated(outcome: Outcome, reference: Outcome) -> Outcome:
-    """``outcome`` with its forecast scaled by the measured reference's images per second over its forecast: what
-    the blocks' timing leaves out of every step (Lightning's own work, the loader), and how fast the machine
-    runs while the layouts are measured, seen on one layout and carried to the others. The reference keeps its
-    own forecast, and every outcome keeps its own while the reference has no figure."""
-    if outcome is reference or not (reference.figures and reference.forecast and outcome.forecast):
-        return outcome
-    raw = outcome.raw_forecast or outcome.forecast
-    return replace(outcome, forecast=raw * reference.images_per_s / reference.forecast, raw_forecast=raw)
 
 
 def to_measure(outcomes: Sequence[Outcome], top: int) -> list[Outcome]:
