@@ -3,7 +3,7 @@
 The check runs ``probe_pass`` (the convolution that the links' contention figure times alone and in every
 process at once) on all the threads one process gets, and compares the CPU time the process got with the
 time that passed: on quiet cores its threads hold them all the while (97-100% here, 2 threads on 2 cores);
-where another process runs, the kernel shares the cores with it (60-74% with one of the 2 taken, 50% with
+where another process runs, the kernel shares the cores with it (56-74% with one of the 2 taken, 46-50% with
 both). The best of ``TRIES`` counts, so that a brief burst elsewhere is not a busy machine. On GPUs
 ``plan`` profiles on the device, and does not check.
 """

@@ -19,7 +19,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 
 from multigpu.model.classifier import IMAGE_SHAPE
 from multigpu.model.lazy_blocks import LazyBlocks
-from multigpu.strategies.block_timing import block_pass_times, block_pass_times_together, synchronize
+from multigpu.strategies.block_timing import block_pass_times_together, synchronize
 from multigpu.strategies.micro_batch_check import micro_batch_refusal
 
 __all__ = ["CPU_IMAGES", "BlockProfile", "PassTimes", "cores", "precision_plugin", "threads_per_process"]
@@ -105,41 +105,45 @@ class BlockProfile:
     def times(self, images: int, processes: int = 1) -> PassTimes | str:
         """The blocks' times for an input of ``images`` images in one of ``processes`` processes (on the CPU, with
         its share of the cores), or why a micro-batch of that size cannot train."""
-        threads = threads_per_process(processes) if self.device.type == "cpu" else None
-        timed = min(images, CPU_IMAGES) if self.device.type == "cpu" else images
-        key = (timed, threads)
-        if key not in self._times:
-            self._times[key] = self._measure(timed, threads)
+        key = self._key(images, processes)
+        self.measure_together([(images, processes)])
         found = self._times[key]
-        return found if isinstance(found, str) else found.scaled(images / timed)
+        return found if isinstance(found, str) else found.scaled(images / key[0])
 
     def measure_together(self, requests: Iterable[tuple[int, int]]) -> None:
         """Time the blocks for every (images, processes) of ``requests`` not timed yet, all in one pass over the
         blocks (``block_pass_times_together``): a slow moment of the machine then falls on every size alike,
-        and the forecasts that compare them stay fair. What cannot be timed together is timed alone later."""
+        and the forecasts that compare them stay fair. Sizes that failed together (out of memory, say) are
+        timed alone, each then keeping why it failed."""
         keys: dict[tuple[int, int | None], None] = {}
         for images, processes in requests:
-            threads = threads_per_process(processes) if self.device.type == "cpu" else None
-            key = (min(images, CPU_IMAGES) if self.device.type == "cpu" else images, threads)
+            key = self._key(images, processes)
             if key in self._times or key in keys:
                 continue
             if why := micro_batch_refusal(self.blocks, IMAGE_SHAPE, key[0]):
                 self._times[key] = f"micro-batches of {key[0]} image(s) do not train: {why}"
             else:
                 keys[key] = None
-        if not keys:
-            return
+        if keys:
+            self._time(list(keys))
+
+    def _time(self, keys: list[tuple[int, int | None]]) -> None:
         sizes = ", ".join(
             f"{images} images" + (f" on {threads} thread(s)" if threads else "") for images, threads in keys
         )
-        print(f"timing the blocks for {sizes}, together", flush=True)
+        print(f"timing the blocks for {sizes}{', together' if len(keys) > 1 else ''}", flush=True)
         try:
             with self.precision.train_step_context():
                 examples = [self.precision.convert_input(torch.zeros(images, *IMAGE_SHAPE)) for images, _ in keys]
                 timed = block_pass_times_together(
                     self.blocks, examples, [threads for _, threads in keys], self.device, repeats=REPEATS
                 )
-        except RuntimeError:  # out of memory, say: each size is timed alone, and says why it cannot be
+        except RuntimeError as error:  # out of memory, say
+            if len(keys) > 1:
+                for key in keys:
+                    self._time([key])
+            else:
+                self._times[keys[0]] = f"timing its blocks failed: {str(error).splitlines()[0]}"
             return
         finally:
             if self.device.type == "cuda":
@@ -147,18 +151,9 @@ class BlockProfile:
         for key, passes in zip(keys, timed):
             self._times[key] = PassTimes(*(list(column) for column in zip(*passes)))
 
-    def _measure(self, images: int, threads: int | None) -> PassTimes | str:
-        if why := micro_batch_refusal(self.blocks, IMAGE_SHAPE, images):
-            return f"micro-batches of {images} image(s) do not train: {why}"
-        where = f", {threads} thread(s)" if threads else ""
-        print(f"timing the blocks for {images} images{where}", flush=True)
-        try:
-            with _threads(threads), self.precision.train_step_context():
-                example = self.precision.convert_input(torch.zeros(images, *IMAGE_SHAPE))
-                passes = block_pass_times(self.blocks, example, self.device, repeats=REPEATS)
-        except RuntimeError as error:  # out of memory, say
-            return f"timing its blocks failed: {str(error).splitlines()[0]}"
-        finally:
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
-        return PassTimes(*(list(column) for column in zip(*passes)))
+    def _key(self, images: int, processes: int) -> tuple[int, int | None]:
+        """The size the blocks are timed at for ``images`` images in one of ``processes`` processes, and its
+        threads (on the CPU: each process's share of the cores; a batch above ``CPU_IMAGES`` is scaled)."""
+        if self.device.type != "cpu":
+            return images, None
+        return min(images, CPU_IMAGES), threads_per_process(processes)
