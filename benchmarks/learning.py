@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 import torchvision
+from machine import machine
 
 REPO = Path(__file__).resolve().parents[1]
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
@@ -104,6 +105,24 @@ def best(epochs: list[dict]) -> float:
     return max(row["test_acc"] for row in epochs if row.get("test_acc") is not None)
 
 
+def markdown(data: dict) -> str:
+    """``learning.json``'s tables: each run's best top-1, and each protocol's difference with its interval."""
+    seeds, sides = data["recipe"]["seeds"], ["app", *(f"plain-{protocol}" for protocol in data["summary"])]
+    best_of = {(run["side"], run["seed"]): run["best_acc"] for run in data["runs"]}
+    lines = ["| seed | " + " | ".join(sides) + " |", "| --- |" + " ---: |" * len(sides)]
+    lines += [f"| {seed} | " + " | ".join(f"{best_of[side, seed]:.4f}" for side in sides) + " |" for seed in seeds]
+    means = [statistics.fmean(best_of[side, seed] for seed in seeds) for side in sides]
+    lines += ["| mean | " + " | ".join(f"{mean:.4f}" for mean in means) + " |", ""]
+    lines += [
+        f"| protocol | application minus plain, mean (points) | 95% interval (Student's t, {len(seeds)} seeds) |",
+        "| --- | ---: | ---: |",
+    ]
+    for protocol, figures in data["summary"].items():
+        low, high = figures["interval"]
+        lines.append(f"| {protocol} | {figures['mean_difference']:+.2f} | {low:+.2g} to {high:+.2g} |")
+    return "\n".join(lines) + "\n"
+
+
 def draw(runs: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -170,7 +189,8 @@ def main() -> None:
                              "app_mean": app_mean, "plain_mean": plain_mean}  # fmt: skip
         print(f"{protocol:12} {app_mean:9.4f} {plain_mean:11.4f} {mean:+12.2f}  [{low:+.2f}, {high:+.2f}]")
     recipe = {key: getattr(args, key) for key in ("epochs", "batch_size", "warmup_epochs", "stem", "seeds")}
-    (out / "learning.json").write_text(json.dumps({"recipe": recipe, "summary": summary, "runs": runs}, indent=1))
+    data = {"machine": machine(), "recipe": recipe, "summary": summary, "runs": runs}
+    (out / "learning.json").write_text(json.dumps(data, indent=1))
     draw(runs, out / "learning.png")
     print(f"wrote {out / 'learning.json'} and {out / 'learning.png'}")
 

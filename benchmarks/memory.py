@@ -22,12 +22,11 @@ and writes the figures to ``<out>/memory.json``. Launching and reading the runs 
 
 import argparse
 import json
-import platform
 import sys
 import tempfile
 from pathlib import Path
 
-import torch
+from machine import machine
 from throughput import HERE, REPO, add_run_options, fit_command, where
 
 from multigpu.planning.timed_runs import RunFailed, launch
@@ -73,25 +72,28 @@ def measure(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def print_table(rows: list[dict]) -> None:
+def markdown(data: dict) -> str:
+    """``memory.json``'s table: what each stage holds (counted, the same in every run) and each process's peak."""
+    rows = data["results"]
     whole = next((row for row in rows if row["layout"] in ("ddp-2", "one-device")), None)
     reference = sum(whole["ranks"][0]["stages"][0][key] for key in ("params", "grads", "optimizer")) if whole else None
-    print(
-        "\n| layout | recompute | rank | stage blocks | params MiB | grads MiB | optimizer MiB | held MiB | vs ddp "
-        "| peak MiB |"
-    )
-    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|")
+    lines = [
+        "| layout | recompute | rank | stage blocks | params MiB | grads MiB | optimizer MiB | held MiB | vs ddp "
+        "| peak MiB |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for row in rows:
         for rank in row["ranks"]:
             for index, stage in enumerate(rank["stages"]):
                 held = stage["params"] + stage["grads"] + stage["optimizer"]
                 ratio = f"{held / reference:.3f}" if reference else "-"
                 peak = f"{rank['peak'] / MIB:,.0f}" if index == 0 else ""
-                print(
+                lines.append(
                     f"| {row['layout']} | {'yes' if row['recomputed'] else 'no'} | {rank['rank']} | "
                     f"{stage['blocks']} | {stage['params'] / MIB:.1f} | {stage['grads'] / MIB:.1f} | "
                     f"{stage['optimizer'] / MIB:.1f} | {held / MIB:.1f} | {ratio} | {peak} |"
                 )
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
@@ -112,14 +114,11 @@ def main() -> None:
         sys.exit("error: --steps must be at least 2: the optimizer state exists from the first step on.")
     device = where(args)
     print(f"ResNet-50 ({args.stem} stem), batch {args.batch_size} per process, {args.precision}, {device}", flush=True)
-    rows = measure(args)
-    print_table(rows)
-    args.out.mkdir(parents=True, exist_ok=True)
     settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
-    machine = {"device": device, "torch": torch.__version__, "python": platform.python_version()}
-    (args.out / "memory.json").write_text(
-        json.dumps({"machine": machine, "settings": settings, "results": rows}, indent=2)
-    )
+    data = {"machine": machine(device), "settings": settings, "results": measure(args)}
+    print("\n" + markdown(data))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "memory.json").write_text(json.dumps(data, indent=2))
     print(f"\nwrote {args.out / 'memory.json'}")
 
 

@@ -1,7 +1,7 @@
 """Pipeline efficiency: a 2-process pipeline under each schedule against one process, and where the time goes.
 
     python benchmarks/pipeline_efficiency.py                      # every schedule, 4 and 8 micro-batches
-    python benchmarks/pipeline_efficiency.py --schedules gpipe Interleaved1F1B --micro-batches 8 --steps 2
+    python benchmarks/pipeline_efficiency.py --schedules gpipe Interleaved1F1B --micro-batches 8 --rounds 3
 
 For each number of micro-batches m it trains ResNet-50 (CIFAR stem) on synthetic 32x32
 images, one thread per process, and measures side by side:
@@ -16,8 +16,13 @@ next to the ideal m / (m + p - 1) of a balanced 2-process pipeline without commu
 For each schedule it also prints, per process and step, the seconds spent computing forward
 and backward passes, posting sends and receives, waiting for them (the bubble and the other
 process), and the rest (loss, optimizer, Lightning). Each run is a fresh process or set of
-processes; the first ``--warmup`` steps are not timed. Writes ``<out>/pipeline_efficiency.json``
-and a chart of efficiency against micro-batches, one line per schedule, to ``<out>/pipeline_efficiency.png``.
+processes; the first ``--warmup`` steps are not timed. It runs ``--rounds`` rounds (5), every configuration
+once per round in a rotated order, so that a slow period of the machine falls on all of them alike; each
+efficiency is taken within its round (the pipeline against the accumulating process of the same round), and each
+figure is the median of its rounds with the order-statistic interval of that median
+(``multigpu.planning.intervals``; with 5 rounds the lowest and the highest, 15 times in 16); the clocks are those
+of the median round. Writes ``<out>/pipeline_efficiency.json`` and a chart of efficiency against micro-batches,
+one line per schedule with its intervals, to ``<out>/pipeline_efficiency.png``.
 """
 
 import argparse
@@ -30,11 +35,13 @@ from pathlib import Path
 
 import torch
 from lightning.pytorch import Trainer
+from machine import machine
 from stage_clock import PARTS, StageClock
 from torch.utils.data import DataLoader
 
 from multigpu.data.cifar10 import SyntheticCIFAR10
 from multigpu.model.classifier import ResNet50Classifier
+from multigpu.planning.intervals import median_interval
 from multigpu.planning.step_timer import StepTimer
 from multigpu.run.process_groups import end_process_groups
 from multigpu.strategies import PipelineStrategy
@@ -110,6 +117,37 @@ def run(args: argparse.Namespace, micro_batches: int, schedule: str = "", accumu
         }
 
 
+def markdown(data: dict) -> str:
+    """``pipeline_efficiency.json``'s table: each schedule's efficiency with its interval, beside the references."""
+    args = data["args"]
+    lines = [
+        f"ResNet-50 ({args['stem']} stem), batch {args['batch_size']}, 1 thread per process, {args['warmup']} warm-up "
+        f"+ {args['steps']} timed steps, {args['rounds']} rounds; each figure the median of its rounds, each interval "
+        f"holds that median {data['results'][0]['interval_coverage']:.0%} of the time:",
+        "",
+        "| micro-batches | run | img/s | interval | efficiency | interval |",
+        "| ---: | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for m, accumulated in data["accumulated_images_per_s"].items():
+        low, high = data["accumulated_intervals"][m]
+        ceiling_low, ceiling_high = data["ceiling_intervals"][m]
+        lines += [
+            f"| {m} | one process accumulating them | {accumulated:.1f} | {low:.1f}-{high:.1f} | 1 | - |",
+            f"| {m} | two such processes at once (the ceiling) | - | - | {data['ceilings'][m]:.3f} | "
+            f"{ceiling_low:.3f}-{ceiling_high:.3f} |",
+            f"| {m} | ideal pipeline, m / (m + 1) | - | - | {int(m) / (int(m) + PROCESSES - 1):.3f} | - |",
+        ]
+        for row in data["results"]:
+            if str(row["micro_batches"]) == str(m):
+                low, high = row["images_per_s_interval"]
+                efficiency_low, efficiency_high = row["efficiency_interval"]
+                lines.append(
+                    f"| {m} | {row['schedule']} | {row['images_per_s']:.1f} | {low:.1f}-{high:.1f} | "
+                    f"{row['efficiency']:.3f} | {efficiency_low:.3f}-{efficiency_high:.3f} |"
+                )
+    return "\n".join(lines) + "\n"
+
+
 def write_chart(results: list[dict], ceilings: dict[int, float], path: Path) -> None:
     import matplotlib
 
@@ -120,8 +158,16 @@ def write_chart(results: list[dict], ceilings: dict[int, float], path: Path) -> 
     counts = sorted(ceilings)
     for schedule in dict.fromkeys(row["schedule"] for row in results):
         rows = sorted((row for row in results if row["schedule"] == schedule), key=lambda row: row["micro_batches"])
-        axes.plot(
-            [row["micro_batches"] for row in rows], [row["efficiency"] for row in rows], marker="o", label=schedule
+        axes.errorbar(
+            [row["micro_batches"] for row in rows],
+            [row["efficiency"] for row in rows],
+            yerr=[
+                [row["efficiency"] - row["efficiency_interval"][0] for row in rows],
+                [row["efficiency_interval"][1] - row["efficiency"] for row in rows],
+            ],
+            marker="o",
+            capsize=3,
+            label=schedule,
         )
     axes.plot(counts, [m / (m + PROCESSES - 1) for m in counts], "k--", label="ideal m/(m+p-1)")
     axes.plot(counts, [ceilings[m] for m in counts], "k:", label="two independent processes")
@@ -136,6 +182,42 @@ def write_chart(results: list[dict], ceilings: dict[int, float], path: Path) -> 
     figure.savefig(path, dpi=120)
 
 
+def measure(args: argparse.Namespace) -> dict[tuple[int, str], list[dict]]:
+    """Every configuration once per round, the order rotated from round to round: for each number of micro-batches,
+    one process accumulating them (``""``), two such processes at once (``"ceiling"``) and each schedule."""
+    jobs = [(m, name) for m in args.micro_batches for name in ("", "ceiling", *args.schedules)]
+    rounds: dict[tuple[int, str], list[dict]] = {job: [] for job in jobs}
+    for index in range(args.rounds):
+        shift = index * len(jobs) // args.rounds
+        for m, name in jobs[shift:] + jobs[:shift]:
+            if name in ("", "ceiling"):
+                figures = run(args, m, accumulate=m, copies=PROCESSES if name else 1)
+            else:
+                figures = run(args, m, schedule=name)
+            rounds[m, name].append(figures)
+        done = ", ".join(f"{name or 'accumulated'} m{m} {rounds[m, name][-1]['images_per_s']:.1f}" for m, name in jobs)
+        print(f"  round {index + 1} of {args.rounds} (img/s): {done}", flush=True)
+    return rounds
+
+
+def summary(rounds: list[dict], accumulated: list[float]) -> dict:
+    """The median and interval of the images per second of ``rounds`` and of their efficiency, round by round
+    against twice the accumulating process's; the clocks of the median round."""
+    own = [figures["images_per_s"] for figures in rounds]
+    throughput = median_interval(own)
+    efficiency = median_interval([mine / (PROCESSES * theirs) for mine, theirs in zip(own, accumulated, strict=True)])
+    median_round = sorted(range(len(own)), key=own.__getitem__)[(len(own) - 1) // 2]
+    return {
+        "images_per_s": throughput.median,
+        "images_per_s_interval": [throughput.low, throughput.high],
+        "efficiency": efficiency.median,
+        "efficiency_interval": [efficiency.low, efficiency.high],
+        "rounds_images_per_s": own,
+        "interval_coverage": efficiency.coverage,
+        "clocks": rounds[median_round]["clocks"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--schedules", nargs="+", default=list(SCHEDULES), type=str.lower, choices=SCHEDULES)
@@ -143,6 +225,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per configuration")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
+    parser.add_argument("--rounds", type=int, default=5, help="runs of every configuration, interleaved")
     parser.add_argument("--stem", choices=["cifar", "imagenet"], default="cifar")
     parser.add_argument("--out", default=".", help="folder for pipeline_efficiency.json and .png")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -156,39 +239,44 @@ def main() -> None:
     for micro_batches in args.micro_batches:
         if args.batch_size % micro_batches:
             sys.exit(f"error: --batch-size {args.batch_size} is not divisible by {micro_batches} micro-batches.")
+    if args.rounds < 1:
+        sys.exit("error: --rounds must be at least 1.")
     print(
         f"ResNet-50 ({args.stem} stem), 32x32 synthetic images, batch {args.batch_size}, CPU, 1 thread per process, "
-        f"{args.warmup} warm-up + {args.steps} timed steps, {PROCESSES} processes",
+        f"{args.warmup} warm-up + {args.steps} timed steps, {PROCESSES} processes, {args.rounds} rounds",
         flush=True,
     )
-    results, ceilings, references = [], {}, {}
+    rounds = measure(args)
+    results, ceilings, ceiling_intervals, references, reference_intervals = [], {}, {}, {}, {}
     for m in args.micro_batches:
-        accumulated = run(args, m, accumulate=m)["images_per_s"]
-        ceilings[m] = run(args, m, accumulate=m, copies=PROCESSES)["images_per_s"] / (PROCESSES * accumulated)
-        references[m] = accumulated
+        accumulated = [figures["images_per_s"] for figures in rounds[m, ""]]
+        reference = median_interval(accumulated)
+        ceiling = summary(rounds[m, "ceiling"], accumulated)
+        references[m], ceilings[m] = reference.median, ceiling["efficiency"]
+        reference_intervals[m] = [reference.low, reference.high]
+        ceiling_intervals[m] = ceiling["efficiency_interval"]
         print(
-            f"\n{m} micro-batches of {args.batch_size // m}: one process accumulating them {accumulated:.1f} img/s; "
-            f"two at once {ceilings[m]:.2f} of twice that (the ceiling); ideal pipeline {m / (m + PROCESSES - 1):.2f}"
+            f"\n{m} micro-batches of {args.batch_size // m}: one process accumulating them "
+            f"{reference.median:.1f} img/s [{reference.low:.1f}, {reference.high:.1f}]; "
+            f"two at once {ceiling['efficiency']:.2f} "
+            f"[{ceiling_intervals[m][0]:.2f}, {ceiling_intervals[m][1]:.2f}] of twice that (the ceiling); "
+            f"ideal pipeline {m / (m + PROCESSES - 1):.2f}"
         )
         print(
-            f"{'schedule':>22}  {'img/s':>6}  {'efficiency':>10}  {'rank':>4}  "
+            f"{'schedule':>22}  {'img/s':>6}  {'efficiency':>10}  {'interval':>12}  {'rank':>4}  "
             + "  ".join(f"{part:>9}" for part in (*PARTS, "other"))
-            + "   (s per step)"
+            + "   (s per step, median round)"
         )
         for schedule in args.schedules:
-            figures = run(args, m, schedule=schedule)
-            row = {
-                "schedule": schedule,
-                "micro_batches": m,
-                **figures,
-                "efficiency": figures["images_per_s"] / (PROCESSES * accumulated),
-            }
+            row = {"schedule": schedule, "micro_batches": m, **summary(rounds[m, schedule], accumulated)}
             results.append(row)
+            low, high = row["efficiency_interval"]
             for rank, clock in enumerate(row["clocks"]):
                 lead = (
-                    f"{schedule:>22}  {row['images_per_s']:>6.1f}  {row['efficiency']:>10.2f}"
+                    f"{schedule:>22}  {row['images_per_s']:>6.1f}  {row['efficiency']:>10.2f}  "
+                    f"{f'[{low:.2f}, {high:.2f}]':>12}"
                     if rank == 0
-                    else " " * 42
+                    else " " * 56
                 )
                 print(
                     f"{lead}  {rank:>4}  " + "  ".join(f"{clock[part]:>9.2f}" for part in (*PARTS, "other")), flush=True
@@ -197,7 +285,15 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "pipeline_efficiency.json").write_text(
         json.dumps(
-            {"args": vars(args), "accumulated_images_per_s": references, "ceilings": ceilings, "results": results},
+            {
+                "machine": machine(),
+                "args": vars(args),
+                "accumulated_images_per_s": references,
+                "accumulated_intervals": reference_intervals,
+                "ceilings": ceilings,
+                "ceiling_intervals": ceiling_intervals,
+                "results": results,
+            },
             indent=1,
         )
     )

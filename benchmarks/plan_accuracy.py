@@ -1,16 +1,18 @@
-"""How well ``plan`` forecasts: every layout measured, each forecast set against its measurement.
+"""How well ``plan`` forecasts: every layout measured, each forecast set against its measurement, in runs.
 
-    python benchmarks/plan_accuracy.py                     # the smoke recipe on 2 CPU devices (about 6 minutes)
-    python benchmarks/plan_accuracy.py --devices 4 --out docs/figures
-    python benchmarks/plan_accuracy.py --plan-json logs/smoke/plan.json    # a plan run with --plan.measure=all
+    python benchmarks/plan_accuracy.py                     # the smoke recipe on 2 CPU devices, 3 runs (25 minutes)
+    python benchmarks/plan_accuracy.py --devices 4 --runs 5 --out docs/figures
+    python benchmarks/plan_accuracy.py --plan-json logs/a/plan.json logs/b/plan.json   # plans of --plan.measure=all
 
 It runs ``python main.py plan --config configs/smoke.yaml --trainer.accelerator=cpu
---trainer.devices=N --plan.measure=all --plan.budget_s=null`` (every layout trained, as ``plan`` did before it
-forecast), reads the ``plan.json`` it writes, and prints for every layout its forecast
-images per second, the measured median and range of its windows, and the forecast's error.
-Below the table: the largest and the median error, the rank correlation between forecasts and
-measurements (Spearman's), and whether the layout forecast fastest measured within the tie
-interval of the layout measured fastest. Writes ``plan_accuracy.json``, the table as
+--trainer.devices=N --plan.measure=all --plan.budget_s=null`` ``--runs`` times (every layout profiled,
+forecast and trained in each run), reads the ``plan.json`` each writes, and prints for every layout the
+median over the runs of its forecast images per second, of its measured ones (each run's figure is the median of
+its windows) and of the forecast's error in each run, with the order-statistic interval of each median
+(``multigpu.planning.intervals``: with 3 runs, the lowest and the highest, which hold the true median 3 times in
+4; with 5, 15 in 16). Below the table: the largest error of any layout in any run, the median error, the rank
+correlation between the median forecasts and measurements (Spearman's), and whether the layout forecast
+fastest measured within the interval of the layout measured fastest. Writes ``plan_accuracy.json``, the table as
 ``plan_accuracy.md`` and the chart ``plan_accuracy.png`` (forecast against measured, with the
 band of ``FORECAST_ERROR``) to ``--out``.
 """
@@ -24,6 +26,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from machine import machine
+
+from multigpu.planning.intervals import median_interval
 from multigpu.planning.ranking import FORECAST_ERROR
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,28 +57,43 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float:
     return cov / (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
 
 
-def accuracy(results: list[dict]) -> dict:
-    """The figures of the module's docstring, from ``plan.json``'s results."""
-    rows = [
-        {
-            "layout": row["layout"],
-            "forecast": row["forecast"],
-            "measured": row["images_per_s"],
-            "interval": row["interval"],
-            "error": row["forecast"] / row["images_per_s"] - 1,
-        }
-        for row in results
-        if row.get("images_per_s") and row.get("forecast")
+def accuracy(runs: list[list[dict]]) -> dict:
+    """The figures of the module's docstring, from each run's ``plan.json`` results."""
+    measured_in = [
+        {row["layout"]: row for row in results if row.get("images_per_s") and row.get("forecast")} for results in runs
     ]
+    layouts = [layout for layout in measured_in[0] if all(layout in run for run in measured_in)]
+    rows = []
+    for layout in layouts:
+        own = [run[layout] for run in measured_in]
+        forecast = median_interval([row["forecast"] for row in own])
+        measured = median_interval([row["images_per_s"] for row in own])
+        errors = [row["forecast"] / row["images_per_s"] - 1 for row in own]
+        error = median_interval(errors)
+        rows.append(
+            {
+                "layout": layout,
+                "forecast": forecast.median,
+                "forecast_interval": [forecast.low, forecast.high],
+                "measured": measured.median,
+                "interval": [measured.low, measured.high],
+                "error": error.median,
+                "error_interval": [error.low, error.high],
+                "errors": errors,
+                "coverage": measured.coverage,
+            }
+        )
     rows.sort(key=lambda row: -row["measured"])
     fastest = rows[0]
     forecast_best = max(rows, key=lambda row: row["forecast"])
-    errors = [abs(row["error"]) for row in rows]
+    errors = [abs(error) for row in rows for error in row["errors"]]
     return {
+        "runs": len(runs),
         "rows": rows,
         "largest_error": max(errors),
         "median_error": statistics.median(errors),
         "within_band": sum(error <= FORECAST_ERROR for error in errors),
+        "measurements": len(errors),
         "spearman": spearman([row["forecast"] for row in rows], [row["measured"] for row in rows]),
         "forecast_best": forecast_best["layout"],
         "measured_best": fastest["layout"],
@@ -81,36 +101,54 @@ def accuracy(results: list[dict]) -> dict:
     }
 
 
+def _span(low: float, high: float, form: str = ".1f") -> str:
+    return f"{low:{form}}..{high:{form}}"
+
+
 def print_table(figures: dict) -> None:
-    print(f"{'layout':<44} {'forecast':>9} {'measured':>9} {'range':>13} {'error':>7}")
-    for row in figures["rows"]:
-        low, high = row["interval"]
-        print(
-            f"{row['layout']:<44} {row['forecast']:>9.1f} {row['measured']:>9.1f} "
-            f"{f'{low:.1f}-{high:.1f}':>13} {row['error']:>+7.0%}"
-        )
-    count = len(figures["rows"])
     print(
-        f"\nlargest error {figures['largest_error']:.0%}, median {figures['median_error']:.0%}; "
-        f"{figures['within_band']} of {count} within {FORECAST_ERROR:.0%}; "
+        f"{'layout':<40} {'forecast':>9} {'measured':>9} {'interval':>11} {'error':>6} {'interval':>11}"
+        f"   ({figures['runs']} runs, the intervals hold the median {figures['rows'][0]['coverage']:.0%} of the time)"
+    )
+    for row in figures["rows"]:
+        print(
+            f"{row['layout']:<40} {row['forecast']:>9.1f} {row['measured']:>9.1f} {_span(*row['interval']):>11} "
+            f"{row['error']:>+6.0%} {_span(*row['error_interval'], '+.0%'):>11}"
+        )
+    print(
+        f"\nlargest error {figures['largest_error']:.0%}, median {figures['median_error']:.0%} (every layout in every "
+        f"run); {figures['within_band']} of {figures['measurements']} within {FORECAST_ERROR:.0%}; "
         f"rank correlation (Spearman) {figures['spearman']:.2f}"
     )
     ties = "within" if figures["forecast_best_ties"] else "outside"
     print(
         f"forecast fastest: {figures['forecast_best']}; measured fastest: {figures['measured_best']}; "
-        f"the forecast fastest measured {ties} the fastest one's range"
+        f"the forecast fastest measured {ties} the fastest one's interval"
     )
 
 
 def markdown(figures: dict) -> str:
-    """The table as Markdown, for docs/plan.md."""
-    lines = ["| layout | forecast img/s | measured img/s | range | error |", "| --- | ---: | ---: | ---: | ---: |"]
+    """The table as Markdown, for docs/plan.md, and the figures below it."""
+    lines = [
+        f"{figures['runs']} runs of `plan`, each profiling, forecasting and measuring every layout anew; each figure "
+        f"the median of the runs, each interval holds that median {figures['rows'][0]['coverage']:.0%} of the time:",
+        "",
+        "| layout | forecast img/s | measured img/s | interval | error | interval |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for row in figures["rows"]:
-        low, high = row["interval"]
         lines.append(
-            f"| {row['layout']} | {row['forecast']:.1f} | {row['measured']:.1f} | {low:.1f}-{high:.1f} | "
-            f"{row['error']:+.0%} |"
+            f"| {row['layout']} | {row['forecast']:.1f} | {row['measured']:.1f} | {_span(*row['interval'])} | "
+            f"{row['error']:+.0%} | {_span(*row['error_interval'], '+.0%')} |"
         )
+    ties = "within" if figures["forecast_best_ties"] else "outside"
+    lines += [
+        "",
+        f"Largest error {figures['largest_error']:.0%}, median {figures['median_error']:.0%} (every layout in every "
+        f"run); {figures['within_band']} of {figures['measurements']} within {FORECAST_ERROR:.0%}; rank correlation "
+        f"(Spearman) {figures['spearman']:.2f}; forecast fastest: {figures['forecast_best']}, measured fastest: "
+        f"{figures['measured_best']} (the forecast fastest measured {ties} its interval).",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -145,7 +183,7 @@ def write_chart(figures: dict, title: str, path: Path) -> None:
     axes.legend(unique.values(), unique.keys(), fontsize=8, loc="upper left")
     axes.set_xlim(0, top)
     axes.set_ylim(0, top)
-    axes.set_xlabel("measured images per second (median of the windows; bars: slowest to fastest)")
+    axes.set_xlabel(f"measured images per second (median of {figures['runs']} runs; bars: its interval)")
     axes.set_ylabel("forecast images per second")
     axes.set_title(
         f"{title}\nSpearman {figures['spearman']:.2f}, largest error {figures['largest_error']:.0%}", fontsize=9
@@ -155,15 +193,12 @@ def write_chart(figures: dict, title: str, path: Path) -> None:
     plt.close(figure)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--devices", type=int, default=2, help="CPU devices (processes) to plan for")
-    parser.add_argument("--plan-json", type=Path, help="read this plan.json instead of running plan")
-    parser.add_argument("--out", type=Path, default=Path("."), help="folder for plan_accuracy.json and .png")
-    args = parser.parse_args()
-    if args.plan_json is None:
-        run = REPO / "logs" / "plan-accuracy"
-        shutil.rmtree(run, ignore_errors=True)
+def plan_runs(devices: int, runs: int) -> list[Path]:
+    """``plan`` over every layout, ``runs`` times; the ``plan.json`` of each."""
+    paths = []
+    for index in range(runs):
+        name = f"plan-accuracy-{index + 1}"
+        shutil.rmtree(REPO / "logs" / name, ignore_errors=True)
         command = [
             sys.executable,
             str(REPO / "main.py"),
@@ -171,21 +206,36 @@ def main() -> None:
             "--config",
             str(REPO / "configs" / "smoke.yaml"),
             "--trainer.accelerator=cpu",
-            f"--trainer.devices={args.devices}",
+            f"--trainer.devices={devices}",
             "--plan.measure=all",
             "--plan.budget_s=null",
-            "--run_name=plan-accuracy",
+            f"--run_name={name}",
         ]
+        print(f"run {index + 1} of {runs}: {' '.join(command[1:])}", flush=True)
         subprocess.run(command, cwd=REPO, check=True)
-        args.plan_json = run / "plan.json"
-    plan = json.loads(args.plan_json.read_text())
-    figures = accuracy(plan["results"])
+        paths.append(REPO / "logs" / name / "plan.json")
+    return paths
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", type=int, default=2, help="CPU devices (processes) to plan for")
+    parser.add_argument("--runs", type=int, default=3, help="runs of plan, each profiling and measuring anew")
+    parser.add_argument("--plan-json", type=Path, nargs="+", help="read these plan.json instead of running plan")
+    parser.add_argument("--out", type=Path, default=Path("."), help="folder for plan_accuracy.json and .png")
+    args = parser.parse_args()
+    if args.runs < 1:
+        sys.exit("error: --runs must be at least 1.")
+    paths = args.plan_json or plan_runs(args.devices, args.runs)
+    plans = [json.loads(path.read_text()) for path in paths]
+    figures = accuracy([plan["results"] for plan in plans])
     print()
     print_table(figures)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "plan_accuracy.json").write_text(json.dumps({"title": plan["title"], **figures}, indent=2))
+    data = {"machine": machine(), "title": plans[0]["title"], **figures}
+    (args.out / "plan_accuracy.json").write_text(json.dumps(data, indent=2))
     (args.out / "plan_accuracy.md").write_text(markdown(figures))
-    write_chart(figures, f"plan's forecasts: {plan['title']}", args.out / "plan_accuracy.png")
+    write_chart(figures, f"plan's forecasts: {plans[0]['title']}", args.out / "plan_accuracy.png")
     print(f"\nwrote plan_accuracy.json, .md (the table) and .png in {args.out}")
 
 

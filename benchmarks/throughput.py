@@ -30,18 +30,17 @@ and writes the figures to ``<out>/throughput.json`` and a chart to ``<out>/throu
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from machine import machine
 
 from multigpu.planning.bar_chart import write_bar_chart
 from multigpu.planning.busy_cores import note_if_busy
 from multigpu.planning.intervals import median_interval
-from multigpu.planning.profile import cores
 from multigpu.planning.step_timer import step_timer
 from multigpu.planning.timed_runs import RunFailed, run
 from multigpu.planning.timed_runs import fit_command as timed_fit_command
@@ -250,6 +249,35 @@ def print_table(rows: list[dict]) -> None:
         )
 
 
+def markdown(data: dict) -> str:
+    """``throughput.json``'s table for the docs: each figure with its interval."""
+
+    def with_interval(row: dict, name: str) -> str:
+        if row[name] is None:
+            return "- | -"
+        low, high = row[f"{name}_interval"]
+        return f"{row[name]:.3f} | {low:.3f}-{high:.3f}"
+
+    settings = data["settings"]
+    lines = [
+        f"ResNet-50 ({settings['stem']} stem), batch {settings['batch_size']} per process, {settings['precision']}, "
+        f"{settings['warmup']} warm-up + {settings['steps']} timed steps, {settings['rounds']} rounds; each figure "
+        f"the median of its rounds, each interval holds that median {data['results'][0]['interval_coverage']:.0%} "
+        "of the time:",
+        "",
+        "| config | img/s | interval | vs plain | interval | efficiency | interval | step ms | peak MiB |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for row in data["results"]:
+        low, high = row["images_per_s_interval"]
+        memory = "/".join(f"{value / 2**20:,.0f}" for value in row["peak_memory_bytes"])
+        lines.append(
+            f"| {row['name']} | {row['images_per_s']:.1f} | {low:.1f}-{high:.1f} | {with_interval(row, 'vs_plain')} "
+            f"| {with_interval(row, 'efficiency')} | {row['step_time_s'] * 1000:,.0f} | {memory} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def write_chart(rows: list[dict], title: str, path: Path) -> None:
     notes = []
     for row in rows:
@@ -337,12 +365,12 @@ def main() -> None:
     print_table(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
-    machine = {"device": device, "cores": cores(), "torch": torch.__version__, "python": platform.python_version()}
+    where_it_ran = machine(device)
     if before and after:
-        machine["cores_share"] = {"before": round(before.share, 3), "after": round(after.share, 3)}
-        machine["busy"] = before.busy or after.busy
+        where_it_ran["cores_share"] = {"before": round(before.share, 3), "after": round(after.share, 3)}
+        where_it_ran["busy"] = before.busy or after.busy
     (args.out / "throughput.json").write_text(
-        json.dumps({"machine": machine, "settings": settings, "results": rows}, indent=2)
+        json.dumps({"machine": where_it_ran, "settings": settings, "results": rows}, indent=2)
     )
     write_chart(rows, title, args.out / "throughput.png")
     print(f"\nwrote {args.out / 'throughput.json'} and {args.out / 'throughput.png'}")

@@ -1,6 +1,7 @@
 """The benchmark harness runs end to end: the table with the plain-loop reference, JSON and a PNG chart."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -100,6 +101,7 @@ def test_pipeline_benchmark_prints_where_each_process_spends_its_time(tmp_path):
         "--micro-batches=2",
         "--batch-size=4",
         "--steps=1",
+        "--rounds=2",
         "--stem=imagenet",
         f"--out={tmp_path}",
     ]
@@ -108,6 +110,9 @@ def test_pipeline_benchmark_prints_where_each_process_spends_its_time(tmp_path):
     figures = json.loads((tmp_path / "pipeline_efficiency.json").read_text())
     assert [row["schedule"] for row in figures["results"]] == ["gpipe", "zbvzerobubble"]
     for row in figures["results"]:
+        assert len(row["rounds_images_per_s"]) == 2  # each round its own run, the figure their median
+        low, high = row["efficiency_interval"]
+        assert low <= row["efficiency"] <= high
         assert len(row["clocks"]) == 2  # each process: forward, backward, send/recv, wait, other
         assert all(clock["forward"] > 0 and clock["backward"] > 0 for clock in row["clocks"])
     # Two processes at once over twice one, from a single timed step of 4 images: a ratio of two timings, which
@@ -118,29 +123,33 @@ def test_pipeline_benchmark_prints_where_each_process_spends_its_time(tmp_path):
 
 
 @pytest.mark.slow
-def test_plan_accuracy_sets_each_forecast_against_its_measurement(tmp_path):
-    def row(layout, forecast, windows):
-        return {"layout": layout, "forecast": forecast, "images_per_s": sorted(windows)[1], "interval": windows}
+def test_plan_accuracy_sets_each_forecast_against_its_measurement_over_runs(tmp_path):
+    def row(layout, forecast, measured):
+        return {"layout": layout, "forecast": forecast, "images_per_s": measured, "interval": [measured, measured]}
 
-    results = [row("1 device", 30.0, [27.0, 31.0]), row("ddp", 24.0, [19.0, 21.0]), row("fsdp", 12.0, [15.0, 15.0])]
-    results = [{**r, "interval": [min(r["interval"]), max(r["interval"])]} for r in results]
-    plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"title": "2 CPU device(s)", "results": results}))
-    command = [
-        sys.executable,
-        str(REPO / "benchmarks" / "plan_accuracy.py"),
-        f"--plan-json={plan}",
-        f"--out={tmp_path}",
+    runs = [  # fsdp's forecast too fast in every run; a layout measured in one run only is left out
+        [row("1 device", 30.0, 31.0), row("ddp", 24.0, 20.0), row("fsdp", 12.0, 15.0)],
+        [row("1 device", 29.0, 27.0), row("ddp", 22.0, 22.0), row("fsdp", 13.0, 15.0), row("dp", 5.0, 5.0)],
+        [row("1 device", 31.0, 30.0), row("ddp", 20.0, 21.0), row("fsdp", 12.0, 14.0)],
     ]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    paths = []
+    for index, results in enumerate(runs):
+        paths.append(tmp_path / f"plan{index}.json")
+        paths[-1].write_text(json.dumps({"title": "2 CPU device(s)", "results": results}))
+    command = [sys.executable, str(REPO / "benchmarks" / "plan_accuracy.py"), "--plan-json", *map(str, paths)]
+    result = subprocess.run([*command, f"--out={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     figures = json.loads((tmp_path / "plan_accuracy.json").read_text())
-    assert [r["layout"] for r in figures["rows"]] == ["1 device", "ddp", "fsdp"]  # by measurement
-    assert figures["largest_error"] == pytest.approx(0.2)  # fsdp: 12 forecast, 15 measured
-    assert figures["within_band"] == 3 and figures["spearman"] == pytest.approx(1.0)
+    assert [r["layout"] for r in figures["rows"]] == ["1 device", "ddp", "fsdp"]  # by median measurement
+    one_device = figures["rows"][0]
+    assert one_device["measured"] == 30.0 and one_device["interval"] == [27.0, 31.0]  # 3 runs: lowest..highest
+    assert one_device["forecast"] == 30.0 and one_device["forecast_interval"] == [29.0, 31.0]
+    assert figures["largest_error"] == pytest.approx(0.2)  # fsdp in run 1 (12 forecast, 15 measured), and ddp's
+    assert figures["measurements"] == 9 and figures["within_band"] == 9 and figures["spearman"] == pytest.approx(1.0)
     assert figures["forecast_best"] == figures["measured_best"] == "1 device" and figures["forecast_best_ties"]
-    assert "largest error 20%, median 14%; 3 of 3 within 20%; rank correlation (Spearman) 1.00" in result.stdout
-    assert (tmp_path / "plan_accuracy.md").read_text().splitlines()[2] == "| 1 device | 30.0 | 31.0 | 27.0-31.0 | -3% |"
+    assert "largest error 20%, median 7% (every layout in every run); 9 of 9 within 20%" in result.stdout
+    markdown = (tmp_path / "plan_accuracy.md").read_text().splitlines()
+    assert markdown[4] == "| 1 device | 30.0 | 30.0 | 27.0..31.0 | +3% | -3%..+7% |"
     assert (tmp_path / "plan_accuracy.png").read_bytes().startswith(b"\x89PNG")
 
 
@@ -164,3 +173,25 @@ def test_learning_benchmark_pairs_the_app_with_the_plain_loop_and_reports_the_di
     low, high = figures["summary"]["independent"]["interval"]
     assert low <= figures["summary"]["independent"]["mean_difference"] <= high
     assert (tmp_path / "out" / "learning.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_every_table_in_docs_is_its_json_and_one_command_fills_them_all(tmp_path):
+    """The pages hold what ``benchmarks/figures.py`` makes of docs/figures/*.json, with intervals, machine and
+    command: filling them again changes nothing. A page that lost its block is refused in one line."""
+    docs = tmp_path / "docs"
+    shutil.copytree(REPO / "docs", docs)
+    fill = [sys.executable, str(REPO / "benchmarks" / "figures.py"), "--docs-only", f"--docs={docs}"]
+    result = subprocess.run(fill, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for page in (REPO / "docs").glob("*.md"):
+        assert (docs / page.name).read_text() == page.read_text(), (
+            f"{page.name}: run python benchmarks/figures.py --docs-only"
+        )
+    assert result.stdout.count("filled") == 5
+    (docs / "memory.md").write_text("# Memory\n")
+    result = subprocess.run([*fill, "memory"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        f"error: {docs / 'memory.md'} has no block <!-- figures: memory --> ... <!-- end figures: memory --> "
+        "for memory's table: add one where it belongs."
+    )
