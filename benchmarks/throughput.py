@@ -22,7 +22,8 @@ Each figure is that of the configuration's median round, and each interval the r
 interval of the median (``multigpu.planning.intervals``): with 5 rounds, the slowest and the fastest, which
 enclose the true median 15 times in 16 whatever the noise. On the CPU it checks the cores before and after
 the rounds (``multigpu.planning.busy_cores``) and says so when another process keeps them busy; the share
-of the cores its check got is in ``throughput.json``'s ``machine``, with ``busy``.
+of the cores its check got is in ``throughput.json``'s ``machine``, with ``busy``. On a 2-core CPU the defaults
+take about 31 minutes for ``--configs plain app ddp``, and the intervals they reach there are in docs/speed.md.
 
 and writes the figures to ``<out>/throughput.json`` and a chart to ``<out>/throughput.png``.
 """

@@ -187,11 +187,11 @@ def test_every_table_in_docs_is_its_json_and_one_command_fills_them_all(tmp_path
         assert (docs / page.name).read_text() == page.read_text(), (
             f"{page.name}: run python benchmarks/figures.py --docs-only"
         )
-    assert result.stdout.count("filled") == 5
-    (docs / "memory.md").write_text("# Memory\n")
-    result = subprocess.run([*fill, "memory"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.stdout.count("filled") == 4
+    (docs / "learning.md").write_text("# Learning\n")
+    result = subprocess.run([*fill, "learning"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
     assert result.stderr.strip() == (
-        f"error: {docs / 'memory.md'} has no block <!-- figures: memory --> ... <!-- end figures: memory --> "
-        "for memory's table: add one where it belongs."
+        f"error: {docs / 'learning.md'} has no block <!-- figures: learning --> ... <!-- end figures: learning --> "
+        "for learning's table: add one where it belongs."
     )

@@ -58,3 +58,38 @@ def test_plan_on_busy_cores_says_so_and_refuses_before_profiling(
     assert line.startswith(refusal) and line.endswith(
         "plan's figures would measure the other process too. Stop it, or pass --plan.if_busy=go to plan anyway."
     ), line
+
+
+@pytest.mark.parametrize("busy_again", [False, True])
+def test_plan_waits_when_the_cores_turn_busy_while_it_profiles_then_profiles_again(
+    busy_again, monkeypatch, capsys, tmp_path
+):
+    """Busy after profiling: the profile measured another process too, so plan waits for quiet cores and profiles
+    again; busy once more after that, it refuses."""
+    from multigpu.planning import command
+
+    shares = iter([0.99, 0.5, 0.95, 0.5 if busy_again else 0.97])  # before, after, while waiting, after again
+    check = lambda threads=None: busy_cores.CoreCheck(2, next(shares))  # noqa: E731
+    monkeypatch.setattr(busy_cores, "check_cores", check)
+    monkeypatch.setattr(command, "check_cores", check)
+    monkeypatch.setattr(busy_cores.time, "sleep", lambda seconds: None)
+    profiled = []
+    monkeypatch.setattr(command, "_forecasts", lambda *args: profiled.append(args) or ([], []))
+    plan = ["plan", "--config", SMOKE, "--trainer.accelerator=cpu", "--trainer.devices=2", *run_args(tmp_path)]
+    if busy_again:
+        with pytest.raises(SystemExit):
+            cli_main(*plan, "--plan.dry_run=true")
+    else:
+        cli_main(*plan, "--plan.dry_run=true")
+    out, err = capsys.readouterr()
+    assert len(profiled) == 2  # once on the cores that turned busy, once more on quiet ones
+    assert "plan: the cores are busy after profiling: a convolution on 2 thread(s) got 50%" in out
+    assert "plan: the cores are quiet again (95%)." in out and "plan: profiling again, on quiet cores" in out
+    if busy_again:
+        assert (
+            err.strip()
+            .splitlines()[-1]
+            .startswith(
+                "error: the cores were busy again while plan profiled (a convolution on 2 thread(s) got 50% of their cores"
+            )
+        )
