@@ -86,10 +86,5 @@ def test_plan_waits_when_the_cores_turn_busy_while_it_profiles_then_profiles_aga
     assert "plan: the cores are busy after profiling: a convolution on 2 thread(s) got 50%" in out
     assert "plan: the cores are quiet again (95%)." in out and "plan: profiling again, on quiet cores" in out
     if busy_again:
-        assert (
-            err.strip()
-            .splitlines()[-1]
-            .startswith(
-                "error: the cores were busy again while plan profiled (a convolution on 2 thread(s) got 50% of their cores"
-            )
-        )
+        refusal = "error: the cores were busy again while plan profiled (a convolution on 2 thread(s) got 50%"
+        assert err.strip().splitlines()[-1].startswith(refusal)
