@@ -169,8 +169,8 @@ def write_chart(results: list[dict], ceilings: dict[int, float], path: Path) -> 
             capsize=3,
             label=schedule,
         )
-    axes.plot(counts, [m / (m + PROCESSES - 1) for m in counts], "k--", label="ideal m/(m+p-1)")
-    axes.plot(counts, [ceilings[m] for m in counts], "k:", label="two independent processes")
+    axes.plot(counts, [m / (m + PROCESSES - 1) for m in counts], "k--", label="ideal m/(m+p-1)", marker="x")
+    axes.plot(counts, [ceilings[m] for m in counts], "k:", label="two independent processes", marker="+")
     axes.set(
         xlabel="micro-batches",
         ylabel="efficiency vs 2 x one process accumulating",
