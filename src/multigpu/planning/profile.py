@@ -1,9 +1,9 @@
 """The time of each block, which ``plan`` balances the split layouts by and builds its forecasts from.
 
-``BlockProfile`` times each block's forward pass, backward pass and update (``block_pass_times``)
-on the first device, in the run's precision, once per micro-batch size and, on the CPU, per
-thread count: a process of a layout of ``P`` processes gets ``cores / P`` threads, as
-Lightning's launcher gives it. On the CPU a batch above ``CPU_IMAGES`` images is timed at that
+``BlockProfile`` times each block's forward pass, backward pass and update on the first device, in the
+run's precision, for every micro-batch size and, on the CPU, thread count it is asked for, all sizes together
+block by block (``block_pass_times_together``): a process of a layout of ``P`` processes gets
+``cores / P`` threads, as Lightning's launcher gives it. On the CPU a batch above ``CPU_IMAGES`` images is timed at that
 size and scaled per image (the time per image is flat by then), which keeps a plan of large
 batches short.
 """
