@@ -6,6 +6,7 @@ import importlib
 import importlib.util
 import inspect
 import re
+import sys
 from pathlib import Path
 
 from helpers import REPO
@@ -139,7 +140,8 @@ def private_names_used(paths: list[Path]) -> list[str]:
                     if alias.name.split(".")[0] in FOREIGN and any(map(_private, alias.name.split(".")))
                 ]
             elif isinstance(node, ast.Attribute) and _private(node.attr) and node.attr not in ours:
-                if not (isinstance(node.value, ast.Name) and node.value.id == "self"):
+                on = node.value.id if isinstance(node.value, ast.Name) else None
+                if on != "self" and on not in sys.stdlib_module_names:  # os._exit is Python's, public
                     found.append(f"{_shown(path)}:{node.lineno}: .{node.attr}")
     return sorted(set(found))
 

@@ -7,6 +7,7 @@ image_folder   a folder of labelled images in ImageNet's layout (``--data.datase
 sampling       each epoch's order in global batches, resumable on any layout
 on_device      whole batches cropped, flipped and normalised on the training device
 image_files    the user's own images for ``predict`` (``--data.predict_dir``)
+loader_workers how loader workers start (a fork server), and that they end with their training process
 """
 
-__all__ = ["cifar10", "datamodule", "image_files", "image_folder", "on_device", "sampling"]
+__all__ = ["cifar10", "datamodule", "image_files", "image_folder", "loader_workers", "on_device", "sampling"]

@@ -29,6 +29,7 @@ from multigpu.data.cifar10 import (
 )
 from multigpu.data.image_files import ImageFiles, Indexed
 from multigpu.data.image_folder import ImageFolderSplit, folder_classes, folder_stats, verified
+from multigpu.data.loader_workers import worker_start
 from multigpu.data.on_device import DeviceBatches, free_memory
 from multigpu.data.sampling import EpochOrder, ResumableSampler
 from multigpu.errors import UsageError, check_at_least
@@ -270,6 +271,7 @@ class CIFAR10DataModule(LightningDataModule):
             num_workers=workers,
             pin_memory=self.hparams.pin_memory and self._device().type == "cuda",
             persistent_workers=self.hparams.persistent_workers and workers > 0,
+            **worker_start(workers),
         )
 
     def _accumulation(self) -> int:
@@ -365,4 +367,5 @@ class CIFAR10DataModule(LightningDataModule):
             batch_size=self.batch_size,
             num_workers=workers,
             pin_memory=self.hparams.pin_memory and self._device().type == "cuda" and not self.hparams.on_device,
+            **worker_start(workers),
         )

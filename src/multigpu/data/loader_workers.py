@@ -1,0 +1,48 @@
+"""How loader workers start, and that they end with the training process they read for.
+
+A worker forked from a training process can hang before its first batch when another thread of that process (gloo's,
+pin memory's, TensorBoard's writer) held a lock at that moment (pytorch/pytorch#75147, #130610): the fork copies the
+lock, not the thread that would release it. So on Linux the workers start from a fork server, a process of one
+thread that imported this package once (Python 3.14 makes it the default for that reason); elsewhere they are
+spawned, the platform's default. A worker's parent is then the fork server, which lives as long as its workers, so
+torch's own check (is my parent alive?) cannot see a training process killed with SIGKILL: each worker watches the
+training process itself and ends with it.
+"""
+
+import multiprocessing
+import os
+import select
+import threading
+from functools import partial
+from typing import Any
+
+# Imported in the fork server before any worker starts, so each worker finds them already loaded (``main.py`` runs
+# again in a worker as ``__mp_main__``) and starts in milliseconds, sharing these pages with the server.
+PRELOADED = ["multigpu.commands"]
+
+
+def worker_start(workers: int) -> dict[str, Any]:
+    """The ``DataLoader`` arguments that start ``workers`` workers safely: none without workers."""
+    if not workers:
+        return {}
+    if not hasattr(os, "pidfd_open"):  # not Linux: spawned workers are children of the training process
+        return {"multiprocessing_context": "spawn"}
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOADED)
+    # Lightning adds its own worker seeding only to a loader without a worker_init_fn: not needed here, every random
+    # augmentation draws from its sample's own seed (multigpu.data.sampling).
+    return {"multiprocessing_context": context, "worker_init_fn": partial(end_with, os.getpid())}
+
+
+def end_with(training_pid: int, worker_id: int) -> None:
+    """Run by each worker as it starts: end this worker when the process ``training_pid`` ends, however it ends."""
+    try:
+        training = os.pidfd_open(training_pid)
+    except ProcessLookupError:  # it ended while this worker started
+        os._exit(0)
+    threading.Thread(target=_exit_when_ended, args=(training,), name="end-with-training", daemon=True).start()
+
+
+def _exit_when_ended(training: int) -> None:
+    select.select([training], [], [])  # a process's pidfd turns readable when the process ends
+    os._exit(0)
