@@ -29,7 +29,7 @@ from multigpu.data.cifar10 import (
 )
 from multigpu.data.image_files import ImageFiles, Indexed
 from multigpu.data.image_folder import ImageFolderSplit, folder_classes, folder_stats, verified
-from multigpu.data.loader_workers import worker_start
+from multigpu.data.loader_workers import start_worker_server, worker_start
 from multigpu.data.on_device import DeviceBatches, free_memory
 from multigpu.data.sampling import EpochOrder, ResumableSampler
 from multigpu.errors import UsageError, check_at_least
@@ -160,6 +160,8 @@ class CIFAR10DataModule(LightningDataModule):
         if self.datasets:
             return
         hp = self.hparams
+        if self._workers() and not hp.on_device:
+            start_worker_server()  # the loader workers' fork server imports while the run sets up
         if self._predict_files is not None and stage == "predict":
             if self._stats is None:  # an image folder's: measured again on its training images, as its run did
                 self._stats = folder_stats(self._folder_split("train", v2.Identity()))

@@ -10,10 +10,12 @@ training process itself and ends with it.
 """
 
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import select
 import threading
 from functools import partial
+from multiprocessing.context import BaseContext
 from typing import Any
 
 # Imported in the fork server before any worker starts, so each worker finds them already loaded (``main.py`` runs
@@ -25,13 +27,25 @@ def worker_start(workers: int) -> dict[str, Any]:
     """The ``DataLoader`` arguments that start ``workers`` workers safely: none without workers."""
     if not workers:
         return {}
-    if not hasattr(os, "pidfd_open"):  # not Linux: spawned workers are children of the training process
+    context = start_worker_server()
+    if context is None:
         return {"multiprocessing_context": "spawn"}
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(PRELOADED)
     # Lightning adds its own worker seeding only to a loader without a worker_init_fn: not needed here, every random
     # augmentation draws from its sample's own seed (multigpu.data.sampling).
     return {"multiprocessing_context": context, "worker_init_fn": partial(end_with, os.getpid())}
+
+
+def start_worker_server() -> BaseContext | None:
+    """Start the fork server now, if it is not running yet, and return its context; ``None`` where workers are
+    spawned instead, children of the training process (not Linux). Started as the data is set up, the server imports
+    ``PRELOADED`` while the training process goes on (builds its network, joins its process group), not when the
+    first worker starts: 12.4-13.0 s instead of 14.0 s for the smoke run with one worker (11.3 s forked), 2 cores."""
+    if not hasattr(os, "pidfd_open"):
+        return None
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOADED)
+    multiprocessing.forkserver.ensure_running()
+    return context
 
 
 def end_with(training_pid: int, worker_id: int) -> None:
