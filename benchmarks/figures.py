@@ -43,6 +43,7 @@ BENCHMARKS = {
     ),
     "plan_accuracy": Figure("plan.md", (), ("plan_accuracy.png",)),
     "learning": Figure("learning.md", (), ("learning.png",)),
+    "memory": Figure("memory.md", ()),
 }
 
 

@@ -156,10 +156,15 @@ def write_chart(results: list[dict], ceilings: dict[int, float], path: Path) -> 
 
     figure, axes = plt.subplots(figsize=(7, 4.5))
     counts = sorted(ceilings)
-    for schedule in dict.fromkeys(row["schedule"] for row in results):
+    schedules = list(dict.fromkeys(row["schedule"] for row in results))
+    # Each schedule a little to the side of its micro-batch count, so that intervals that overlap stay apart.
+    gap = min((b - a for a, b in zip(counts, counts[1:])), default=1)
+    step = 0.4 * gap / max(1, len(schedules))
+    for index, schedule in enumerate(schedules):
         rows = sorted((row for row in results if row["schedule"] == schedule), key=lambda row: row["micro_batches"])
+        shift = (index - (len(schedules) - 1) / 2) * step
         axes.errorbar(
-            [row["micro_batches"] for row in rows],
+            [row["micro_batches"] + shift for row in rows],
             [row["efficiency"] for row in rows],
             yerr=[
                 [row["efficiency"] - row["efficiency_interval"][0] for row in rows],
@@ -175,6 +180,7 @@ def write_chart(results: list[dict], ceilings: dict[int, float], path: Path) -> 
         xlabel="micro-batches",
         ylabel="efficiency vs 2 x one process accumulating",
         xticks=counts,
+        xlim=(counts[0] - gap / 2, counts[-1] + gap / 2),
         title=f"{PROCESSES}-process pipeline, ResNet-50, CPU, 1 thread per process",
     )
     axes.legend(fontsize=8)

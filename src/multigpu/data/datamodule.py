@@ -71,7 +71,8 @@ class CIFAR10DataModule(LightningDataModule):
             follows from it); it must split into whole loader batches. Default: ``batch_size x replicas x
             accumulate_grad_batches``.
         num_workers: loader worker processes per device; by default, as many as this machine's cores allow each
-            of its processes (Lightning's ``suggested_max_num_workers``: cores / processes - 1, at least 1).
+            of its processes (Lightning's ``suggested_max_num_workers``: cores / processes - 1, at least 1);
+            they start from a fork server, never forked from the training process (``loader_workers``).
         pin_memory: pin host memory (only when training on CUDA devices).
         persistent_workers: keep the workers alive between epochs (only with workers).
         val_split: 0 validates on the official test split; N > 0 holds out N training
