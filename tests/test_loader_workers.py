@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from helpers import REPO
 
 TRAINING = """
@@ -27,6 +28,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="Linux: elsewhere the workers are spawned")
 def test_a_training_process_killed_leaves_no_loader_worker_and_no_fork_server(tmp_path):
     script = tmp_path / "training.py"
     script.write_text(TRAINING)

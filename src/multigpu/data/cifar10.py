@@ -74,7 +74,7 @@ class ImageTensorDataset(Dataset):
         """Pickled for a loader worker as plain arrays through its pipe, not as torch's shared memory: a worker
         started from the fork server gets its own copy, and 150 MB of CIFAR-10 never has to fit ``/dev/shm``
         (64 MB in a default Docker container)."""
-        return {**self.__dict__, "images": self.images.numpy(), "labels": self.labels.numpy()}
+        return {**self.__dict__, "images": self.images.numpy(force=True), "labels": self.labels.numpy(force=True)}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state, images=torch.from_numpy(state["images"]), labels=torch.from_numpy(state["labels"]))

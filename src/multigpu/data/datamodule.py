@@ -274,7 +274,7 @@ class CIFAR10DataModule(LightningDataModule):
             num_workers=workers,
             pin_memory=self.hparams.pin_memory and self._device().type == "cuda",
             persistent_workers=self.hparams.persistent_workers and workers > 0,
-            **worker_start(workers),
+            **worker_start(workers, self.trainer.global_rank if self.trainer else 0),
         )
 
     def _accumulation(self) -> int:
@@ -370,5 +370,5 @@ class CIFAR10DataModule(LightningDataModule):
             batch_size=self.batch_size,
             num_workers=workers,
             pin_memory=self.hparams.pin_memory and self._device().type == "cuda" and not self.hparams.on_device,
-            **worker_start(workers),
+            **worker_start(workers, self.trainer.global_rank if self.trainer else 0),
         )
