@@ -8,6 +8,8 @@ import sys
 import pytest
 from helpers import REPO
 
+from multigpu.data.loader_workers import worker_start
+
 TRAINING = """
 import os, signal
 from torch.utils.data import DataLoader, Dataset
@@ -41,3 +43,15 @@ def test_a_training_process_killed_leaves_no_loader_worker_and_no_fork_server(tm
     assert process.returncode == -9
     training, parent = map(int, output.split())
     assert parent != training  # the worker's parent is the fork server
+
+
+def test_workers_are_spawned_where_pidfds_are_refused(monkeypatch):
+    """A kernel before 5.3 or a container's seccomp profile refuses pidfd_open: the workers are then spawned,
+    children of the training process that torch's own check watches, not started from a fork server."""
+
+    def refused(pid, flags=0):
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", refused, raising=False)
+    assert worker_start(2) == {"multiprocessing_context": "spawn"}
+    assert worker_start(0) == {}
