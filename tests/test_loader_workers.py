@@ -34,9 +34,7 @@ if __name__ == "__main__":
 def test_a_training_process_killed_leaves_no_loader_worker_and_no_fork_server(tmp_path):
     script = tmp_path / "training.py"
     script.write_text(TRAINING)
-    with subprocess.Popen(
-        [sys.executable, str(script)], cwd=REPO, stdout=subprocess.PIPE, text=True, env={**os.environ}
-    ) as process:
+    with subprocess.Popen([sys.executable, str(script)], cwd=REPO, stdout=subprocess.PIPE, text=True) as process:
         # The pipe ends only when every process holding it has ended: the training process, its fork server and
         # the worker. A worker outliving its training process would hold it open past the timeout.
         output, _ = process.communicate(timeout=60)

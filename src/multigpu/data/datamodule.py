@@ -250,6 +250,10 @@ class CIFAR10DataModule(LightningDataModule):
             return self.hparams.num_workers
         return suggested_max_num_workers(self.trainer.num_devices if self.trainer else 1)
 
+    def _worker_start(self, workers: int) -> dict:
+        """The loader arguments that start ``workers`` workers of this process (``loader_workers``)."""
+        return worker_start(workers, self.trainer.global_rank if self.trainer else 0)
+
     def _device(self) -> torch.device:
         """Where the batches go: the strategy's device, or the CPU without a trainer."""
         return self.trainer.strategy.root_device if self.trainer else torch.device("cpu")
@@ -274,7 +278,7 @@ class CIFAR10DataModule(LightningDataModule):
             num_workers=workers,
             pin_memory=self.hparams.pin_memory and self._device().type == "cuda",
             persistent_workers=self.hparams.persistent_workers and workers > 0,
-            **worker_start(workers, self.trainer.global_rank if self.trainer else 0),
+            **self._worker_start(workers),
         )
 
     def _accumulation(self) -> int:
@@ -370,5 +374,5 @@ class CIFAR10DataModule(LightningDataModule):
             batch_size=self.batch_size,
             num_workers=workers,
             pin_memory=self.hparams.pin_memory and self._device().type == "cuda" and not self.hparams.on_device,
-            **worker_start(workers, self.trainer.global_rank if self.trainer else 0),
+            **self._worker_start(workers),
         )
