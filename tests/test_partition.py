@@ -77,6 +77,21 @@ def test_blocks_timed_together_at_several_sizes_each_pass_its_own_input_through(
     assert sum(map(sum, large[:2])) > sum(map(sum, small[:2]))  # 32 images cost more than 1
 
 
+@pytest.mark.internals  # the backward pass in two is torch's private pipelining code
+def test_a_size_asked_in_two_also_times_its_backward_halves_and_leaves_the_weights_as_they_were():
+    """A zero-bubble schedule's backward pass in two (input gradients, then weight gradients) is timed for the
+    sizes that ask for it, beside the whole pass; the first block (whose input needs no gradient) included."""
+    net = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.Conv2d(16, 16, 3, padding=1))
+    before = {name: tensor.clone() for name, tensor in net.state_dict().items()}
+    whole, split = block_pass_times_together(
+        net, [torch.randn(2, 3, 8, 8)] * 2, [1, 1], torch.device("cpu"), repeats=1, split=[False, True]
+    )
+    assert all(len(block) == 3 for block in whole)  # forward, backward, update
+    assert all(len(block) == 5 and min(block) > 0 for block in split)  # and the input and weight halves
+    for name, tensor in net.state_dict().items():
+        assert torch.equal(tensor, before[name]), name
+
+
 def test_choose_balance_takes_the_given_balance_or_the_costs():
     net = nn.Sequential(nn.Linear(4, 64), nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 2))
     assert choose_balance(net, 2, [1, 3], "time", None) == [1, 3]

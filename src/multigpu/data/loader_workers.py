@@ -21,9 +21,11 @@ from typing import Any
 
 from lightning.fabric.utilities.seed import pl_worker_init_function
 
-# Imported in the fork server before any worker starts, so each worker finds them already loaded (``main.py`` runs
-# again in a worker as ``__mp_main__``) and starts in milliseconds, sharing these pages with the server.
-PRELOADED = ["multigpu.commands"]
+# Imported in the fork server before any worker starts, so each worker finds what it unpickles (the datasets, their
+# transforms, the samplers, ``end_with``) already loaded and starts in milliseconds, sharing these pages with the
+# server. The data modules only: ``main.py``, which a worker runs again as ``__mp_main__``, imports the CLI under its
+# ``__main__`` guard.
+PRELOADED = ["multigpu.data.datamodule"]
 
 
 def worker_start(workers: int, rank: int = 0) -> dict[str, Any]:
