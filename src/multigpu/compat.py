@@ -163,10 +163,12 @@ def backward_in_two(
 ) -> Callable[[], Any]:
     """The backward pass of ``module`` from ``outputs`` in two, as a zero-bubble pipeline schedule runs it: the
     gradients of ``inputs`` now (its ``I`` action), and the function that then computes the parameters' (its
-    ``W``)."""
+    ``W``). Without ``inputs`` (the first stage's), nothing now and the whole pass then, as torch's stage does."""
     # How torch's stages split a backward pass; no public counterpart.
     from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
+    if not inputs:
+        return lambda: torch.autograd.backward(outputs, output_gradients)
     _, groups = stage_backward_input(outputs, output_gradients, inputs, module.parameters())
     return lambda: stage_backward_weight(module.parameters(), groups)
 
