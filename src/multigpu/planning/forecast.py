@@ -26,6 +26,7 @@ With activation recomputation each backward pass also runs its block's forward p
 """
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from multigpu.planning.layouts import Layout
 from multigpu.planning.links import Links
@@ -59,14 +60,17 @@ def forecast(layout: Layout, profile: BlockProfile, links: Links, memory: BlockM
     times = times.scaled(links.slowdown(layout.processes))
     read = [nbytes / profile.memory_bandwidth(layout.processes) for nbytes in memory.params]  # the parameters
     forward = [f + seconds for f, seconds in zip(times.forward, read)]
-    again = forward if layout.recompute else [0.0] * len(forward)  # the forward pass, run again
+    # The forward pass run again: by each backward call of a recomputed block, both halves of a pass in two.
+    again = forward if layout.recompute else [0.0] * len(forward)
     passes = PassTimes(
         forward,
         [b + 3 * seconds + f for b, seconds, f in zip(times.backward, read, again)],  # + the gradients read, written
         times.update,
-        times.input_half and [i + seconds + f for i, seconds, f in zip(times.input_half, read, again)],
-        times.weight_half and [w + 3 * seconds for w, seconds in zip(times.weight_half, read)],
     )
+    if times.input_half is not None and times.weight_half is not None:  # the weight gradients need no parameter
+        input_half = [i + seconds + f for i, seconds, f in zip(times.input_half, read, again)]
+        weight_half = [w + 2 * seconds + f for w, seconds, f in zip(times.weight_half, read, again)]
+        passes = replace(passes, input_half=input_half, weight_half=weight_half)
     return layout.batch_size * layout.replicas / _STEPS[layout.strategy](layout, passes, links, memory)
 
 
@@ -151,28 +155,32 @@ def _pipeline(layout: Layout, passes: PassTimes, links: Links, memory: BlockMemo
     pipeline, stages = layout.pipeline, stage_ranges(layout.balance)
     sends = _boundary_bytes(memory, layout.balance, layout.batch_size / layout.micro_batches)
 
-    def per_stage(times: list[float] | None, scale: float) -> list[float] | None:
-        return None if times is None else [scale * sum(times[i] for i in blocks) for blocks in stages]
+    def per_stage(times: list[float]) -> list[float]:
+        return [sum(times[i] for i in blocks) for blocks in stages]
+
+    forward, backward = per_stage(passes.forward), per_stage(passes.backward)
+    halves, ran = None, backward  # what a backward pass costs as the schedule runs it
+    if passes.input_half is not None and passes.weight_half is not None:
+        # torch's first stage computes no input gradients: nothing at its I actions, its whole pass at W.
+        halves = ([0.0, *per_stage(passes.input_half)[1:]], [backward[0], *per_stage(passes.weight_half)[1:]])
+        ran = [i + w for i, w in zip(*halves)]
 
     def simulated(scale: float) -> list[float]:
+        scaled = lambda times: [scale * t for t in times]  # noqa: E731
         return simulate_step(
             pipeline,
             layout.micro_batches,
-            per_stage(passes.forward, scale),
-            per_stage(passes.backward, scale),
+            scaled(forward),
+            scaled(backward),
             lambda stage: links.send(sends[stage]),
             links.pipeline_action,
-            per_stage(passes.input_half, scale),
-            per_stage(passes.weight_half, scale),
+            *((scaled(halves[0]), scaled(halves[1])) if halves else ()),
         )
 
     finish = simulated(1.0)
     # The passes came slowed as if every process computed all the time; between the bubbles fewer do. Slow
     # them as much as the processes' average concurrency over the simulated step does instead.
-    backward = (
-        passes.backward if passes.input_half is None else [i + w for i, w in zip(passes.input_half, passes.weight_half)]
-    )
-    computing = layout.replicas * layout.micro_batches * (sum(passes.forward) + sum(backward))  # every copy's
+    computing = layout.replicas * layout.micro_batches * (sum(forward) + sum(ran))  # every copy's processes
     everyone = links.slowdown(layout.processes)
     if everyone > 1.0:
         finish = simulated(links.slowdown(computing / max(finish)) / everyone)

@@ -6,9 +6,9 @@ forward pass of stage ``s`` needs stage ``s - 1``'s output for that micro-batch,
 (whole, or the input-gradient half of the zero-bubble schedules) needs stage ``s + 1``'s
 gradient and its own forward pass, and a tensor from a stage on another process arrives a
 send's time later. A zero-bubble schedule splits a backward pass into the input gradients and
-the weight gradients, each timed as the schedule runs it (without those times, each half of the whole pass).
-Each action also costs the schedule's own time per
-action, measured with ``links``. The step ends when the last process finishes.
+the weight gradients, each as long as it was timed (without those times, half the whole pass
+each). Each action also costs the schedule's own time per action, measured with ``links``. The
+step ends when the last process finishes.
 """
 
 from collections.abc import Callable, Sequence
@@ -35,7 +35,8 @@ def simulate_step(
     size), and each action ``per_action`` more."""
     actions = _actions(pipeline, micro_batches)
     halves = [t / 2 for t in backward]
-    input_half, weight_half = input_half or halves, weight_half or halves
+    input_half = halves if input_half is None else input_half
+    weight_half = halves if weight_half is None else weight_half
     durations = {
         kind: [t + per_action for t in times]
         for kind, times in zip("FBIW", (forward, backward, input_half, weight_half))

@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Iterable
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
@@ -116,7 +116,9 @@ class BlockProfile:
         key = self._key(images, processes)
         self.measure_together([(images, processes, split)])
         found = self._times[key]
-        return found if isinstance(found, str) else found.scaled(images / key[0])
+        if isinstance(found, str):
+            return found
+        return (found if split else replace(found, input_half=None, weight_half=None)).scaled(images / key[0])
 
     def measure_together(self, requests: Iterable[tuple[int, int, bool]]) -> None:
         """Time the blocks for every (images, processes, split) of ``requests`` not timed yet, all in one pass over
@@ -157,8 +159,8 @@ class BlockProfile:
             if len(keys) > 1:
                 for key, split in keys.items():
                     self._time({key: split})
-            else:
-                self._times[next(iter(keys))] = f"timing its blocks failed: {str(error).splitlines()[0]}"
+            elif not isinstance(self._times.get(key := next(iter(keys))), PassTimes):  # else keep the whole passes
+                self._times[key] = f"timing its blocks failed: {str(error).splitlines()[0]}"
             return
         finally:
             if self.device.type == "cuda":

@@ -144,7 +144,7 @@ def _timed_split_pass(block: nn.Module, x, device: torch.device, halves: tuple) 
     inputs_half, weights_half = halves
     out = block(x)
     # Copied: torch detaches a stage's outputs in place after the input gradients, which a view (a flatten's)
-    # refuses; the copy's backward pass adds one copy of the gradient.
+    # refuses; the copy's backward pass hands the gradient on as it is.
     outputs = [output.clone() for output in ([out] if isinstance(out, Tensor) else out) if output.requires_grad]
     inputs = [t for t in ([x] if isinstance(x, Tensor) else x) if isinstance(t, Tensor) and t.requires_grad]
     synchronize(device)
