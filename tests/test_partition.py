@@ -1,11 +1,9 @@
 import pytest
 import torch
-from lightning.pytorch.plugins.precision import Precision
 from torch import nn
 
 from multigpu.errors import UsageError
 from multigpu.model.resnet import resnet50_blocks
-from multigpu.planning.profile import BlockProfile
 from multigpu.strategies.block_timing import block_pass_times_together, block_times
 from multigpu.strategies.partition import (
     balance_by_cost,
@@ -77,35 +75,6 @@ def test_blocks_timed_together_at_several_sizes_each_pass_its_own_input_through(
     )
     assert len(small) == len(large) == 3 and torch.get_num_threads() == threads
     assert sum(map(sum, large[:2])) > sum(map(sum, small[:2]))  # 32 images cost more than 1
-
-
-@pytest.mark.internals  # the backward pass in two is torch's private pipelining code
-def test_a_size_asked_in_two_also_times_its_backward_halves_and_leaves_the_weights_as_they_were():
-    """A zero-bubble schedule's backward pass in two (input gradients, then weight gradients) is timed for the
-    sizes that ask for it, beside the whole pass; the first block (whose input needs no gradient) included."""
-    net = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.Conv2d(16, 16, 3, padding=1))
-    before = {name: tensor.clone() for name, tensor in net.state_dict().items()}
-    whole, split = block_pass_times_together(
-        net, [torch.randn(2, 3, 8, 8)] * 2, [1, 1], torch.device("cpu"), repeats=1, split=[False, True]
-    )
-    assert all(len(block) == 3 for block in whole)  # forward, backward, update
-    assert all(len(block) == 5 and min(block) > 0 for block in split)  # and the input and weight halves
-    for name, tensor in net.state_dict().items():
-        assert torch.equal(tensor, before[name]), name
-
-
-@pytest.mark.internals
-def test_a_profile_gives_the_halves_only_to_a_layout_that_asks_for_them():
-    """One size timed for a zero-bubble layout and another layout at once: only the one that runs its backward
-    passes in two gets the halves; the other's forecast must not depend on the zero-bubble layout's presence."""
-    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1), nn.Flatten())
-    profile = BlockProfile(net, Precision(), torch.device("cpu"))
-    profile.measure_together([(2, 1, True), (2, 1, False)])
-    halves = profile.times(2, 1, split=True)
-    assert halves.input_half[0] < halves.weight_half[0]  # the first block: nothing at I, its whole pass at W
-    assert all(seconds > 0 for seconds in halves.input_half[1:2] + halves.weight_half[:2])
-    whole = profile.times(2, 1)
-    assert whole.input_half is None and whole.weight_half is None and whole.backward == halves.backward
 
 
 def test_choose_balance_takes_the_given_balance_or_the_costs():

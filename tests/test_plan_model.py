@@ -49,17 +49,6 @@ def test_every_schedule_simulates_to_the_end_with_every_action_once(schedule):
             assert forwards == {(stage, m) for stage in layout.stages_of(process) for m in range(4)}
 
 
-def test_a_zero_bubble_schedule_takes_its_backward_halves_as_timed_and_whole_passes_ignore_them():
-    zero_bubble, whole = StagePlacement("zbvzerobubble", 2, 2), StagePlacement("interleaved1f1b", 2, 2)
-    assert zero_bubble.splits_backward and not whole.splits_backward
-    forward, backward = [1.0] * 4, [2.0] * 4
-    halves = max(simulate_step(zero_bubble, 4, forward, backward, NO_SEND))
-    as_timed = max(simulate_step(zero_bubble, 4, forward, backward, NO_SEND, 0.0, [1.5] * 4, [1.5] * 4))
-    assert as_timed == pytest.approx(halves * 4 / 3, rel=0.02)  # almost no bubble: each pass 1 + 3, not 1 + 2
-    ignored = simulate_step(whole, 4, forward, backward, NO_SEND, 0.0, [9.0] * 4, [9.0] * 4)
-    assert ignored == simulate_step(whole, 4, forward, backward, NO_SEND)
-
-
 def test_ddp_buckets_hide_behind_the_backward_pass_on_gpus_and_hold_it_up_on_the_cpu():
     backward, params = [1.0] * 4, [2**20] * 4  # four blocks, each one bucket's worth of 1 MiB
     reduce = lambda nbytes: 0.5  # noqa: E731

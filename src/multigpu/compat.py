@@ -43,7 +43,6 @@ __all__ = [
     "LIGHTNING_CONTRACTS",
     "PRIVATE_HOOKS",
     "STAGE_HOOKS_OF_TORCH_211",
-    "backward_in_two",
     "found_inf_flags",
     "launches_subprocesses",
     "layer_sync",
@@ -156,21 +155,6 @@ def time_pipeline_parts(wrap: Callable[[str, Callable], Callable]) -> None:
     # have no public counterpart or hook.
     pipeline_schedules._batch_p2p = wrap("send/recv", pipeline_schedules._batch_p2p)
     pipeline_schedules._wait_batch_p2p = wrap("wait", pipeline_schedules._wait_batch_p2p)
-
-
-def backward_in_two(
-    outputs: list[Tensor], output_gradients: list[Tensor], inputs: list[Tensor], module: nn.Module
-) -> Callable[[], Any]:
-    """The backward pass of ``module`` from ``outputs`` in two, as a zero-bubble pipeline schedule runs it: the
-    gradients of ``inputs`` now (its ``I`` action), and the function that then computes the parameters' (its
-    ``W``). Without ``inputs`` (the first stage's), nothing now and the whole pass then, as torch's stage does."""
-    # How torch's stages split a backward pass; no public counterpart.
-    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
-
-    if not inputs:
-        return lambda: torch.autograd.backward(outputs, output_gradients)
-    _, groups = stage_backward_input(outputs, output_gradients, inputs, module.parameters())
-    return lambda: stage_backward_weight(module.parameters(), groups)
 
 
 def schedule_actions(
@@ -348,7 +332,6 @@ class CheckpointPathCLI(LightningCLI):
 
 _PIPELINE_STAGE = "torch.distributed.pipelining.PipelineStage"
 _SCHEDULES = "torch.distributed.pipelining.schedules"
-_BACKWARD = "torch.distributed.pipelining._backward"
 _CHECKPOINT = "lightning.pytorch.callbacks.ModelCheckpoint"
 
 PRIVATE_HOOKS = (
@@ -357,13 +340,6 @@ PRIVATE_HOOKS = (
     PrivateHook(_SCHEDULES, "_batch_p2p", "time_pipeline_parts", ("p2p_ops", "desc")),
     PrivateHook(_SCHEDULES, "_wait_batch_p2p", "time_pipeline_parts", ("work",)),
     PrivateHook("torch.distributed.pipelining._schedule_visualizer", "get_schedule_ops", "schedule_actions"),
-    PrivateHook(
-        _BACKWARD,
-        "stage_backward_input",
-        "backward_in_two",
-        ("stage_outputs_or_loss", "output_grads", "input_values", "weights"),
-    ),
-    PrivateHook(_BACKWARD, "stage_backward_weight", "backward_in_two", ("weights", "param_groups", "retain_graph")),
     PrivateHook("torch.nn.modules.batchnorm", "_BatchNorm", "BatchNormBase"),
     PrivateHook("torch.nn.modules.batchnorm._BatchNorm", "_check_input_dim", "AnyDimBatchNorm", ("self", "input")),
     PrivateHook("torch.nn.Module", "_apply", "BuiltBlocksMove", ("self", "fn", "recurse")),

@@ -16,8 +16,7 @@ the measured latency and bandwidth of the links:
   and their gradients sent between devices, and with several replicas ``ddp``'s all-reduce;
 - ``dp``: a slice of the batch on every device at once, the parameters broadcast and the
   gradients gathered on the first every step;
-- ``pipeline``: the schedule's step simulated from its action lists (``pipeline_simulation``), a
-  zero-bubble schedule's backward passes in two halves timed as it runs them (in two, a pass costs more),
+- ``pipeline``: the schedule's step simulated from its action lists (``pipeline_simulation``),
   its passes slowed by the processes' average concurrency over the step (they compute at once only
   between the bubbles), then, with several copies of the pipeline, an all-reduce of each process's
   gradients.
@@ -26,13 +25,12 @@ With activation recomputation each backward pass also runs its block's forward p
 """
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
 from multigpu.planning.layouts import Layout
 from multigpu.planning.links import Links
 from multigpu.planning.memory_estimate import BlockMemory
 from multigpu.planning.pipeline_simulation import simulate_step
-from multigpu.planning.profile import BlockProfile, PassTimes
+from multigpu.planning.profile import BlockProfile
 from multigpu.strategies.partition import stage_ranges
 
 __all__ = ["forecast", "timed_input"]
@@ -41,15 +39,13 @@ MIB = 2**20
 DDP_FIRST_BUCKET, DDP_BUCKET = 1 * MIB, 25 * MIB  # DistributedDataParallel's defaults
 
 
-def timed_input(layout: Layout) -> tuple[int, int, bool]:
-    """The images of one input of a device of ``layout`` (a micro-batch, dp's slice of the batch), its processes,
-    and whether its backward passes run in two (a zero-bubble pipeline schedule's): what its blocks are timed
-    at."""
-    pipeline = layout.strategy == "pipeline"
-    images = layout.batch_size // layout.micro_batches if pipeline else layout.batch_size
+def timed_input(layout: Layout) -> tuple[int, int]:
+    """The images of one input of a device of ``layout`` (a micro-batch, dp's slice of the batch), and its
+    processes: what its blocks are timed at."""
+    images = layout.batch_size // layout.micro_batches if layout.strategy == "pipeline" else layout.batch_size
     if layout.strategy == "dp":
         images = -(-layout.batch_size // layout.devices)
-    return images, layout.processes, pipeline and layout.pipeline.splits_backward
+    return images, layout.processes
 
 
 def forecast(layout: Layout, profile: BlockProfile, links: Links, memory: BlockMemory) -> float | str:
@@ -58,30 +54,23 @@ def forecast(layout: Layout, profile: BlockProfile, links: Links, memory: BlockM
     if isinstance(times, str):
         return times
     times = times.scaled(links.slowdown(layout.processes))
-    read = [nbytes / profile.memory_bandwidth(layout.processes) for nbytes in memory.params]  # the parameters
-    forward = [f + seconds for f, seconds in zip(times.forward, read)]
-    # The forward pass run again: by each backward call of a recomputed block, both halves of a pass in two.
-    again = forward if layout.recompute else [0.0] * len(forward)
-    passes = PassTimes(
-        forward,
-        [b + 3 * seconds + f for b, seconds, f in zip(times.backward, read, again)],  # + the gradients read, written
-        times.update,
-    )
-    if times.input_half is not None and times.weight_half is not None:  # the weight gradients need no parameter
-        input_half = [i + seconds + f for i, seconds, f in zip(times.input_half, read, again)]
-        weight_half = [w + 2 * seconds + f for w, seconds, f in zip(times.weight_half, read, again)]
-        passes = replace(passes, input_half=input_half, weight_half=weight_half)
-    return layout.batch_size * layout.replicas / _STEPS[layout.strategy](layout, passes, links, memory)
+    bandwidth = profile.memory_bandwidth(layout.processes)
+    forward = [f + nbytes / bandwidth for f, nbytes in zip(times.forward, memory.params)]
+    backward = [  # reads the parameters, reads and writes their gradients
+        b + 3 * nbytes / bandwidth + (f if layout.recompute else 0.0)
+        for f, b, nbytes in zip(forward, times.backward, memory.params)
+    ]
+    step = _STEPS[layout.strategy](layout, forward, backward, times.update, links, memory)
+    return layout.batch_size * layout.replicas / step
 
 
-def _one_device(layout: Layout, passes: PassTimes, links: Links, memory: BlockMemory) -> float:
-    return sum(passes.forward) + sum(passes.backward) + sum(passes.update)
+def _one_device(layout, forward, backward, update, links, memory) -> float:
+    return sum(forward) + sum(backward) + sum(update)
 
 
-def _ddp(layout: Layout, passes: PassTimes, links: Links, memory: BlockMemory) -> float:
+def _ddp(layout, forward, backward, update, links, memory) -> float:
     reduce = lambda nbytes: links.all_reduce(nbytes, layout.processes)  # noqa: E731
-    backward = overlapped_reduction(passes.backward, memory.params, reduce, links.overlap)
-    return sum(passes.forward) + backward + sum(passes.update)
+    return sum(forward) + overlapped_reduction(backward, memory.params, reduce, links.overlap) + sum(update)
 
 
 def overlapped_reduction(
@@ -103,8 +92,8 @@ def overlapped_reduction(
     return max(compute, link)
 
 
-def _fsdp(layout: Layout, passes: PassTimes, links: Links, memory: BlockMemory) -> float:
-    group, params, forward, backward = layout.processes, memory.params, passes.forward, passes.backward
+def _fsdp(layout, forward, backward, update, links, memory) -> float:
+    group, params = layout.processes, memory.params
     gather = lambda block: links.all_gather(params[block], group, latency=False)  # noqa: E731
     scatter = lambda block: links.reduce_scatter(params[block], group, latency=False)  # noqa: E731
     own = [links.sharded_block / 2 if nbytes else 0.0 for nbytes in params]  # the runtime's cost, per pass
@@ -129,7 +118,7 @@ def _fsdp(layout: Layout, passes: PassTimes, links: Links, memory: BlockMemory) 
         compute = start + backward[block] + own[block]
         link = max(link, compute) + scatter(block)
         compute = link if serial else compute
-    return max(compute, link) + sum(passes.update) / group + sum(memory.tensors) * links.sharded_update
+    return max(compute, link) + sum(update) / group + sum(memory.tensors) * links.sharded_update
 
 
 def _boundary_bytes(memory: BlockMemory, balance: Sequence[int], images: float) -> list[float]:
@@ -138,49 +127,36 @@ def _boundary_bytes(memory: BlockMemory, balance: Sequence[int], images: float) 
     return [memory.inputs[stages[s + 1].start] * images if s + 1 < len(stages) else 0.0 for s in range(len(stages))]
 
 
-def _model_parallel(layout: Layout, passes: PassTimes, links: Links, memory: BlockMemory) -> float:
+def _model_parallel(layout, forward, backward, update, links, memory) -> float:
     sends = _boundary_bytes(memory, layout.balance, layout.batch_size) if links.cuda else []  # CPU: one memory
     moved = 2 * sum(links.send(nbytes) for nbytes in sends)  # activations forward, their gradients back
     reduce = lambda nbytes: links.all_reduce(nbytes, layout.replicas)  # noqa: E731
-    backward = overlapped_reduction(passes.backward, memory.params, reduce, links.overlap)
-    return sum(passes.forward) + moved + backward + sum(passes.update)
+    return sum(forward) + moved + overlapped_reduction(backward, memory.params, reduce, links.overlap) + sum(update)
 
 
-def _data_parallel(layout: Layout, passes: PassTimes, links: Links, memory: BlockMemory) -> float:
+def _data_parallel(layout, forward, backward, update, links, memory) -> float:
     copies = 2 * links.send(sum(memory.params))  # parameters out to the devices, gradients back
-    return sum(passes.forward) + sum(passes.backward) + copies + sum(passes.update)
+    return sum(forward) + sum(backward) + copies + sum(update)
 
 
-def _pipeline(layout: Layout, passes: PassTimes, links: Links, memory: BlockMemory) -> float:
+def _pipeline(layout, forward, backward, update, links, memory) -> float:
     pipeline, stages = layout.pipeline, stage_ranges(layout.balance)
     sends = _boundary_bytes(memory, layout.balance, layout.batch_size / layout.micro_batches)
 
-    def per_stage(times: list[float]) -> list[float]:
-        return [sum(times[i] for i in blocks) for blocks in stages]
-
-    forward, backward = per_stage(passes.forward), per_stage(passes.backward)
-    halves, ran = None, backward  # what a backward pass costs as the schedule runs it
-    if passes.input_half is not None and passes.weight_half is not None:
-        # torch's first stage computes no input gradients: nothing at its I actions, its whole pass at W.
-        halves = ([0.0, *per_stage(passes.input_half)[1:]], [backward[0], *per_stage(passes.weight_half)[1:]])
-        ran = [i + w for i, w in zip(*halves)]
-
     def simulated(scale: float) -> list[float]:
-        scaled = lambda times: [scale * t for t in times]  # noqa: E731
         return simulate_step(
             pipeline,
             layout.micro_batches,
-            scaled(forward),
-            scaled(backward),
+            [scale * sum(forward[i] for i in blocks) for blocks in stages],
+            [scale * sum(backward[i] for i in blocks) for blocks in stages],
             lambda stage: links.send(sends[stage]),
             links.pipeline_action,
-            *((scaled(halves[0]), scaled(halves[1])) if halves else ()),
         )
 
     finish = simulated(1.0)
     # The passes came slowed as if every process computed all the time; between the bubbles fewer do. Slow
     # them as much as the processes' average concurrency over the simulated step does instead.
-    computing = layout.replicas * layout.micro_batches * (sum(forward) + sum(ran))  # every copy's processes
+    computing = layout.replicas * layout.micro_batches * (sum(forward) + sum(backward))  # every copy's processes
     everyone = links.slowdown(layout.processes)
     if everyone > 1.0:
         finish = simulated(links.slowdown(computing / max(finish)) / everyone)
@@ -188,7 +164,7 @@ def _pipeline(layout: Layout, passes: PassTimes, links: Links, memory: BlockMemo
     for process, clock in enumerate(finish):
         held = [i for stage in pipeline.stages_of(process) for i in stages[stage]]
         reduce = links.all_reduce(sum(memory.params[i] for i in held), layout.replicas)
-        ends.append(clock + reduce + sum(passes.update[i] for i in held))
+        ends.append(clock + reduce + sum(update[i] for i in held))
     return max(ends)
 
 

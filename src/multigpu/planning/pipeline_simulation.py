@@ -6,9 +6,8 @@ forward pass of stage ``s`` needs stage ``s - 1``'s output for that micro-batch,
 (whole, or the input-gradient half of the zero-bubble schedules) needs stage ``s + 1``'s
 gradient and its own forward pass, and a tensor from a stage on another process arrives a
 send's time later. A zero-bubble schedule splits a backward pass into the input gradients and
-the weight gradients, each as long as it was timed (without those times, half the whole pass
-each). Each action also costs the schedule's own time per action, measured with ``links``. The
-step ends when the last process finishes.
+the weight gradients, each taken as half. Each action also costs the schedule's own time per
+action, measured with ``links``. The step ends when the last process finishes.
 """
 
 from collections.abc import Callable, Sequence
@@ -26,20 +25,14 @@ def simulate_step(
     backward: Sequence[float],
     send: Callable[[int], float],
     per_action: float = 0.0,
-    input_half: Sequence[float] | None = None,
-    weight_half: Sequence[float] | None = None,
 ) -> list[float]:
     """Seconds until each process of ``pipeline`` finishes one step, stage ``s`` taking ``forward[s]`` and
-    ``backward[s]`` per micro-batch (in two: ``input_half[s]``, then ``weight_half[s]``), a tensor leaving stage
-    ``s`` for a stage on another process ``send(s)`` (its forward output; the gradient it gets back has the same
-    size), and each action ``per_action`` more."""
+    ``backward[s]`` per micro-batch, a tensor leaving stage ``s`` for a stage on another process ``send(s)``
+    (its forward output; the gradient it gets back has the same size), and each action ``per_action`` more."""
     actions = _actions(pipeline, micro_batches)
     halves = [t / 2 for t in backward]
-    input_half = halves if input_half is None else input_half
-    weight_half = halves if weight_half is None else weight_half
     durations = {
-        kind: [t + per_action for t in times]
-        for kind, times in zip("FBIW", (forward, backward, input_half, weight_half))
+        kind: [t + per_action for t in times] for kind, times in zip("FBIW", (forward, backward, halves, halves))
     }
     done: dict[tuple[str, int, int], float] = {}
     clock = [0.0] * len(actions)

@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Iterable
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
@@ -40,22 +40,15 @@ def threads_per_process(processes: int) -> int:
 
 @dataclass(frozen=True)
 class PassTimes:
-    """Seconds of each block's forward pass, backward pass and update, for one input of the size it was timed at;
-    where asked for, also of its backward pass in two, as the zero-bubble pipeline schedules run it: the input
-    gradients' half and the weight gradients' half."""
+    """Seconds of each block's forward pass, backward pass and update, for one input of the size it was timed at."""
 
     forward: list[float]
     backward: list[float]
     update: list[float]
-    input_half: list[float] | None = None
-    weight_half: list[float] | None = None
 
     def scaled(self, factor: float) -> "PassTimes":
         """The passes ``factor`` times slower (more images, or a slower process); the update stays."""
-        scale = lambda times: None if times is None else [t * factor for t in times]  # noqa: E731
-        return PassTimes(
-            scale(self.forward), scale(self.backward), self.update, scale(self.input_half), scale(self.weight_half)
-        )
+        return PassTimes([t * factor for t in self.forward], [t * factor for t in self.backward], self.update)
 
     def cost(self, micro_batches: int) -> list[float]:
         """Per block: a forward and a backward pass, and a ``micro_batches``-th of the update (one per step)."""
@@ -109,58 +102,48 @@ class BlockProfile:
             self._bandwidths[threads] = 2 * source.nbytes / min(seconds)  # read and written
         return self._bandwidths[threads]
 
-    def times(self, images: int, processes: int = 1, split: bool = False) -> PassTimes | str:
+    def times(self, images: int, processes: int = 1) -> PassTimes | str:
         """The blocks' times for an input of ``images`` images in one of ``processes`` processes (on the CPU, with
-        its share of the cores), with the halves of the backward pass if ``split``, or why a micro-batch of that
-        size cannot train."""
+        its share of the cores), or why a micro-batch of that size cannot train."""
         key = self._key(images, processes)
-        self.measure_together([(images, processes, split)])
+        self.measure_together([(images, processes)])
         found = self._times[key]
-        if isinstance(found, str):
-            return found
-        return (found if split else replace(found, input_half=None, weight_half=None)).scaled(images / key[0])
+        return found if isinstance(found, str) else found.scaled(images / key[0])
 
-    def measure_together(self, requests: Iterable[tuple[int, int, bool]]) -> None:
-        """Time the blocks for every (images, processes, split) of ``requests`` not timed yet, all in one pass over
-        the blocks (``block_pass_times_together``): a slow moment of the machine then falls on every size alike,
+    def measure_together(self, requests: Iterable[tuple[int, int]]) -> None:
+        """Time the blocks for every (images, processes) of ``requests`` not timed yet, all in one pass over the
+        blocks (``block_pass_times_together``): a slow moment of the machine then falls on every size alike,
         and the forecasts that compare them stay fair. Sizes that failed together (out of memory, say) are
         timed alone, each then keeping why it failed."""
-        keys: dict[tuple[int, int | None], bool] = {}
-        for images, processes, split in requests:
+        keys: dict[tuple[int, int | None], None] = {}
+        for images, processes in requests:
             key = self._key(images, processes)
-            found = self._times.get(key)
-            if isinstance(found, str) or (found is not None and (found.input_half is not None or not split)):
+            if key in self._times or key in keys:
                 continue
             if why := micro_batch_refusal(self.blocks, IMAGE_SHAPE, key[0]):
                 self._times[key] = f"micro-batches of {key[0]} image(s) do not train: {why}"
             else:
-                keys[key] = keys.get(key, False) or split
+                keys[key] = None
         if keys:
-            self._time(keys)
+            self._time(list(keys))
 
-    def _time(self, keys: dict[tuple[int, int | None], bool]) -> None:
+    def _time(self, keys: list[tuple[int, int | None]]) -> None:
         sizes = ", ".join(
-            f"{images} images" + (f" on {threads} thread(s)" if threads else "") + (" (backward in two)" * split)
-            for (images, threads), split in keys.items()
+            f"{images} images" + (f" on {threads} thread(s)" if threads else "") for images, threads in keys
         )
         print(f"timing the blocks for {sizes}{', together' if len(keys) > 1 else ''}", flush=True)
         try:
             with self.precision.train_step_context():
                 examples = [self.precision.convert_input(torch.zeros(images, *IMAGE_SHAPE)) for images, _ in keys]
                 timed = block_pass_times_together(
-                    self.blocks,
-                    examples,
-                    [threads for _, threads in keys],
-                    self.device,
-                    repeats=REPEATS,
-                    split=list(keys.values()),
+                    self.blocks, examples, [threads for _, threads in keys], self.device, repeats=REPEATS
                 )
         except RuntimeError as error:  # out of memory, say
             if len(keys) > 1:
-                for key, split in keys.items():
-                    self._time({key: split})
-            elif not isinstance(self._times.get(key := next(iter(keys))), PassTimes):  # else keep the whole passes
-                self._times[key] = f"timing its blocks failed: {str(error).splitlines()[0]}"
+                for key in keys:
+                    self._time([key])
+            else:
+                self._times[keys[0]] = f"timing its blocks failed: {str(error).splitlines()[0]}"
             return
         finally:
             if self.device.type == "cuda":

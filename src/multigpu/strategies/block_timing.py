@@ -12,7 +12,6 @@ from lightning.pytorch.strategies import Strategy
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor, nn
 
-from multigpu.compat import backward_in_two
 from multigpu.model.lazy_blocks import LazyBlocks
 
 __all__ = [
@@ -64,19 +63,15 @@ def block_pass_times_together(
     threads: Sequence[int | None],
     device: torch.device,
     repeats: int = 3,
-    split: Sequence[bool] = (),
-) -> list[list[tuple[float, ...]]]:
+) -> list[list[tuple[float, float, float]]]:
     """``block_pass_times`` for each input of ``examples``, with as many CPU threads as ``threads`` gives it (None:
     as they are), timed together: each block's copy runs every input in turn (its untimed pass, then its timed
     ones) before the next block comes, so that a slow moment of the machine falls on all of them alike, not on
-    the inputs timed then. For an input whose ``split`` is true, each block's times go on with its backward pass
-    in two, as the zero-bubble pipeline schedules run it (``compat.backward_in_two``): the input gradients, then
-    the weight gradients, timed in passes of their own (in two, the pass costs more than whole)."""
-    split = list(split) + [False] * (len(examples) - len(split))
+    the inputs timed then."""
     if isinstance(blocks, LazyBlocks):
         with blocks.building():
-            return _pass_times(blocks, blocks.build, examples, threads, device, repeats, split)
-    return _pass_times(blocks, lambda index: copy.deepcopy(blocks[index]), examples, threads, device, repeats, split)
+            return _pass_times(blocks, blocks.build, examples, threads, device, repeats)
+    return _pass_times(blocks, lambda index: copy.deepcopy(blocks[index]), examples, threads, device, repeats)
 
 
 def _pass_times(
@@ -86,9 +81,8 @@ def _pass_times(
     threads: Sequence[int | None],
     device: torch.device,
     repeats: int,
-    split: Sequence[bool],
-) -> list[list[tuple[float, ...]]]:
-    times: list[list[tuple[float, ...]]] = [[] for _ in examples]
+) -> list[list[tuple[float, float, float]]]:
+    times: list[list[tuple[float, float, float]]] = [[] for _ in examples]
     inputs, before = [example.to(device) for example in examples], torch.get_num_threads()
     try:
         for index in range(len(blocks)):
@@ -100,15 +94,13 @@ def _pass_times(
                 apply_to_collection(x, Tensor, lambda t: t.detach().requires_grad_(index > 0 and t.is_floating_point()))
                 for x in inputs
             ]
-            passes, halves, outputs = [([], [], []) for _ in examples], [([], []) for _ in examples], list(inputs)
+            passes, outputs = [([], [], []) for _ in examples], list(inputs)
             for which, x in enumerate(inputs):  # each after its own untimed pass: another thread count, say
                 torch.set_num_threads(threads[which] or before)
                 for _ in range(repeats + 1):
                     outputs[which] = _timed_pass(block, x, update, device, passes[which])
-                for _ in range(repeats + 1 if split[which] else 0):
-                    _timed_split_pass(block, x, device, halves[which])
-            for which, timed in enumerate(passes):
-                times[which].append(tuple(min(seconds[1:]) for seconds in timed + halves[which] if seconds))
+            for which, (forwards, backwards, updates) in enumerate(passes):
+                times[which].append((min(forwards[1:]), min(backwards[1:]), min(updates[1:])))
             inputs = outputs
     finally:
         torch.set_num_threads(before)
@@ -136,30 +128,6 @@ def _timed_pass(block: nn.Module, x, update: torch.optim.Optimizer | None, devic
     backwards.append(end - middle)
     updates.append(time.perf_counter() - end)
     return out
-
-
-def _timed_split_pass(block: nn.Module, x, device: torch.device, halves: tuple) -> None:
-    """One forward pass of ``block`` (not timed) and its backward pass in two: the seconds of the input gradients'
-    half and of the weight gradients' half appended to ``halves``."""
-    inputs_half, weights_half = halves
-    out = block(x)
-    # Copied: torch detaches a stage's outputs in place after the input gradients, which a view (a flatten's)
-    # refuses; the copy's backward pass hands the gradient on as it is.
-    outputs = [output.clone() for output in ([out] if isinstance(out, Tensor) else out) if output.requires_grad]
-    inputs = [t for t in ([x] if isinstance(x, Tensor) else x) if isinstance(t, Tensor) and t.requires_grad]
-    synchronize(device)
-    start = time.perf_counter()
-    weight_gradients = (
-        backward_in_two(outputs, [torch.ones_like(output) for output in outputs], inputs, block)
-        if outputs
-        else lambda: None
-    )
-    synchronize(device)
-    middle = time.perf_counter()
-    weight_gradients()
-    synchronize(device)
-    inputs_half.append(middle - start)
-    weights_half.append(time.perf_counter() - middle)
 
 
 def time_blocks(strategy: Strategy, blocks: nn.Sequential, micro_batches: int = 1) -> list[float] | None:

@@ -21,7 +21,6 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "loopedbfs", "interleavedzerobu
 """The schedule names ``pipeline`` accepts, case-insensitive: every schedule of ``get_schedule_class``."""
 
 _V_SHAPED = ("zbvzerobubble", "dualpipev")
-_SPLIT_BACKWARD = ("interleavedzerobubble", "zbvzerobubble", "dualpipev")
 _ROUNDS = ("interleaved1f1b", "interleavedzerobubble")  # micro-batches in whole rounds of the processes
 _ENOUGH_MICRO_BATCHES = ("1f1b", "dualpipev")  # at least as many micro-batches as stages
 
@@ -89,12 +88,6 @@ class StagePlacement:
     def is_single(self) -> bool:
         """One stage per process, for a ``PipelineScheduleSingle`` (GPipe, 1F1B)."""
         return issubclass(schedule_class(self.schedule), PipelineScheduleSingle)
-
-    @property
-    def splits_backward(self) -> bool:
-        """Whether its schedule runs each backward pass in two, the input gradients, then the weight gradients
-        (the zero-bubble schedules)."""
-        return self.schedule.lower() in _SPLIT_BACKWARD
 
     @property
     def is_v_shaped(self) -> bool:
