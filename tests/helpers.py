@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -56,9 +57,12 @@ def cli_main(*args: str) -> None:
 
 
 def cli_error(capsys, *args: str) -> str:
-    """Run ``fit`` with the smoke config and ARGS in this process; return its one ``error:`` line."""
-    with pytest.raises(SystemExit) as exit_info:
-        cli_main("fit", "--config", SMOKE, *args)
+    """Run ``fit`` with the smoke config and ARGS in this process, in an empty folder (what a user's own runs left in
+    the checkout, such as ``checkpoints/smoke/``, is not the error under test); return its one ``error:`` line."""
+    with pytest.MonkeyPatch.context() as patch, tempfile.TemporaryDirectory() as folder:
+        patch.chdir(folder)
+        with pytest.raises(SystemExit) as exit_info:
+            cli_main("fit", "--config", SMOKE, *args)
     assert exit_info.value.code == 2
     return capsys.readouterr().err.strip().splitlines()[-1]
 

@@ -22,9 +22,8 @@ from typing import Any
 from lightning.fabric.utilities.seed import pl_worker_init_function
 
 # Imported in the fork server before any worker starts, so each worker finds what it unpickles (the datasets, their
-# transforms, ``end_with``) already loaded and starts in milliseconds, sharing these pages with the
-# server. The data modules only: ``main.py``, which a worker runs again as ``__mp_main__``, imports the CLI under its
-# ``__main__`` guard.
+# transforms, ``end_with``) already loaded and starts in milliseconds, sharing these pages with the server. The data
+# modules only: ``main.py``, which a worker runs again as ``__mp_main__``, imports the CLI under its ``__main__`` guard.
 PRELOADED = ["multigpu.data.datamodule"]
 
 
