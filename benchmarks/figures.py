@@ -41,6 +41,7 @@ BENCHMARKS = {
         ("--schedules", "gpipe", "1f1b", "zbvzerobubble", "--micro-batches", "8"),
         ("pipeline_efficiency.png",),
     ),
+    "smoke_plan": Figure("plan.md", ()),
     "plan_accuracy": Figure("plan.md", (), ("plan_accuracy.png",)),
     "learning": Figure("learning.md", (), ("learning.png",)),
     "memory": Figure("memory.md", ()),

@@ -1,5 +1,6 @@
 """The benchmark harness runs end to end: the table with the plain-loop reference, JSON and a PNG chart."""
 
+import importlib
 import json
 import shutil
 import subprocess
@@ -152,6 +153,43 @@ def test_plan_accuracy_sets_each_forecast_against_its_measurement_over_runs(tmp_
     assert (tmp_path / "plan_accuracy.png").read_bytes().startswith(b"\x89PNG")
 
 
+def test_smoke_plan_describes_its_runs_and_abridges_the_first_printout(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    smoke_plan = importlib.import_module("smoke_plan")
+    table = [
+        "   #  layout      forecast   img/s",
+        "  1=  model parallel 2   10.0    10.5",
+        "  2=  1 device            9.1    10.0",
+        *(f"      pipeline {n}          7.{n}       -" for n in range(5)),
+    ]
+    printout = "\n".join(["measuring 3 of 7 layouts, within 90 s in all", "", *table, "", "fit options:"])
+    printout += "\n" + "\n".join(f"  layout {n}: --trainer.devices=2" for n in range(7)) + "\n\nplan: measured 2"
+
+    def run(seconds, chosen, tied, errors):
+        return {
+            "seconds": seconds, "budget_s": 90.0, "layouts": 7, "selected": 3, "measured": 2, "busy": False,
+            "left_by_budget": ["pipeline 0"], "errors": errors, "chosen": chosen, "tied": tied, "printout": printout,
+        }  # fmt: skip
+
+    runs = [
+        run(85.0, "1 device", ["model parallel 2"], {"1 device": -0.09, "model parallel 2": -0.04}),
+        run(95.0, "model parallel 2", [], {"1 device": 0.02, "model parallel 2": 0.12}),
+    ]
+    data = {"devices": 2, "runs": runs, "summary": smoke_plan.summary(runs)}
+    assert data["summary"]["within_budget"] == 1 and data["summary"]["largest_error"] == (0.12, "model parallel 2")
+    assert (data["summary"]["within_10"], data["summary"]["within_15"], data["summary"]["errors"]) == (3, 4, 4)
+    paragraph, shown = smoke_plan.markdown(data).split("\n\nThe first printed:\n\n```\n")
+    assert "took 85 to 95 s in 2 runs" in paragraph and "1 of 2 within its 90 s budget" in paragraph
+    assert "largest 12.0%, `model parallel 2`; median 6.5%" in paragraph
+    assert (
+        "Of the 2 runs, 1 chose `1 device` (tied with model parallel 2 in 1, and the simplest); 1 chose `model "
+        "parallel 2` with no other range overlapping its range." in paragraph
+    )
+    assert shown.splitlines()[2:8] == [*table[:4], "      ... (3 more, down to)", table[-1]]
+    options = [f"  layout {n}: --trainer.devices=2" for n in range(2)]
+    assert shown.splitlines()[9:13] == ["fit options:", *options, "  ..."]
+
+
 @pytest.mark.slow
 def test_learning_benchmark_pairs_the_app_with_the_plain_loop_and_reports_the_difference(tmp_path):
     data = write_tiny_cifar10(tmp_path / "cifar", per_batch=8, test=8)
@@ -186,7 +224,8 @@ def test_every_table_in_docs_is_its_json_and_one_command_fills_them_all(tmp_path
         assert (docs / page.name).read_text() == page.read_text(), (
             f"{page.name}: run python benchmarks/figures.py --docs-only"
         )
-    assert result.stdout.count("filled") == 5  # throughput, pipeline efficiency, plan accuracy, learning, memory
+    assert result.stdout.count("filled") == 6  # throughput, pipeline efficiency, smoke plan, plan accuracy, learning,
+    # memory
     (docs / "learning.md").write_text("# Learning\n")
     result = subprocess.run([*fill, "learning"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
