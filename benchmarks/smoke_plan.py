@@ -7,8 +7,9 @@ It runs ``python main.py plan --config configs/smoke.yaml --trainer.accelerator=
 ``--runs`` times, as a user types it (the default ``--plan.budget_s``), and records of each run: its wall time,
 Python's start included; how many layouts it chose to measure and how many it measured (the others named as left
 by the time budget); each measured layout's forecast error (forecast over measured, minus one); the layout it
-chose and whether it declared a tie. Writes ``smoke_plan.json`` (with the first run's printout) to ``--out``; its
-``markdown`` is the paragraph of docs/plan.md that describes these runs.
+chose and whether it declared a tie; of a run that writes no plan (on busy cores ``plan`` may refuse), its time and
+the reason. Writes ``smoke_plan.json`` (with the printouts) to ``--out``; its ``markdown`` is the paragraph of
+docs/plan.md that describes these runs, with the first printout that chose a layout.
 """
 
 import argparse
@@ -25,31 +26,32 @@ from pathlib import Path
 from machine import machine
 
 from multigpu.planning.intervals import median_interval
+from multigpu.planning.ranking import FORECAST_ERROR
 
 REPO = Path(__file__).resolve().parents[1]
 PLAN = "python main.py plan --config configs/smoke.yaml --trainer.accelerator=cpu --trainer.devices={devices}"
 
 
 def one_run(devices: int) -> dict:
-    """One ``plan``, in an empty folder as a user's first: its time, what it measured and chose, its printout."""
+    """One ``plan``, in an empty folder as a user's first: its time, what it measured and chose, its printout; a
+    run that wrote no plan (refused on busy cores, every layout failed) keeps its time, printout and last line."""
     options = PLAN.format(devices=devices).split()[5:]
-    command = [
-        sys.executable,
-        str(REPO / "main.py"),
-        "plan",
-        "--config",
-        str(REPO / "configs" / "smoke.yaml"),
-        *options,
-    ]
+    command = [sys.executable, str(REPO / "main.py"), "plan", "--config", str(REPO / "configs" / "smoke.yaml")]
     with tempfile.TemporaryDirectory() as folder:
         started = time.monotonic()
-        result = subprocess.run(command, cwd=folder, stdout=subprocess.PIPE, text=True)
+        result = subprocess.run([*command, *options], cwd=folder, capture_output=True, text=True)
         seconds = time.monotonic() - started
         print(result.stdout, flush=True)
-        if result.returncode != 0:
-            sys.exit(f"error: {PLAN.format(devices=devices)} failed with exit status {result.returncode}: see above.")
-        rows = json.loads((Path(folder) / "logs" / "smoke" / "plan.json").read_text())["results"]
+        plan_json = Path(folder) / "logs" / "smoke" / "plan.json"
+        rows = json.loads(plan_json.read_text())["results"] if plan_json.exists() else None
+    busy = "the cores are busy" in result.stdout + result.stderr
+    if result.returncode != 0 or rows is None:
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        print(f"no plan written (exit status {result.returncode}): {last}", flush=True)
+        return {"seconds": seconds, "refused": last, "busy": busy, "printout": result.stdout.strip()}
     selected = re.search(r"^measuring (\d+) of (\d+) layouts(?:, within (\d+) s in all)?", result.stdout, re.M)
+    if selected is None:
+        sys.exit("error: plan printed no 'measuring N of M layouts' line: update smoke_plan.py to plan's printout.")
     left = re.search(r"not measured, the time budget spent: (.*) \(raise", result.stdout)
     measured = [row for row in rows if row["images_per_s"]]
     return {
@@ -59,28 +61,29 @@ def one_run(devices: int) -> dict:
         "selected": int(selected[1]),
         "measured": len(measured),
         "left_by_budget": left[1].split(", ") if left else [],
-        "errors": {row["layout"]: row["forecast"] / row["images_per_s"] - 1 for row in measured if row["forecast"]},
+        "errors": {row["layout"]: row["error"] for row in measured if row["error"] is not None},
         "chosen": next(row["layout"] for row in rows if row["chosen"]),
         "tied": [row["layout"] for row in measured if row["tied_with_fastest"] and not row["chosen"]],
-        "busy": "the cores are busy" in result.stdout,
+        "busy": busy,
         "printout": result.stdout.strip(),
     }
 
 
 def summary(runs: list[dict]) -> dict:
-    """The figures over the runs that the docs quote."""
+    """The figures over the runs that the docs quote: time over every run, the rest over those that chose."""
     seconds = median_interval([run["seconds"] for run in runs])
-    errors = [(abs(error), layout) for run in runs for layout, error in run["errors"].items()]
+    chose = [run for run in runs if "chosen" in run]
+    errors = [(error, layout) for run in chose for layout, error in run["errors"].items()]
     return {
         "seconds": [seconds.median, seconds.low, seconds.high],
         "seconds_coverage": seconds.coverage,
-        "within_budget": sum(run["budget_s"] is None or run["seconds"] <= run["budget_s"] for run in runs),
-        "largest_error": max(errors),
-        "median_error": statistics.median(error for error, _ in errors),
-        "within_10": sum(error <= 0.10 for error, _ in errors),
-        "within_15": sum(error <= 0.15 for error, _ in errors),
+        "within_budget": sum(run["budget_s"] is None or run["seconds"] <= run["budget_s"] for run in chose),
+        "largest_error": max(errors, key=lambda pair: abs(pair[0]), default=None),
+        "median_error": statistics.median(abs(error) for error, _ in errors) if errors else None,
+        "within_10": sum(abs(error) <= 0.10 for error, _ in errors),
+        "within_15": sum(abs(error) <= 0.15 for error, _ in errors),
         "errors": len(errors),
-        "choices": Counter(run["chosen"] for run in runs).most_common(),
+        "refused": sum("refused" in run for run in runs),
     }
 
 
@@ -101,30 +104,37 @@ def _choices(runs: list[dict]) -> str:
     return "; ".join(parts)
 
 
-def abridged(printout: str, measured: int) -> str:
-    """``printout`` with its table cut after the measured layouts and the first one left (then the last one), and
-    its fit options after the measured layouts'."""
-    lines, kept, position = printout.splitlines(), [], 0
+def abridged(printout: str) -> str:
+    """``printout`` with the list of layouts the budget left cut after two, its table after the measured layouts
+    (those with a place) and the first one left (then the last one), and its fit options after the measured
+    layouts'."""
+    lines, kept, position, placed = printout.splitlines(), [], 0, 0
     while position < len(lines):
         line = lines[position]
-        kept.append(line)
         position += 1
+        if line.lstrip().startswith("not measured, the time budget spent: "):
+            head, names = line.split(": ", 1)
+            names, rest = names.split(" (raise", 1)
+            if names.count(", ") > 1:
+                line = f"{head}: {', '.join(names.split(', ')[:2])}, ... (raise{rest}"
+        kept.append(line)
         if line.lstrip().startswith("#  layout"):
             table = []
             while position < len(lines) and lines[position].strip():
                 table.append(lines[position])
                 position += 1
-            kept += table[: measured + 1]
-            if len(table) > measured + 2:
-                kept += [f"      ... ({len(table) - measured - 2} more, down to)", table[-1]]
-            elif len(table) == measured + 2:
+            placed = sum(row[:5].strip() != "" for row in table)
+            kept += table[: placed + 1]
+            if len(table) > placed + 2:
+                kept += [f"      ... ({len(table) - placed - 2} more, down to)", table[-1]]
+            elif len(table) == placed + 2:
                 kept.append(table[-1])
         elif line == "fit options:":
             options = []
             while position < len(lines) and lines[position].strip():
                 options.append(lines[position])
                 position += 1
-            kept += options[:measured] + (["  ..."] if len(options) > measured else [])
+            kept += options[:placed] + (["  ..."] if len(options) > placed else [])
     return "\n".join(kept)
 
 
@@ -133,33 +143,43 @@ def _span(counts: list[int]) -> str:
 
 
 def markdown(data: dict) -> str:
-    """The paragraph of docs/plan.md on these runs, and the first run's printout."""
-    runs, figures = data["runs"], data["summary"]
+    """The paragraph of docs/plan.md on these runs, and the printout of the first run that chose a layout."""
+    runs = data["runs"]
+    figures = summary(runs)
     median, low, high = figures["seconds"]
-    largest, worst = figures["largest_error"]
-    budgets = {run["budget_s"] for run in runs}
-    budget = f"{budgets.pop():.0f} s budget" if len(budgets) == 1 else "time budget"
-    left = [len(run["left_by_budget"]) for run in runs]
-    measured = [run["measured"] for run in runs]
+    chose = [run for run in runs if "chosen" in run]
+    text = (
+        f"`{PLAN.format(devices=data['devices'])}` ran {len(runs)} times: median {median:.0f} s, interval "
+        f"{low:.0f}-{high:.0f} s ({figures['seconds_coverage']:.0%}), Python's start included."
+    )
+    if figures["refused"]:
+        reasons = Counter(run["refused"] for run in runs if "refused" in run)
+        text += (
+            f" {figures['refused']} wrote no plan: " + "; ".join(f"{n}x `{line}`" for line, n in reasons.items()) + "."
+        )
+    if not chose:
+        return text + "\n"
+    budgets = {run["budget_s"] for run in chose}
+    if budgets != {None}:
+        budget = f"{budgets.pop():.0f} s budget" if len(budgets) == 1 else "time budget"
+        text += f" {figures['within_budget']} of {len(chose)} finished within its {budget}."
+    left = [len(run["left_by_budget"]) for run in chose]
+    text += (
+        f" Each chose {_span([run['selected'] for run in chose])} of {chose[0]['layouts']} layouts to measure (the "
+        f"reference, the best forecast ones and every one forecast within {FORECAST_ERROR:.0%} of the best) and "
+        f"measured {_span([run['measured'] for run in chose])}"
+        + (f", leaving {_span(left)} to the time budget." if any(left) else ".")
+    )
+    if figures["errors"]:
+        error, layout = figures["largest_error"]
+        text += (
+            f" Their forecasts were within 10% of the measured medians {figures['within_10']} of "
+            f"{figures['errors']} times, within 15% {figures['within_15']} times (largest {error:+.1%}, `{layout}`; "
+            f"median {figures['median_error']:.1%})."
+        )
     busy = sum(run["busy"] for run in runs)
-    lines = [
-        f"`{PLAN.format(devices=data['devices'])}` took {min(run['seconds'] for run in runs):.0f} to "
-        f"{max(run['seconds'] for run in runs):.0f} s in {len(runs)} runs (median {median:.0f} s, interval "
-        f"{low:.0f}-{high:.0f} s, {figures['seconds_coverage']:.0%}), Python's start included; "
-        f"{figures['within_budget']} of {len(runs)} within its {budget}. Each measured {_span(measured)} of "
-        f"{runs[0]['layouts']} layouts and named the {_span(left)} others that it had chosen to measure and the "
-        f"budget left. Their forecasts were within 10% of the measured medians "
-        f"{figures['within_10']} of {figures['errors']} times, within 15% {figures['within_15']} times (largest "
-        f"{largest:.1%}, `{worst}`; median {figures['median_error']:.1%}). Of the {len(runs)} runs, "
-        f"{_choices(runs)}." + (f" {busy} found the cores busy." if busy else ""),
-        "",
-        "The first printed:",
-        "",
-        "```",
-        abridged(runs[0]["printout"], runs[0]["measured"]),
-        "```",
-    ]
-    return "\n".join(lines) + "\n"
+    text += f" Of the {len(chose)} that chose, {_choices(chose)}." + (f" {busy} found the cores busy." if busy else "")
+    return "\n".join([text, "", "The first printed:", "", "```", abridged(chose[0]["printout"]), "```"]) + "\n"
 
 
 def main() -> None:

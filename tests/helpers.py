@@ -59,7 +59,7 @@ def cli_main(*args: str) -> None:
 def cli_error(capsys, *args: str) -> str:
     """Run ``fit`` with the smoke config and ARGS in this process, in an empty folder (what a user's own runs left in
     the checkout, such as ``checkpoints/smoke/``, is not the error under test); return its one ``error:`` line."""
-    with pytest.MonkeyPatch.context() as patch, tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory() as folder, pytest.MonkeyPatch.context() as patch:
         patch.chdir(folder)
         with pytest.raises(SystemExit) as exit_info:
             cli_main("fit", "--config", SMOKE, *args)

@@ -162,32 +162,44 @@ def test_smoke_plan_describes_its_runs_and_abridges_the_first_printout(monkeypat
         "  2=  1 device            9.1    10.0",
         *(f"      pipeline {n}          7.{n}       -" for n in range(5)),
     ]
-    printout = "\n".join(["measuring 3 of 7 layouts, within 90 s in all", "", *table, "", "fit options:"])
+    left = "  not measured, the time budget spent: pipeline 0, pipeline 1, pipeline 2 (raise --plan.budget_s to ...)"
+    printout = "\n".join(["measuring 5 of 7 layouts, within 90 s in all", left, "", *table, "", "fit options:"])
     printout += "\n" + "\n".join(f"  layout {n}: --trainer.devices=2" for n in range(7)) + "\n\nplan: measured 2"
 
     def run(seconds, chosen, tied, errors):
         return {
-            "seconds": seconds, "budget_s": 90.0, "layouts": 7, "selected": 3, "measured": 2, "busy": False,
-            "left_by_budget": ["pipeline 0"], "errors": errors, "chosen": chosen, "tied": tied, "printout": printout,
+            "seconds": seconds, "budget_s": 90.0, "layouts": 7, "selected": 5, "measured": 2, "busy": False,
+            "left_by_budget": ["pipeline 0", "pipeline 1", "pipeline 2"], "errors": errors, "chosen": chosen,
+            "tied": tied, "printout": printout,
         }  # fmt: skip
 
+    busy = "error: plan: the cores are busy after profiling: ..."
     runs = [
         run(85.0, "1 device", ["model parallel 2"], {"1 device": -0.09, "model parallel 2": -0.04}),
+        {"seconds": 70.0, "refused": busy, "busy": True, "printout": ""},
         run(95.0, "model parallel 2", [], {"1 device": 0.02, "model parallel 2": 0.12}),
     ]
-    data = {"devices": 2, "runs": runs, "summary": smoke_plan.summary(runs)}
-    assert data["summary"]["within_budget"] == 1 and data["summary"]["largest_error"] == (0.12, "model parallel 2")
-    assert (data["summary"]["within_10"], data["summary"]["within_15"], data["summary"]["errors"]) == (3, 4, 4)
-    paragraph, shown = smoke_plan.markdown(data).split("\n\nThe first printed:\n\n```\n")
-    assert "took 85 to 95 s in 2 runs" in paragraph and "1 of 2 within its 90 s budget" in paragraph
-    assert "largest 12.0%, `model parallel 2`; median 6.5%" in paragraph
+    figures = smoke_plan.summary(runs)
+    assert figures["within_budget"] == 1 and figures["refused"] == 1
+    assert figures["largest_error"] == (0.12, "model parallel 2")
+    assert (figures["within_10"], figures["within_15"], figures["errors"]) == (3, 4, 4)
+    paragraph, shown = smoke_plan.markdown({"devices": 2, "runs": runs}).split("\n\nThe first printed:\n\n```\n")
+    assert paragraph.startswith("`python main.py plan --config configs/smoke.yaml --trainer.accelerator=cpu ")
+    assert "ran 3 times: median 85 s, interval 70-95 s (75%), Python's start included. 1 wrote no plan: " in paragraph
+    assert f"1x `{busy}`. 1 of 2 finished within its 90 s budget. Each chose 5 of 7 layouts to measure" in paragraph
+    assert "and measured 2, leaving 3 to the time budget." in paragraph
+    assert "largest +12.0%, `model parallel 2`; median 6.5%" in paragraph
     assert (
-        "Of the 2 runs, 1 chose `1 device` (tied with model parallel 2 in 1, and the simplest); 1 chose `model "
-        "parallel 2` with no other range overlapping its range." in paragraph
+        "Of the 2 that chose, 1 chose `1 device` (tied with model parallel 2 in 1, and the simplest); 1 chose `model "
+        "parallel 2` with no other range overlapping its range. 1 found the cores busy." in paragraph
     )
-    assert shown.splitlines()[2:8] == [*table[:4], "      ... (3 more, down to)", table[-1]]
+    lines = shown.splitlines()
+    assert (
+        lines[1] == "  not measured, the time budget spent: pipeline 0, pipeline 1, ... (raise --plan.budget_s to ...)"
+    )
+    assert lines[3:9] == [*table[:4], "      ... (3 more, down to)", table[-1]]
     options = [f"  layout {n}: --trainer.devices=2" for n in range(2)]
-    assert shown.splitlines()[9:13] == ["fit options:", *options, "  ..."]
+    assert lines[10:14] == ["fit options:", *options, "  ..."]
 
 
 @pytest.mark.slow
