@@ -85,12 +85,19 @@ def configs(processes: int) -> dict[str, Config]:
             app=["--trainer.strategy=pipeline", *spread],
             multi_process=True,
         ),
+        Config(
+            "fsdp",
+            f"main.py fit, fsdp (FSDP2), {processes} processes",
+            app=["--trainer.strategy=fsdp", *spread],
+            multi_process=True,
+        ),
         Config("dp", f"main.py fit, dp over {processes} devices", app=["--trainer.strategy=dp", *spread]),
         Config(
             "manual_model_parallel",
             f"main.py fit, manual_model_parallel over {processes} devices",
             app=["--trainer.strategy=manual_model_parallel", *spread],
         ),
+        Config("app-16", "main.py fit, 16-mixed (float16, gradient scaler)", app=["--trainer.precision=16-mixed"]),
         Config("plain-fast", "plain loop, bf16 + channels_last", plain=["--channels-last"], fast=True),
         Config("fast", "main.py fit, bf16 + channels_last", app=[], fast=True, reference="plain-fast"),
         Config(

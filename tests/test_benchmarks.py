@@ -1,5 +1,6 @@
 """The benchmark harness runs end to end: the table with the plain-loop reference, JSON and a PNG chart."""
 
+import argparse
 import importlib
 import json
 import shutil
@@ -202,6 +203,44 @@ def test_smoke_plan_describes_its_runs_and_abridges_the_first_printout(monkeypat
     assert lines[10:14] == ["fit options:", *options, "  ..."]
 
 
+def test_cuda_paths_keeps_a_failing_path_with_its_reason_and_writes_every_round(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    cuda_paths = importlib.import_module("cuda_paths")
+    speeds = iter([100.0, 90.0, 50.0, 110.0, 95.0, 120.0, 100.0])  # in the order the paths run, below
+    ran = []
+
+    def run(command, out, log, **_):
+        name = out.stem
+        ran.append(name)
+        if name == "fsdp" and len(ran) > 3:  # fails in its second round, after a first that worked
+            log.write_text("Traceback ...\nRuntimeError: NCCL error: unhandled cuda error\n\n")
+            raise cuda_paths.RunFailed("fsdp failed")
+        return {"images_per_s": next(speeds), "step_time_s": 0.05, "peak_memory_bytes": [2**30]}
+
+    monkeypatch.setattr(cuda_paths, "run", run)
+    args = argparse.Namespace(
+        processes=1, cuda=True, precision="32-true", batch_size=8, steps=2, warmup=1, stem="cifar", workers=0,
+        rounds=3, accelerator="cuda",
+    )  # fmt: skip
+    written = []
+    rows = cuda_paths.measure(["plain", "app", "fsdp"], args, written.append)
+    assert ran == ["plain", "app", "fsdp", "app", "fsdp", "plain", "plain", "app"]  # orders rotated, fsdp dropped
+    assert [[row.get("error", "ok") for row in round_rows] for round_rows in written] == [
+        ["ok", "ok", "ok"],
+        *[["ok", "ok", "RuntimeError: NCCL error: unhandled cuda error"]] * 2,
+    ]
+    plain, app, fsdp = rows
+    assert app["vs_plain"] == pytest.approx(0.9)  # 90/100, 110/95, 100/120 round by round
+    assert app["vs_plain_interval"] == pytest.approx([100 / 120, 110 / 95])
+    page = cuda_paths.markdown({"settings": vars(args), "results": rows})
+    assert "3 of 3 rounds; each figure the median of its rounds" in page
+    assert "| app | float32 | yes | 100 (90-110) | 0.900 (0.833-1.158) | - |" in page
+    assert "| fsdp | fsdp (FSDP2), NCCL with one rank | **no**: RuntimeError: NCCL error" in page
+    first = cuda_paths.markdown({"settings": vars(args), "results": written[0]})
+    assert "1 of 3 rounds; one run of each path, so no interval" in first
+    assert "| fsdp | fsdp (FSDP2), NCCL with one rank | yes | 50 | 0.500 | 0.556 |" in first
+
+
 @pytest.mark.slow
 def test_learning_benchmark_pairs_the_app_with_the_plain_loop_and_reports_the_difference(tmp_path):
     data = write_tiny_cifar10(tmp_path / "cifar", per_batch=8, test=8)
@@ -236,8 +275,8 @@ def test_every_table_in_docs_is_its_json_and_one_command_fills_them_all(tmp_path
         assert (docs / page.name).read_text() == page.read_text(), (
             f"{page.name}: run python benchmarks/figures.py --docs-only"
         )
-    assert result.stdout.count("filled") == 6  # throughput, pipeline efficiency, smoke plan, plan accuracy, learning,
-    # memory
+    assert result.stdout.count("filled") == 7  # throughput, pipeline efficiency, smoke plan, plan accuracy, learning,
+    # memory, cuda paths
     (docs / "learning.md").write_text("# Learning\n")
     result = subprocess.run([*fill, "learning"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
