@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import REPO, write_tiny_cifar10
@@ -201,6 +202,37 @@ def test_smoke_plan_describes_its_runs_and_abridges_the_first_printout(monkeypat
     assert lines[3:9] == [*table[:4], "      ... (3 more, down to)", table[-1]]
     options = [f"  layout {n}: --trainer.devices=2" for n in range(2)]
     assert lines[10:14] == ["fit options:", *options, "  ..."]
+
+
+def test_smoke_plan_reads_what_plan_measured_from_its_plan_json(monkeypatch):
+    """A run's budget, layouts selected and left by the budget come from ``plan.json``, not the printout."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    smoke_plan = importlib.import_module("smoke_plan")
+
+    def row(layout, images_per_s, selected, left=False, chosen=False, tied=False, error=None):
+        return {
+            "layout": layout, "images_per_s": images_per_s, "selected": selected, "left_by_budget": left,
+            "chosen": chosen, "tied_with_fastest": tied, "error": error,
+        }  # fmt: skip
+
+    rows = [
+        row("1 device", 10.0, True, chosen=True, tied=True, error=-0.05),
+        row("ddp", 9.8, True, tied=True, error=0.08),
+        row("fsdp", None, True, left=True),
+        row("dp", None, False),
+    ]
+
+    def plan(command, cwd, **_):
+        folder = Path(cwd) / "logs" / "smoke"
+        folder.mkdir(parents=True)
+        (folder / "plan.json").write_text(json.dumps({"title": "", "budget_s": 90.0, "results": rows}))
+        return subprocess.CompletedProcess(command, 0, "plan: measured 2 of 4 layouts\n", "")
+
+    monkeypatch.setattr(smoke_plan.subprocess, "run", plan)
+    run = smoke_plan.one_run(2)
+    assert (run["budget_s"], run["layouts"], run["selected"], run["measured"]) == (90.0, 4, 3, 2)
+    assert run["left_by_budget"] == ["fsdp"] and run["errors"] == {"1 device": -0.05, "ddp": 0.08}
+    assert (run["chosen"], run["tied"]) == ("1 device", ["ddp"])
 
 
 def test_cuda_paths_keeps_a_failing_path_with_its_reason_and_writes_every_round(monkeypatch, tmp_path):

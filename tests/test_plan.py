@@ -291,8 +291,11 @@ def test_plan_forecasts_measures_the_best_marks_ties_and_writes_a_config_that_fi
     rows = {row[1] if row[0][0].isdigit() else row[0]: row for row in _table(result.stdout)}
     assert set(rows) == {"1 device", "ddp", "pipeline 2 1f1b m2", "pipeline 2 1f1b m4"}
     folder = tmp_path / "logs" / "test"
-    figures = {row["layout"]: row for row in json.loads((folder / "plan.json").read_text())["results"]}
+    plan = json.loads((folder / "plan.json").read_text())
+    figures = {row["layout"]: row for row in plan["results"]}
     measured = {name for name, row in figures.items() if row["figures"]}
+    assert plan["budget_s"] is None and not any(row["left_by_budget"] for row in plan["results"])
+    assert {name for name, row in figures.items() if row["selected"]} == measured
     best = max(figures, key=lambda name: figures[name]["forecast"])
     within = {
         name for name, row in figures.items() if row["forecast"] >= (1 - FORECAST_ERROR) * figures[best]["forecast"]
@@ -342,12 +345,14 @@ def test_plan_forecasts_measures_the_best_marks_ties_and_writes_a_config_that_fi
     assert torch.load(tmp_path / "checkpoints" / "winner" / "last.ckpt")["hyper_parameters"]["arch"] == "resnet18"
 
 
-def test_a_time_budget_measures_the_reference_and_the_best_forecast_then_what_fits(monkeypatch, capsys):
+def test_a_time_budget_measures_the_reference_and_the_best_forecast_then_what_fits(monkeypatch, capsys, tmp_path):
     """``--plan.budget_s``: the layouts in measuring order, the reference and the best forecast whatever the time,
-    then each one whose forecast training time still ends before the deadline; the rest are named, unmeasured."""
+    then each one whose forecast training time still ends before the deadline; the rest are named, unmeasured,
+    and ``plan.json`` says which."""
     from multigpu.planning import measurement
     from multigpu.planning.layouts import Layout
     from multigpu.planning.ranking import Outcome, in_measuring_order
+    from multigpu.planning.report import write_outputs
 
     trained = []
 
@@ -376,6 +381,16 @@ def test_a_time_budget_measures_the_reference_and_the_best_forecast_then_what_fi
     assert "  not measured, the time budget spent: ddp, fsdp (raise --plan.budget_s to measure them)" in (
         capsys.readouterr().out
     )
+    write_outputs([*measured, Outcome(Layout("dp", "dp", 2, 1, 8), [1], 9.0)], tmp_path, None, {}, "", measured, 2.0)
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["budget_s"] == 2.0
+    assert {row["layout"]: (row["selected"], row["left_by_budget"]) for row in plan["results"]} == {
+        "1 device": (True, False),
+        "model parallel 2": (True, False),
+        "ddp": (True, True),
+        "fsdp": (True, True),
+        "dp": (False, False),
+    }
     trained.clear()
     measurement.measure(order, [], setting, 1, 1, 2, 1, deadline=time.monotonic() + 60.0)
     assert len(trained) == 4

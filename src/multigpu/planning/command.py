@@ -105,6 +105,7 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
                     f"process. Stop it, or {BUSY_REMEDY}."
                 )
     refusals += left_out
+    measured: list[Outcome] = []  # those chosen to be measured, as measured (or left by the budget)
     if not options.dry_run:
         accumulate = trainer.get("accumulate_grad_batches") or 1
         selected = in_measuring_order(outcomes if options.measure == "all" else to_measure(outcomes, options.top))
@@ -132,6 +133,8 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
             setting.device_ids,
             trainer,
             f"{where}, batch {setting.batch_size} per device, {setting.precision}",
+            measured,
+            options.budget_s,
         )
         is None
     ):

@@ -99,10 +99,17 @@ def print_report(
 
 
 def write_outputs(
-    outcomes: Sequence[Outcome], folder: Path, device_ids: Sequence[int] | None, trainer: dict[str, Any], title: str
+    outcomes: Sequence[Outcome],
+    folder: Path,
+    device_ids: Sequence[int] | None,
+    trainer: dict[str, Any],
+    title: str,
+    selected: Sequence[Outcome],
+    budget_s: float | None,
 ) -> Path | None:
     """Write the chosen layout as ``plan.yaml``, every forecast and figure as ``plan.json`` and the chart
-    ``plan.png`` into ``folder``; return the config's path (None when no layout ran)."""
+    ``plan.png`` into ``folder``; return the config's path (None when no layout ran). ``selected``: the outcomes
+    chosen to be measured, those that the time budget (``budget_s``) left unmeasured among them."""
     chosen = choice(outcomes)
     if chosen is None:
         return None
@@ -118,7 +125,7 @@ def write_outputs(
         f"--config {folder / 'plan.yaml'}\n"
     )
     (folder / "plan.yaml").write_text(header + yaml.safe_dump(config, sort_keys=False))
-    ties = {id(o) for o in tied(outcomes)}
+    ties, picked = {id(o) for o in tied(outcomes)}, {id(o) for o in selected}
     rows = [
         {
             **asdict(outcome),
@@ -128,12 +135,15 @@ def write_outputs(
             "error": outcome.error,
             "tied_with_fastest": id(outcome) in ties,
             "chosen": outcome is chosen,
+            "selected": id(outcome) in picked,
+            "left_by_budget": id(outcome) in picked and not outcome.figures and outcome.failure is None,
             "efficiency": _efficiency(outcome, outcomes),
             "fit_options": outcome.layout.fit_options(device_ids),
         }
         for outcome in outcomes
     ]
-    (folder / "plan.json").write_text(json.dumps({"title": title, "results": rows}, indent=2, default=list))
+    plan = {"title": title, "budget_s": budget_s, "results": rows}
+    (folder / "plan.json").write_text(json.dumps(plan, indent=2, default=list))
     bars = ranked(outcomes)
     notes = [
         ", ".join(
