@@ -62,7 +62,12 @@ def regenerate(name: str, figures: Path) -> None:
     work = REPO / "benchmarks" / "results" / "figures" / name
     work.mkdir(parents=True, exist_ok=True)
     print(f"{command(name)} --out {work.relative_to(REPO)}", flush=True)
-    subprocess.run([sys.executable, str(HERE / f"{name}.py"), *BENCHMARKS[name].arguments, f"--out={work}"], check=True)
+    done = subprocess.run([sys.executable, str(HERE / f"{name}.py"), *BENCHMARKS[name].arguments, f"--out={work}"])
+    if done.returncode:
+        sys.exit(
+            f"error: benchmarks/{name}.py failed (its output is above), docs/figures keeps its earlier figures; "
+            "python benchmarks/figures.py --docs-only fills the pages from what is there."
+        )
     for file in (f"{name}.json", *BENCHMARKS[name].charts):
         shutil.copyfile(work / file, figures / file)
 
@@ -99,7 +104,7 @@ def main() -> None:
     if unknown := [name for name in names if name not in BENCHMARKS]:
         sys.exit(f"error: no benchmark {unknown[0]!r} makes figures for docs/; those that do: {', '.join(BENCHMARKS)}.")
     if not args.docs_only:
-        gpu = args.names or torch.cuda.is_available()
+        gpu = bool(args.names) or torch.cuda.is_available()
         if left := [name for name in names if BENCHMARKS[name].needs_cuda and not gpu]:
             print(f"no GPU visible: {', '.join(left)} not run; its table is filled from docs/figures", flush=True)
         for name in names:

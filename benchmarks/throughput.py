@@ -33,6 +33,7 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +43,7 @@ from machine import machine
 from multigpu.planning.bar_chart import write_bar_chart
 from multigpu.planning.busy_cores import note_if_busy
 from multigpu.planning.intervals import median_interval
+from multigpu.planning.measurement import last_error
 from multigpu.planning.step_timer import step_timer
 from multigpu.planning.timed_runs import RunFailed, run
 from multigpu.planning.timed_runs import fit_command as timed_fit_command
@@ -66,7 +68,7 @@ class Config:
 
 
 def configs(processes: int) -> dict[str, Config]:
-    spread = [f"--trainer.devices={processes}"]
+    spread, each = [f"--trainer.devices={processes}"], f"{processes} process{'es' * (processes != 1)}"
     every = [
         Config("plain", "plain PyTorch loop, synthetic batches on the device", plain=[]),
         Config(
@@ -75,7 +77,7 @@ def configs(processes: int) -> dict[str, Config]:
         Config("app", "main.py fit, one process", app=[]),
         Config(
             "ddp",
-            f"main.py fit, ddp, {processes} processes",
+            f"main.py fit, ddp, {each}",
             app=["--trainer.strategy=ddp", *spread],
             multi_process=True,
         ),
@@ -87,7 +89,7 @@ def configs(processes: int) -> dict[str, Config]:
         ),
         Config(
             "fsdp",
-            f"main.py fit, fsdp (FSDP2), {processes} processes",
+            f"main.py fit, fsdp (FSDP2), {each}",
             app=["--trainer.strategy=fsdp", *spread],
             multi_process=True,
         ),
@@ -123,14 +125,6 @@ def default_configs(cuda: bool) -> list[str]:
         names = ["plain-torchvision", "plain", "app", "plain-fast", "fast", "fast-compiled", "fast-on-device"]
         return names + (["ddp"] if torch.cuda.device_count() > 1 else [])
     return ["plain", "app", "ddp", "pipeline"]
-
-
-def run_config(command: list[str], out: Path, threads: int | None, log: Path) -> dict:
-    """Run one configuration's command (callbacks from this folder importable); a failed run ends the benchmark."""
-    try:
-        return run(command, out, log, threads, pythonpath=[HERE], cwd=REPO)
-    except RunFailed as failure:
-        sys.exit(f"error: {failure}")
 
 
 def command(config: Config, args: argparse.Namespace, folder: Path) -> list[str]:
@@ -193,23 +187,47 @@ def fit_command(
     )
 
 
-def measure(names: list[str], args: argparse.Namespace) -> list[dict]:
+def measure(
+    names: list[str],
+    args: argparse.Namespace,
+    keep_going: bool = False,
+    after_round: Callable[[list[dict], int], None] | None = None,
+) -> list[dict]:
     """Every configuration once per round, the rounds' orders rotated, so that a slow period of the machine falls
-    on all of them alike; each row holds its median round's figures and the intervals of its rounds."""
+    on all of them alike; each row holds its median round's figures and the intervals of its rounds. A failed run
+    ends the benchmark, or with ``keep_going`` becomes its configuration's row (the round and the line that says
+    why), the configuration left out of later rounds; ``after_round`` gets the rows and the rounds finished."""
     table = configs(args.processes)
     threads = None if args.cuda else args.threads
     runs: dict[str, list[dict]] = {name: [] for name in names}
+    failed: dict[str, dict] = {}
+    rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for round_index in range(args.rounds):
             folder = Path(tmp) / f"round{round_index}"
             folder.mkdir()
-            shift = round_index % len(names)
-            for name in names[shift:] + names[:shift]:
-                command_line = command(table[name], args, folder)
-                runs[name].append(run_config(command_line, folder / f"{name}.json", threads, folder / f"{name}.log"))
-            figures = ", ".join(f"{name} {runs[name][-1]['images_per_s']:.1f}" for name in names)
+            live = [name for name in names if name not in failed]
+            shift = round_index % max(1, len(live))
+            for name in live[shift:] + live[:shift]:
+                out, log = folder / f"{name}.json", folder / f"{name}.log"
+                try:
+                    figures = run(command(table[name], args, folder), out, log, threads, [HERE], REPO, args.timeout_s)
+                except RunFailed as failure:
+                    if not keep_going:
+                        sys.exit(f"error: {failure}")
+                    reason = str(failure) if "still running" in str(failure) else last_error(log.read_text())
+                    failed[name] = {"name": name, "description": table[name].description, "failed_in_round":
+                                    round_index + 1, "error": reason}  # fmt: skip
+                    del runs[name]
+                    print(f"  {name} failed: {reason}", flush=True)
+                    continue
+                runs[name].append(figures)
+            figures = ", ".join(f"{name} {runs[name][-1]['images_per_s']:.1f}" for name in runs)
             print(f"  round {round_index + 1} of {args.rounds} (img/s): {figures}", flush=True)
-    return [summary(name, table, runs, args.processes) for name in names]
+            rows = [failed.get(name) or summary(name, table, runs, args.processes) for name in names]
+            if after_round is not None:
+                after_round(rows, round_index + 1)
+    return rows
 
 
 def summary(name: str, table: dict[str, Config], runs: dict[str, list[dict]], processes: int) -> dict:
@@ -317,6 +335,19 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results", help="folder for JSON and PNG")
 
 
+def add_round_options(parser: argparse.ArgumentParser, rounds: int) -> None:
+    """How many rounds, and how long a run may take: shared with ``cuda_paths.py``."""
+    parser.add_argument(
+        "--rounds", type=int, default=rounds, help=f"runs of every configuration, interleaved (default {rounds})"
+    )
+    parser.add_argument("--timeout-s", type=float, default=900.0, help="a run still going after this is stopped")
+
+
+def check_rounds(args: argparse.Namespace) -> None:
+    if args.rounds < 1:
+        sys.exit("error: --rounds must be at least 1.")
+
+
 def where(args: argparse.Namespace) -> str:
     """Set ``args.cuda`` from ``--accelerator``; the device in words."""
     args.cuda = args.accelerator == "cuda" or (args.accelerator == "auto" and torch.cuda.is_available())
@@ -336,9 +367,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, help="per process (default: 512 on GPUs, 128 on the CPU)")
     parser.add_argument("--steps", type=int, help="timed steps (default: 30 on GPUs, 3 on the CPU)")
     parser.add_argument("--warmup", type=int, help="untimed steps first (default: 10 on GPUs, 3 on the CPU)")
-    parser.add_argument(
-        "--rounds", type=int, default=5, help="runs of every configuration, interleaved (5: a 94%% interval)"
-    )
+    add_round_options(parser, 5)
     add_run_options(parser)
     args = parser.parse_args()
     device = where(args)
@@ -356,8 +385,7 @@ def main() -> None:
         for config in table.values():
             print(f"{config.name:<22} {config.description}")
         return
-    if args.rounds < 1:
-        sys.exit("error: --rounds must be at least 1.")
+    check_rounds(args)
     names = args.configs or default_configs(args.cuda)
     if unknown := [name for name in names if name not in table]:
         sys.exit(f"error: unknown configuration {unknown[0]!r}; --list shows them all.")

@@ -235,42 +235,51 @@ def test_smoke_plan_reads_what_plan_measured_from_its_plan_json(monkeypatch):
     assert (run["chosen"], run["tied"]) == ("1 device", ["ddp"])
 
 
-def test_cuda_paths_keeps_a_failing_path_with_its_reason_and_writes_every_round(monkeypatch, tmp_path):
+def test_cuda_paths_keeps_a_failing_path_with_its_reason_and_writes_every_round(monkeypatch):
+    """``throughput.measure(keep_going=True)``, as ``cuda_paths.py`` runs it: a path that fails or hangs becomes a
+    row with its round and reason and is left out of later rounds; every round's rows are handed on."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    cuda_paths = importlib.import_module("cuda_paths")
+    throughput, cuda_paths = importlib.import_module("throughput"), importlib.import_module("cuda_paths")
     speeds = iter([100.0, 90.0, 50.0, 110.0, 95.0, 120.0, 100.0])  # in the order the paths run, below
     ran = []
 
-    def run(command, out, log, **_):
-        name = out.stem
-        ran.append(name)
-        if name == "fsdp" and len(ran) > 3:  # fails in its second round, after a first that worked
-            log.write_text("Traceback ...\nRuntimeError: NCCL error: unhandled cuda error\n\n")
-            raise cuda_paths.RunFailed("fsdp failed")
+    def run(command, out, log, threads, pythonpath, cwd, timeout):
+        ran.append(out.stem)
+        if out.stem == "ddp":
+            raise throughput.RunFailed(f"main.py fit ... was still running after {timeout:.0f} s, and was stopped")
+        if out.stem == "fsdp" and len(ran) > 4:  # fails in its second round, after a first that worked
+            log.write_text("Traceback ...\nRuntimeError: NCCL error: unhandled cuda error\nwarning: at exit\n")
+            raise throughput.RunFailed("fsdp failed")
         return {"images_per_s": next(speeds), "step_time_s": 0.05, "peak_memory_bytes": [2**30]}
 
-    monkeypatch.setattr(cuda_paths, "run", run)
+    monkeypatch.setattr(throughput, "run", run)
     args = argparse.Namespace(
         processes=1, cuda=True, precision="32-true", batch_size=8, steps=2, warmup=1, stem="cifar", workers=0,
-        rounds=3, accelerator="cuda",
+        rounds=3, threads=1, timeout_s=60.0,
     )  # fmt: skip
     written = []
-    rows = cuda_paths.measure(["plain", "app", "fsdp"], args, written.append)
-    assert ran == ["plain", "app", "fsdp", "app", "fsdp", "plain", "plain", "app"]  # orders rotated, fsdp dropped
-    assert [[row.get("error", "ok") for row in round_rows] for round_rows in written] == [
-        ["ok", "ok", "ok"],
-        *[["ok", "ok", "RuntimeError: NCCL error: unhandled cuda error"]] * 2,
+    names = ["plain", "app", "fsdp", "ddp"]
+    rows = throughput.measure(names, args, keep_going=True, after_round=lambda rows, n: written.append((n, rows)))
+    assert ran == ["plain", "app", "fsdp", "ddp", "app", "fsdp", "plain", "plain", "app"]  # rotated, failures dropped
+    hung = "main.py fit ... was still running after 60 s, and was stopped"
+    nccl = "RuntimeError: NCCL error: unhandled cuda error"  # the line that says why, not the output's last
+    assert [(n, [row.get("error", "ok") for row in rows]) for n, rows in written] == [
+        (1, ["ok", "ok", "ok", hung]),
+        (2, ["ok", "ok", nccl, hung]),
+        (3, ["ok", "ok", nccl, hung]),
     ]
-    plain, app, fsdp = rows
+    plain, app, fsdp, ddp = rows
+    assert (fsdp["failed_in_round"], ddp["failed_in_round"]) == (2, 1)
     assert app["vs_plain"] == pytest.approx(0.9)  # 90/100, 110/95, 100/120 round by round
     assert app["vs_plain_interval"] == pytest.approx([100 / 120, 110 / 95])
-    page = cuda_paths.markdown({"settings": vars(args), "results": rows})
-    assert "3 of 3 rounds; each figure the median of its rounds" in page
-    assert "| app | float32 | yes | 100 (90-110) | 0.900 (0.833-1.158) | - |" in page
-    assert "| fsdp | fsdp (FSDP2), NCCL with one rank | **no**: RuntimeError: NCCL error" in page
-    first = cuda_paths.markdown({"settings": vars(args), "results": written[0]})
+    data = {"settings": {**vars(args), "rounds": 3}, "rounds_finished": 3, "results": rows}
+    page = cuda_paths.markdown(data)
+    assert "3 of 3 rounds; each figure the median of its rounds; in brackets the rounds' interval, which holds " in page
+    assert "| app: main.py fit, one process | yes | 100 (90-110) | 0.900 (0.833-1.158) | - |" in page
+    assert f"| fsdp: main.py fit, fsdp (FSDP2), 1 process | **no**, round 2: {nccl} | - |" in page
+    first = cuda_paths.markdown({**data, "rounds_finished": 1, "results": written[0][1]})
     assert "1 of 3 rounds; one run of each path, so no interval" in first
-    assert "| fsdp | fsdp (FSDP2), NCCL with one rank | yes | 50 | 0.500 | 0.556 |" in first
+    assert "| fsdp: main.py fit, fsdp (FSDP2), 1 process | yes | 50 | 0.500 | 0.556 |" in first
 
 
 @pytest.mark.slow

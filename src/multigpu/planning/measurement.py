@@ -20,7 +20,7 @@ from multigpu.planning.step_timer import step_timer
 from multigpu.planning.timed_runs import RunFailed, fit_command, run
 from multigpu.strategies.partition import balance_by_cost
 
-__all__ = ["LAYOUT_TIMEOUT_S", "balanced", "measure"]
+__all__ = ["LAYOUT_TIMEOUT_S", "balanced", "last_error", "measure"]
 
 LAYOUT_TIMEOUT_S = 1200  # a layout still training after 20 minutes has hung (a deadlock, say): it is stopped
 
@@ -97,7 +97,7 @@ def measure(
                 log = (folder / f"layout{index}.log").read_text()
                 outcome = replace(
                     outcome,
-                    failure=_last_error(log)
+                    failure=last_error(log)
                     if "still running" not in str(failure)
                     else f"still training after {LAYOUT_TIMEOUT_S} s: stopped",
                 )
@@ -114,7 +114,7 @@ def measure(
     return measured
 
 
-def _last_error(log: str) -> str:
+def last_error(log: str) -> str:
     """The line of a failed run's output that says what went wrong."""
     lines = [line.strip() for line in log.splitlines() if line.strip()]
     for line in reversed(lines):

@@ -125,7 +125,7 @@ def write_outputs(
         f"--config {folder / 'plan.yaml'}\n"
     )
     (folder / "plan.yaml").write_text(header + yaml.safe_dump(config, sort_keys=False))
-    ties, picked = {id(o) for o in tied(outcomes)}, {id(o) for o in selected}
+    ties, picked = {id(o) for o in tied(outcomes)}, {o.layout.label for o in selected}
     rows = [
         {
             **asdict(outcome),
@@ -135,8 +135,8 @@ def write_outputs(
             "error": outcome.error,
             "tied_with_fastest": id(outcome) in ties,
             "chosen": outcome is chosen,
-            "selected": id(outcome) in picked,
-            "left_by_budget": id(outcome) in picked and not outcome.figures and outcome.failure is None,
+            "selected": outcome.layout.label in picked,
+            "left_by_budget": outcome.layout.label in picked and not outcome.figures and outcome.failure is None,
             "efficiency": _efficiency(outcome, outcomes),
             "fit_options": outcome.layout.fit_options(device_ids),
         }
