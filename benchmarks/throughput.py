@@ -10,7 +10,8 @@ configurations interleaved (every configuration once per round, each round in an
 slow period of the machine falls on all of them alike; each ratio is taken within each round. The application runs
 through ``main.py fit`` with its own callbacks and logger (no checkpoint is written); the reference
 is ``plain_loop.py``, the loop the plain recipes write by hand. On the CPU every process
-gets ``--threads`` threads (default 1). The table shows, for each configuration:
+gets ``--threads`` threads (default 1). A run that fails, or is still going after ``--timeout-s`` (900 s), ends
+the benchmark with the reason. The table shows, for each configuration:
 
     img/s          images per second over all processes
     step ms        mean time of one optimizer step
@@ -211,7 +212,7 @@ def measure(
             for name in live[shift:] + live[:shift]:
                 out, log = folder / f"{name}.json", folder / f"{name}.log"
                 try:
-                    figures = run(command(table[name], args, folder), out, log, threads, [HERE], REPO, args.timeout_s)
+                    result = run(command(table[name], args, folder), out, log, threads, [HERE], REPO, args.timeout_s)
                 except RunFailed as failure:
                     if not keep_going:
                         sys.exit(f"error: {failure}")
@@ -221,7 +222,7 @@ def measure(
                     del runs[name]
                     print(f"  {name} failed: {reason}", flush=True)
                     continue
-                runs[name].append(figures)
+                runs[name].append(result)
             figures = ", ".join(f"{name} {runs[name][-1]['images_per_s']:.1f}" for name in runs)
             print(f"  round {round_index + 1} of {args.rounds} (img/s): {figures}", flush=True)
             rows = [failed.get(name) or summary(name, table, runs, args.processes) for name in names]
