@@ -5,11 +5,13 @@
     python benchmarks/throughput.py --list                           # every configuration
 
 Each configuration trains ResNet-50 on synthetic CIFAR-sized images in fresh processes:
-``--warmup`` untimed optimizer steps, then ``--steps`` timed ones. It runs ``--rounds`` times, the
+``--warmup`` untimed optimizer steps, then ``--steps`` timed ones. It runs ``--rounds`` times (5), the
 configurations interleaved (every configuration once per round, each round in another order), so that a
-slow period of the machine falls on all of them alike; each ratio is taken within each round. The application runs
-through ``main.py fit`` with its own callbacks and logger (no checkpoint is written); the reference
-is ``plain_loop.py``, the loop the plain recipes write by hand. On the CPU every process
+slow period of the machine falls on all of them alike; each ratio is taken within each round. Then it runs
+more rounds until the interval of every claim (each multi-process row's efficiency, each other row's ratio to
+its plain loop) lies within ``--within`` (±3%) of its median, or ``--max-rounds`` (20) have run, and says which.
+The application runs through ``main.py fit`` with its own callbacks and logger (no checkpoint is written); the
+reference is ``plain_loop.py``, the loop the plain recipes write by hand. On the CPU every process
 gets ``--threads`` threads (default 1). A run that fails, or is still going after ``--timeout-s`` (900 s), ends
 the benchmark with the reason. The table shows, for each configuration:
 
@@ -23,8 +25,9 @@ Each figure is that of the configuration's median round, and each interval the r
 interval of the median (``multigpu.planning.intervals``): with 5 rounds, the slowest and the fastest, which
 enclose the true median 15 times in 16 whatever the noise. On the CPU it checks the cores before and after
 the rounds (``multigpu.planning.busy_cores``) and says so when another process keeps them busy; the share
-of the cores its check got is in ``throughput.json``'s ``machine``, with ``busy``. On a 2-core CPU the defaults
-take about 31 minutes for ``--configs plain app ddp``, and the intervals they reach there are in docs/speed.md.
+of the cores its check got is in ``throughput.json``'s ``machine``, with ``busy``. On a 2-core CPU a round of
+``--configs plain app ddp`` takes about 6 minutes (docs/speed.md), so the defaults take 30 minutes to 2 hours;
+``--within 0`` runs exactly ``--rounds``.
 
 and writes the figures to ``<out>/throughput.json`` and a chart to ``<out>/throughput.png``.
 """
@@ -34,6 +37,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -193,18 +197,23 @@ def measure(
     args: argparse.Namespace,
     keep_going: bool = False,
     after_round: Callable[[list[dict], int], None] | None = None,
+    enough: Callable[[list[dict]], bool] | None = None,
 ) -> list[dict]:
     """Every configuration once per round, the rounds' orders rotated, so that a slow period of the machine falls
-    on all of them alike; each row holds its median round's figures and the intervals of its rounds. A failed run
-    ends the benchmark, or with ``keep_going`` becomes its configuration's row (the round and the line that says
-    why), the configuration left out of later rounds; ``after_round`` gets the rows and the rounds finished."""
+    on all of them alike; each row holds its median round's figures and the intervals of its rounds. It runs
+    ``args.rounds`` rounds, and with ``enough`` more, until ``enough(rows)`` holds or ``args.max_rounds`` have run.
+    A failed run ends the benchmark, or with ``keep_going`` becomes its configuration's row (the round and the line
+    that says why), the configuration left out of later rounds; ``after_round`` gets the rows and the rounds
+    finished."""
     table = configs(args.processes)
     threads = None if args.cuda else args.threads
     runs: dict[str, list[dict]] = {name: [] for name in names}
     failed: dict[str, dict] = {}
     rows: list[dict] = []
+    planned = f"{args.rounds}" if enough is None else f"{args.rounds}-{args.max_rounds}"
+    round_index = 0
     with tempfile.TemporaryDirectory() as tmp:
-        for round_index in range(args.rounds):
+        while round_index < args.rounds or (enough and round_index < args.max_rounds and not enough(rows)):
             folder = Path(tmp) / f"round{round_index}"
             folder.mkdir()
             live = [name for name in names if name not in failed]
@@ -224,11 +233,33 @@ def measure(
                     continue
                 runs[name].append(result)
             figures = ", ".join(f"{name} {runs[name][-1]['images_per_s']:.1f}" for name in runs)
-            print(f"  round {round_index + 1} of {args.rounds} (img/s): {figures}", flush=True)
             rows = [failed.get(name) or summary(name, table, runs, args.processes) for name in names]
+            widest = f"; widest interval {spread(rows)}" if enough else ""
+            print(f"  round {round_index + 1} of {planned} (img/s): {figures}{widest}", flush=True)
+            round_index += 1
             if after_round is not None:
-                after_round(rows, round_index + 1)
+                after_round(rows, round_index)
     return rows
+
+
+def widest_interval(rows: list[dict]) -> tuple[float, str]:
+    """The largest distance from a ratio's median to an end of its interval, as a share of the median, and whose
+    it is: what ``--within`` bounds. The ratios are the claims, each taken within a round so that the machine's
+    drift from round to round cancels: a multi-process row's efficiency, another row's ratio to its plain loop (a
+    multi-process row's own follows from the two). A set without either (no plain loop, no one-process run) is
+    judged by its images per second."""
+    claims = [("efficiency" if row.get("efficiency") is not None else "vs_plain", row) for row in rows]
+    spans = [
+        (row[name], row[f"{name}_interval"], f"{row['name']} {name.replace('_', ' ')}")
+        for name, row in claims
+        if row.get(name) is not None
+    ] or [(row["images_per_s"], row["images_per_s_interval"], f"{row['name']} img/s") for row in rows]
+    return max((max(median - low, high - median) / median, label) for median, (low, high), label in spans)
+
+
+def spread(rows: list[dict]) -> str:
+    share, label = widest_interval(rows)
+    return f"±{share:.1%} of its median ({label})"
 
 
 def summary(name: str, table: dict[str, Config], runs: dict[str, list[dict]], processes: int) -> dict:
@@ -285,17 +316,22 @@ def markdown(data: dict) -> str:
         low, high = row[f"{name}_interval"]
         return f"{row[name]:.3f} | {low:.3f}-{high:.3f}"
 
-    settings = data["settings"]
+    settings, rows = data["settings"], data["results"]
+    rounds, (share, label) = len(rows[0]["rounds_images_per_s"]), widest_interval(rows)
+    target = (
+        f" (asked: ±{settings['within']:.0%}, in at most {settings['max_rounds']} rounds)" if settings["within"] else ""
+    )
     lines = [
         f"ResNet-50 ({settings['stem']} stem), batch {settings['batch_size']} per process, {settings['precision']}, "
-        f"{settings['warmup']} warm-up + {settings['steps']} timed steps, {settings['rounds']} rounds; each figure "
-        f"the median of its rounds, each interval holds that median {data['results'][0]['interval_coverage']:.0%} "
-        "of the time:",
+        f"{settings['warmup']} warm-up + {settings['steps']} timed steps, {rounds} rounds in {data['minutes']:.0f} "
+        f"minutes; each figure the median of its rounds, each interval holds that median "
+        f"{rows[0]['interval_coverage']:.0%} of the time; the widest lies within ±{share:.1%} of its median "
+        f"({label}){target}:",
         "",
         "| config | img/s | interval | vs plain | interval | efficiency | interval | step ms | peak MiB |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for row in data["results"]:
+    for row in rows:
         low, high = row["images_per_s_interval"]
         memory = "/".join(f"{value / 2**20:,.0f}" for value in row["peak_memory_bytes"])
         lines.append(
@@ -369,6 +405,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, help="timed steps (default: 30 on GPUs, 3 on the CPU)")
     parser.add_argument("--warmup", type=int, help="untimed steps first (default: 10 on GPUs, 3 on the CPU)")
     add_round_options(parser, 5)
+    parser.add_argument(
+        "--within",
+        type=float,
+        default=0.03,
+        help="after --rounds, more rounds until every claim's interval (an efficiency, a ratio to the plain loop) lies "
+        "within this share of its median (default 0.03; 0: exactly --rounds)",
+    )
+    parser.add_argument("--max-rounds", type=int, default=20, help="the most rounds --within runs (default 20)")
     add_run_options(parser)
     args = parser.parse_args()
     device = where(args)
@@ -387,19 +431,37 @@ def main() -> None:
             print(f"{config.name:<22} {config.description}")
         return
     check_rounds(args)
+    if args.within < 0 or args.max_rounds < args.rounds:
+        sys.exit("error: --within must be at least 0 and --max-rounds at least --rounds.")
     names = args.configs or default_configs(args.cuda)
     if unknown := [name for name in names if name not in table]:
         sys.exit(f"error: unknown configuration {unknown[0]!r}; --list shows them all.")
     title = (
         f"ResNet-50 ({args.stem} stem), batch {args.batch_size} per process, {args.precision}, {device}, "
-        f"{args.warmup} warm-up + {args.steps} timed steps, {args.rounds} rounds"
+        f"{args.warmup} warm-up + {args.steps} timed steps, "
+        + (
+            f"{args.rounds} to {args.max_rounds} rounds, until within ±{args.within:.0%}"
+            if args.within
+            else f"{args.rounds} rounds"
+        )
     )
     print(title, flush=True)
     # On the CPU, the cores before and after the rounds: another process on them is measured too, so it is said.
     before = None if args.cuda else note_if_busy("throughput", "before the rounds")
-    rows = measure(names, args)
+    start = time.monotonic()
+    enough = (lambda rows: widest_interval(rows)[0] <= args.within) if args.within else None
+    rows = measure(names, args, enough=enough)
+    minutes = (time.monotonic() - start) / 60
     after = None if args.cuda else note_if_busy("throughput", "after the rounds")
     print_table(rows)
+    rounds = len(rows[0]["rounds_images_per_s"])
+    print(f"\n{rounds} rounds in {minutes:.0f} minutes; widest interval {spread(rows)}", end="")
+    if enough:
+        wide = (
+            f", not within ±{args.within:.0%} after --max-rounds {args.max_rounds}: raise it, or use a quieter machine"
+        )
+        print(f": within ±{args.within:.0%}" if enough(rows) else wide, end="")
+    print()
     args.out.mkdir(parents=True, exist_ok=True)
     settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
     where_it_ran = machine(device)
@@ -407,7 +469,7 @@ def main() -> None:
         where_it_ran["cores_share"] = {"before": round(before.share, 3), "after": round(after.share, 3)}
         where_it_ran["busy"] = before.busy or after.busy
     (args.out / "throughput.json").write_text(
-        json.dumps({"machine": where_it_ran, "settings": settings, "results": rows}, indent=2)
+        json.dumps({"machine": where_it_ran, "settings": settings, "minutes": minutes, "results": rows}, indent=2)
     )
     write_chart(rows, title, args.out / "throughput.png")
     print(f"\nwrote {args.out / 'throughput.json'} and {args.out / 'throughput.png'}")

@@ -27,6 +27,7 @@ def test_throughput_harness_prints_its_table_and_writes_json_and_chart(tmp_path)
         "--batch-size=2",
         "--stem=imagenet",
         "--rounds=2",
+        "--within=0",  # exactly 2 rounds
         f"--out={tmp_path}",
     ]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -280,6 +281,40 @@ def test_cuda_paths_keeps_a_failing_path_with_its_reason_and_writes_every_round(
     first = cuda_paths.markdown({**data, "rounds_finished": 1, "results": written[0][1]})
     assert "1 of 3 rounds; one run of each path, so no interval" in first
     assert "| fsdp: main.py fit, fsdp (FSDP2), 1 process | yes | 50 | 0.500 | 0.556 |" in first
+
+
+def test_throughput_runs_rounds_until_every_claim_is_within_its_target_or_the_most_rounds(monkeypatch):
+    """``--within``: after ``--rounds``, another round while the widest interval of a claim (an efficiency, or a
+    one-process ratio to the plain loop) lies further than that from its median; ``--max-rounds`` at most."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    throughput = importlib.import_module("throughput")
+    ratios = [1.0, 1.1, 0.9, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]  # app against plain, round by round
+    ran: dict[str, int] = {}
+
+    def run(command, out, log, threads, pythonpath, cwd, timeout):
+        ran[out.stem] = ran.get(out.stem, 0) + 1
+        speed = 100.0 * (ratios[ran[out.stem] - 1] if out.stem == "app" else 1.0)
+        return {"images_per_s": speed, "step_time_s": 0.05, "peak_memory_bytes": [2**30]}
+
+    monkeypatch.setattr(throughput, "run", run)
+    args = argparse.Namespace(
+        processes=1, cuda=False, precision="32-true", batch_size=8, steps=2, warmup=1, stem="cifar", workers=0,
+        rounds=5, max_rounds=20, threads=1, timeout_s=60.0,
+    )  # fmt: skip
+    enough = lambda rows: throughput.widest_interval(rows)[0] <= 0.03  # noqa: E731
+    rows = throughput.measure(["plain", "app"], args, enough=enough)
+    # 0.9 and 1.1 are the interval's ends until 9 rounds, whose 95% interval drops one round at each end.
+    assert ran == {"plain": 9, "app": 9}
+    assert throughput.widest_interval(rows) == (0.0, "app vs plain")
+    ran.clear()
+    args.max_rounds = 7
+    rows = throughput.measure(["plain", "app"], args, enough=enough)
+    assert ran == {"plain": 7, "app": 7}
+    assert throughput.widest_interval(rows) == (pytest.approx(0.1), "app vs plain")
+    settings = {**vars(args), "within": 0.03}
+    page = throughput.markdown({"settings": settings, "minutes": 42.0, "results": rows})
+    assert "7 rounds in 42 minutes; " in page
+    assert "the widest lies within ±10.0% of its median (app vs plain) (asked: ±3%, in at most 7 rounds):" in page
 
 
 @pytest.mark.slow
