@@ -9,7 +9,8 @@ Each configuration trains ResNet-50 on synthetic CIFAR-sized images in fresh pro
 configurations interleaved (every configuration once per round, each round in another order), so that a
 slow period of the machine falls on all of them alike; each ratio is taken within each round. Then it runs
 more rounds until the interval of every claim (each multi-process row's efficiency, each other row's ratio to
-its plain loop) lies within ``--within`` (±3%) of its median, or ``--max-rounds`` (20) have run, and says which.
+its plain loop) lies within ``--within`` (±3%) of its median, or ``--max-rounds`` (20) have run, and says which; a
+row whose reference is not in the set has no claim to judge.
 The application runs through ``main.py fit`` with its own callbacks and logger (no checkpoint is written); the
 reference is ``plain_loop.py``, the loop the plain recipes write by hand. On the CPU every process
 gets ``--threads`` threads (default 1). A run that fails, or is still going after ``--timeout-s`` (900 s), ends
@@ -253,7 +254,11 @@ def widest_interval(rows: list[dict]) -> tuple[float, str]:
         (row[name], row[f"{name}_interval"], f"{row['name']} {name.replace('_', ' ')}")
         for name, row in claims
         if row.get(name) is not None
-    ] or [(row["images_per_s"], row["images_per_s_interval"], f"{row['name']} img/s") for row in rows]
+    ] or [
+        (row["images_per_s"], row["images_per_s_interval"], f"{row['name']} img/s")
+        for row in rows
+        if "error" not in row
+    ]
     return max((max(median - low, high - median) / median, label) for median, (low, high), label in spans)
 
 
@@ -317,14 +322,14 @@ def markdown(data: dict) -> str:
         return f"{row[name]:.3f} | {low:.3f}-{high:.3f}"
 
     settings, rows = data["settings"], data["results"]
-    rounds, (share, label) = len(rows[0]["rounds_images_per_s"]), widest_interval(rows)
+    share, label = widest_interval(rows)
     target = (
-        f" (asked: ±{settings['within']:.0%}, in at most {settings['max_rounds']} rounds)" if settings["within"] else ""
+        f" (asked: ±{settings['within']:.1%}, in at most {settings['max_rounds']} rounds)" if settings["within"] else ""
     )
     lines = [
         f"ResNet-50 ({settings['stem']} stem), batch {settings['batch_size']} per process, {settings['precision']}, "
-        f"{settings['warmup']} warm-up + {settings['steps']} timed steps, {rounds} rounds in {data['minutes']:.0f} "
-        f"minutes; each figure the median of its rounds, each interval holds that median "
+        f"{settings['warmup']} warm-up + {settings['steps']} timed steps, {data['rounds']} rounds in "
+        f"{data['minutes']:.0f} minutes; each figure the median of its rounds, each interval holds that median "
         f"{rows[0]['interval_coverage']:.0%} of the time; the widest lies within ±{share:.1%} of its median "
         f"({label}){target}:",
         "",
@@ -412,7 +417,9 @@ def main() -> None:
         help="after --rounds, more rounds until every claim's interval (an efficiency, a ratio to the plain loop) lies "
         "within this share of its median (default 0.03; 0: exactly --rounds)",
     )
-    parser.add_argument("--max-rounds", type=int, default=20, help="the most rounds --within runs (default 20)")
+    parser.add_argument(
+        "--max-rounds", type=int, help="the most rounds --within runs (default: 20, or --rounds if more)"
+    )
     add_run_options(parser)
     args = parser.parse_args()
     device = where(args)
@@ -431,8 +438,9 @@ def main() -> None:
             print(f"{config.name:<22} {config.description}")
         return
     check_rounds(args)
-    if args.within < 0 or args.max_rounds < args.rounds:
-        sys.exit("error: --within must be at least 0 and --max-rounds at least --rounds.")
+    args.max_rounds = max(20, args.rounds) if args.max_rounds is None else args.max_rounds
+    if args.within < 0 or (args.within and args.max_rounds < args.rounds):
+        sys.exit("error: --within must be at least 0, and with it --max-rounds at least --rounds.")
     names = args.configs or default_configs(args.cuda)
     if unknown := [name for name in names if name not in table]:
         sys.exit(f"error: unknown configuration {unknown[0]!r}; --list shows them all.")
@@ -440,27 +448,27 @@ def main() -> None:
         f"ResNet-50 ({args.stem} stem), batch {args.batch_size} per process, {args.precision}, {device}, "
         f"{args.warmup} warm-up + {args.steps} timed steps, "
         + (
-            f"{args.rounds} to {args.max_rounds} rounds, until within ±{args.within:.0%}"
+            f"{args.rounds} to {args.max_rounds} rounds, until within ±{args.within:.1%}"
             if args.within
             else f"{args.rounds} rounds"
         )
     )
     print(title, flush=True)
     # On the CPU, the cores before and after the rounds: another process on them is measured too, so it is said.
-    before = None if args.cuda else note_if_busy("throughput", "before the rounds")
     start = time.monotonic()
+    before = None if args.cuda else note_if_busy("throughput", "before the rounds")
     enough = (lambda rows: widest_interval(rows)[0] <= args.within) if args.within else None
     rows = measure(names, args, enough=enough)
-    minutes = (time.monotonic() - start) / 60
     after = None if args.cuda else note_if_busy("throughput", "after the rounds")
+    minutes = (time.monotonic() - start) / 60
     print_table(rows)
     rounds = len(rows[0]["rounds_images_per_s"])
     print(f"\n{rounds} rounds in {minutes:.0f} minutes; widest interval {spread(rows)}", end="")
     if enough:
         wide = (
-            f", not within ±{args.within:.0%} after --max-rounds {args.max_rounds}: raise it, or use a quieter machine"
+            f", not within ±{args.within:.1%} after --max-rounds {args.max_rounds}: raise it, or use a quieter machine"
         )
-        print(f": within ±{args.within:.0%}" if enough(rows) else wide, end="")
+        print(f": within ±{args.within:.1%}" if enough(rows) else wide, end="")
     print()
     args.out.mkdir(parents=True, exist_ok=True)
     settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
@@ -469,7 +477,10 @@ def main() -> None:
         where_it_ran["cores_share"] = {"before": round(before.share, 3), "after": round(after.share, 3)}
         where_it_ran["busy"] = before.busy or after.busy
     (args.out / "throughput.json").write_text(
-        json.dumps({"machine": where_it_ran, "settings": settings, "minutes": minutes, "results": rows}, indent=2)
+        json.dumps(
+            {"machine": where_it_ran, "settings": settings, "rounds": rounds, "minutes": minutes, "results": rows},
+            indent=2,
+        )
     )
     write_chart(rows, title, args.out / "throughput.png")
     print(f"\nwrote {args.out / 'throughput.json'} and {args.out / 'throughput.png'}")

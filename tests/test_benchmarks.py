@@ -32,10 +32,11 @@ def test_throughput_harness_prints_its_table_and_writes_json_and_chart(tmp_path)
     ]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "round 2 of 2 (img/s): plain " in result.stdout
+    assert "round 2 of 2 (img/s): plain " in result.stdout and "\n2 rounds in " in result.stdout
     table = result.stdout[result.stdout.index("config") :].splitlines()
     assert [line.split()[0] for line in table[1:4]] == ["plain", "app", "ddp"]
     figures = json.loads((tmp_path / "throughput.json").read_text())
+    assert figures["rounds"] == 2 and figures["minutes"] > 0
     rows = {row["name"]: row for row in figures["results"]}
     assert rows["plain"]["vs_plain"] is None and rows["app"]["efficiency"] is None
     assert rows["plain"]["vs_plain_interval"] is None and rows["app"]["efficiency_interval"] is None
@@ -293,28 +294,30 @@ def test_throughput_runs_rounds_until_every_claim_is_within_its_target_or_the_mo
 
     def run(command, out, log, threads, pythonpath, cwd, timeout):
         ran[out.stem] = ran.get(out.stem, 0) + 1
-        speed = 100.0 * (ratios[ran[out.stem] - 1] if out.stem == "app" else 1.0)
+        speed = 100.0 if out.stem == "plain" else {"app": 100.0, "ddp": 190.0}[out.stem] * ratios[ran[out.stem] - 1]
         return {"images_per_s": speed, "step_time_s": 0.05, "peak_memory_bytes": [2**30]}
 
     monkeypatch.setattr(throughput, "run", run)
     args = argparse.Namespace(
-        processes=1, cuda=False, precision="32-true", batch_size=8, steps=2, warmup=1, stem="cifar", workers=0,
+        processes=2, cuda=False, precision="32-true", batch_size=8, steps=2, warmup=1, stem="cifar", workers=0,
         rounds=5, max_rounds=20, threads=1, timeout_s=60.0,
     )  # fmt: skip
     enough = lambda rows: throughput.widest_interval(rows)[0] <= 0.03  # noqa: E731
-    rows = throughput.measure(["plain", "app"], args, enough=enough)
-    # 0.9 and 1.1 are the interval's ends until 9 rounds, whose 95% interval drops one round at each end.
-    assert ran == {"plain": 9, "app": 9}
-    assert throughput.widest_interval(rows) == (0.0, "app vs plain")
+    names = ["plain", "app", "ddp"]
+    rows = throughput.measure(names, args, enough=enough)
+    # 0.9 and 1.1 are the ends of app's interval until 9 rounds, whose 95% interval drops one round at each end.
+    # ddp's efficiency (0.95 in every round) is judged; its ratio to the plain loop, as wide as app's, is not.
+    assert ran == {"plain": 9, "app": 9, "ddp": 9}
+    assert throughput.widest_interval(rows) == (0.0, "ddp efficiency")
     ran.clear()
     args.max_rounds = 7
-    rows = throughput.measure(["plain", "app"], args, enough=enough)
-    assert ran == {"plain": 7, "app": 7}
+    rows = throughput.measure(names, args, enough=enough)
+    assert ran == {"plain": 7, "app": 7, "ddp": 7}
     assert throughput.widest_interval(rows) == (pytest.approx(0.1), "app vs plain")
     settings = {**vars(args), "within": 0.03}
-    page = throughput.markdown({"settings": settings, "minutes": 42.0, "results": rows})
+    page = throughput.markdown({"settings": settings, "rounds": 7, "minutes": 42.0, "results": rows})
     assert "7 rounds in 42 minutes; " in page
-    assert "the widest lies within ±10.0% of its median (app vs plain) (asked: ±3%, in at most 7 rounds):" in page
+    assert "the widest lies within ±10.0% of its median (app vs plain) (asked: ±3.0%, in at most 7 rounds):" in page
 
 
 @pytest.mark.slow
