@@ -262,6 +262,11 @@ def widest_interval(rows: list[dict]) -> tuple[float, str]:
     return max((max(median - low, high - median) / median, label) for median, (low, high), label in spans)
 
 
+def claims_within(share: float) -> Callable[[list[dict]], bool]:
+    """``--within``'s test of a round's rows: every claim's interval within ``share`` of its median."""
+    return lambda rows: widest_interval(rows)[0] <= share
+
+
 def spread(rows: list[dict]) -> str:
     share, label = widest_interval(rows)
     return f"±{share:.1%} of its median ({label})"
@@ -457,7 +462,7 @@ def main() -> None:
     # On the CPU, the cores before and after the rounds: another process on them is measured too, so it is said.
     start = time.monotonic()
     before = None if args.cuda else note_if_busy("throughput", "before the rounds")
-    enough = (lambda rows: widest_interval(rows)[0] <= args.within) if args.within else None
+    enough = claims_within(args.within) if args.within else None
     rows = measure(names, args, enough=enough)
     after = None if args.cuda else note_if_busy("throughput", "after the rounds")
     minutes = (time.monotonic() - start) / 60

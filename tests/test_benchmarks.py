@@ -302,7 +302,7 @@ def test_throughput_runs_rounds_until_every_claim_is_within_its_target_or_the_mo
         processes=2, cuda=False, precision="32-true", batch_size=8, steps=2, warmup=1, stem="cifar", workers=0,
         rounds=5, max_rounds=20, threads=1, timeout_s=60.0,
     )  # fmt: skip
-    enough = lambda rows: throughput.widest_interval(rows)[0] <= 0.03  # noqa: E731
+    enough = throughput.claims_within(0.03)  # what --within 0.03 stops on
     names = ["plain", "app", "ddp"]
     rows = throughput.measure(names, args, enough=enough)
     # 0.9 and 1.1 are the ends of app's interval until 9 rounds, whose 95% interval drops one round at each end.
