@@ -11,6 +11,12 @@ python main.py plan --trainer.devices=4                       # measure every la
 import gc
 from pathlib import Path
 
+from multigpu.run.host_memory import keep_freed_memory
+
+# Here, not under the guard: every process that trains runs it, the ranks Lightning or torchrun start and those
+# DDP-spawn starts (which run this file as ``__mp_main__``), and the fork server the loader workers come from.
+keep_freed_memory()
+
 if __name__ == "__main__":
     # Imported here, not above: a loader worker runs this file again (as ``__mp_main__``) and needs only the data
     # modules its fork server preloaded, not the CLI.

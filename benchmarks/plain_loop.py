@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 from multigpu.data.cifar10 import ImageTensorDataset, train_transform
 from multigpu.model.resnet import resnet50_blocks
 from multigpu.planning.step_timer import peak_memory_bytes, result
+from multigpu.run.host_memory import keep_freed_memory
 from multigpu.strategies.block_timing import synchronize
 
 
@@ -64,6 +65,7 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="JSON file for the figures")
     args = parser.parse_args()
 
+    keep_freed_memory()  # as main.py does: a process setting, not part of the recipe
     device = torch.device(args.device)
     memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
     model = resnet50_blocks(10, args.stem).to(device, memory_format=memory_format)

@@ -19,6 +19,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
+from multigpu.run.host_memory import keep_freed_memory
 from multigpu.run.process_groups import end_process_groups
 from multigpu.strategies.block_timing import synchronize
 
@@ -137,4 +138,5 @@ def _probe(out: str, ids: str) -> None:
 
 
 if __name__ == "__main__":
+    keep_freed_memory()  # as main.py does, whose runs these figures forecast
     _probe(*sys.argv[1:3])
