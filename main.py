@@ -13,8 +13,8 @@ from pathlib import Path
 
 from multigpu.run.host_memory import keep_freed_memory
 
-# Here, not under the guard: every process that trains runs it, the ranks Lightning or torchrun start and those
-# DDP-spawn starts (which run this file as ``__mp_main__``), and the fork server the loader workers come from.
+# Here, not under the guard: every process that trains runs it, the ranks Lightning or torchrun start, and those
+# DDP-spawn starts and the loader workers, which run this file again as ``__mp_main__``.
 keep_freed_memory()
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ shows, for each stage:
     held                         their sum
     vs ddp                       held over what one ddp process holds (the whole network's)
     peak MiB                     the process's peak memory (CUDA: allocated; CPU: resident, which
-                                 includes Python, torch and the data), once per process
+                                 includes Python, torch and the data), once per process; on the
+                                 CPU with glibc's own allocator (MULTIGPU_KEEP_FREED_MEMORY=0)
 
 and writes the figures to ``<out>/memory.json``. Launching and reading the runs is
 ``throughput.py``'s; the counting is ``held_bytes.HeldBytes``.
@@ -22,6 +23,7 @@ and writes the figures to ``<out>/memory.json``. Launching and reading the runs 
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -113,6 +115,9 @@ def main() -> None:
     if args.steps < 2:
         sys.exit("error: --steps must be at least 2: the optimizer state exists from the first step on.")
     device = where(args)
+    # What the strategies hold, in memory glibc hands back when freed: main.py's runs keep it on the CPU
+    # (docs/speed.md), up to 43% more at this batch, and 4 such processes would not fit a 24 GB machine.
+    os.environ["MULTIGPU_KEEP_FREED_MEMORY"] = "0"
     print(f"ResNet-50 ({args.stem} stem), batch {args.batch_size} per process, {args.precision}, {device}", flush=True)
     settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
     data = {"machine": machine(device), "settings": settings, "results": measure(args)}

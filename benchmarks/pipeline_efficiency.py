@@ -43,6 +43,7 @@ from multigpu.data.cifar10 import SyntheticCIFAR10
 from multigpu.model.classifier import ResNet50Classifier
 from multigpu.planning.intervals import median_interval
 from multigpu.planning.step_timer import StepTimer
+from multigpu.run.host_memory import keep_freed_memory
 from multigpu.run.process_groups import end_process_groups
 from multigpu.strategies import PipelineStrategy
 from multigpu.strategies.pipeline.stage_placement import SCHEDULES, natural_stages_per_process
@@ -52,6 +53,7 @@ PROCESSES = 2
 
 def worker(args: argparse.Namespace) -> None:
     """One configuration: trains and writes its images per second (rank 0) and, for a pipeline, its clocks."""
+    keep_freed_memory()  # as main.py's processes do
     torch.set_num_threads(1)
     batch_size = args.batch_size // args.accumulate
     callbacks = [StepTimer(args.warmup, args.out)]

@@ -40,6 +40,7 @@ from multigpu.planning.report import dry_run_line, print_report, write_outputs
 from multigpu.planning.resources import budget as memory_budget
 from multigpu.planning.selection import Setting, choose, setting_of
 from multigpu.renamed_options import add_old_names
+from multigpu.run.host_memory import give_back_freed_memory
 
 __all__ = ["PlanCLI", "plan"]
 
@@ -105,6 +106,7 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
                     f"process. Stop it, or {BUSY_REMEDY}."
                 )
     refusals += left_out
+    give_back_freed_memory()  # the profiled blocks' memory, for the measured runs
     measured: list[Outcome] = []  # those chosen to be measured, as measured (or left by the budget)
     if not options.dry_run:
         accumulate = trainer.get("accumulate_grad_batches") or 1

@@ -4,8 +4,8 @@ callbacks           the console line, throughput, checkpoints every N steps and 
 checkpoints         finding and checking a run's checkpoint files
 checkpoint_io       atomic checkpoint saves
 elastic             torchrun's restarts and node count
-loop_position       where a run stands in Lightning's loop counters, and whether it is finished
 host_memory         the C heap of a training process: freed memory kept for the next step
+loop_position       where a run stands in Lightning's loop counters, and whether it is finished
 process_groups      process groups that end cleanly
 replicas            who reads which data: data-parallel replicas, ranks and micro-batches of a strategy
 """
