@@ -144,13 +144,17 @@ def test_strategies_that_place_blocks_refuse_compile(strategy, tmp_path, capsys)
 
 
 # main.py's lines before its command (runpy: not as ``__main__``), then 64 MiB blocks, each made and freed as a step's
-# activations are (after one of 128 MiB); prints the pages the kernel faulted in for them.
+# activations are (after one of 128 MiB); prints the pages the kernel faulted in for the last 10. The first few
+# may each grow the heap (torch asks for a little more than a freed block of the same size leaves) before the
+# holes serve them.
 PAGE_FAULTS = """
 import resource, runpy, sys, torch
 runpy.run_path(sys.argv[1])
 torch.ones(2**25).sum()
+for _ in range(10):
+    torch.ones(2**24).sum()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(5):
+for _ in range(10):
     torch.ones(2**24).sum()
 print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
@@ -168,5 +172,5 @@ def test_main_keeps_freed_memory_for_the_next_step_unless_the_user_opts_out():
         env.pop(name, None)
     kept = _page_faults(env)
     given_back = _page_faults({**env, "MULTIGPU_KEEP_FREED_MEMORY": "0"})
-    assert given_back >= 5 * 2**24 * 4 // 4096 // 512  # every block faulted in again (4 KiB pages, or 2 MiB)
-    assert kept <= given_back // 2  # most blocks reused as they were: at most one or two faulted in
+    assert given_back >= 10 * 2**24 * 4 // 4096 // 512  # every block faulted in again (4 KiB pages, or 2 MiB)
+    assert kept <= given_back // 4  # the blocks reused as they were (none faulted in, here)
