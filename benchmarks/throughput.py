@@ -410,11 +410,13 @@ def main() -> None:
         type=int,
         help="processes (devices) of the multi-process configurations (default: every GPU, at least 2; on the CPU 2)",
     )
-    # On the CPU: the recipe's batch; there only the first step runs slower (23 s against 19-21 at batch 128, the
-    # freed memory kept by main.py and the plain loop), and one warm-up step leaves more time for rounds.
+    # On the CPU: the recipe's batch. With the freed memory kept (main.py, the plain loop) one process runs only its
+    # first step slower (23 s against 19-21 at batch 128), but ddp rebuilds its gradient buckets at its second step
+    # (in the order the first one's gradients came) and grows its heap again then: its first step after one warm-up
+    # ran 7-13% slower than its later ones (docs/speed.md). Two warm-up steps time every configuration's steady state.
     parser.add_argument("--batch-size", type=int, help="per process (default: 512 on GPUs, 128 on the CPU)")
     parser.add_argument("--steps", type=int, help="timed steps (default: 30 on GPUs, 3 on the CPU)")
-    parser.add_argument("--warmup", type=int, help="untimed steps first (default: 10 on GPUs, 1 on the CPU)")
+    parser.add_argument("--warmup", type=int, help="untimed steps first (default: 10 on GPUs, 2 on the CPU)")
     add_round_options(parser, 5)
     parser.add_argument(
         "--within",
@@ -433,7 +435,7 @@ def main() -> None:
         "processes": (max(2, torch.cuda.device_count()), 2),
         "batch_size": (512, 128),
         "steps": (30, 3),
-        "warmup": (10, 1),
+        "warmup": (10, 2),
     }
     for name, (gpu, cpu) in gpu_or_cpu.items():
         if getattr(args, name) is None:
