@@ -27,7 +27,7 @@ interval of the median (``multigpu.planning.intervals``): with 5 rounds, the slo
 enclose the true median 15 times in 16 whatever the noise. On the CPU it checks the cores before and after
 the rounds (``multigpu.planning.busy_cores``) and says so when another process keeps them busy; the share
 of the cores its check got is in ``throughput.json``'s ``machine``, with ``busy``. On a 2-core CPU a round of
-``--configs plain app ddp`` takes 5 to 6.5 minutes (docs/speed.md), so the defaults take 25 minutes to 2 hours;
+``--configs plain app ddp`` takes about 6 minutes (docs/speed.md), so the defaults take 30 minutes to 2 hours;
 ``--within 0`` runs exactly ``--rounds``.
 
 and writes the figures to ``<out>/throughput.json`` and a chart to ``<out>/throughput.png``.
@@ -412,8 +412,8 @@ def main() -> None:
     )
     # On the CPU: the recipe's batch. With the freed memory kept (main.py, the plain loop) one process runs only its
     # first step slower (23 s against 19-21 at batch 128), but ddp rebuilds its gradient buckets at its second step
-    # (in the order the first one's gradients came) and grows its heap again then: its first step after one warm-up
-    # ran 7-13% slower than its later ones (docs/speed.md). Two warm-up steps time every configuration's steady state.
+    # (in the order the first one's gradients came): its first step after one warm-up ran 7% and 13% slower than the
+    # median of its later ones in two runs (docs/speed.md). Two warm-up steps leave it out of the timed steps.
     parser.add_argument("--batch-size", type=int, help="per process (default: 512 on GPUs, 128 on the CPU)")
     parser.add_argument("--steps", type=int, help="timed steps (default: 30 on GPUs, 3 on the CPU)")
     parser.add_argument("--warmup", type=int, help="untimed steps first (default: 10 on GPUs, 2 on the CPU)")
