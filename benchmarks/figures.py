@@ -48,7 +48,9 @@ BENCHMARKS = {
     "plan_accuracy": Figure("plan.md", (), ("plan_accuracy.png",)),
     "learning": Figure("learning.md", (), ("learning.png",)),
     "memory": Figure("memory.md", ()),
-    "cuda_paths": Figure("speed.md", (), needs_cuda=True),
+    "cuda_paths": Figure(
+        "speed.md", ("--paths", "plain", "app", "plain-fast", "fast", "fast-compiled", "fsdp"), needs_cuda=True
+    ),
 }
 
 
