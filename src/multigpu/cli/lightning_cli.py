@@ -17,7 +17,7 @@ from typing import NoReturn
 
 from lightning.pytorch import Trainer
 from lightning.pytorch.accelerators import CUDAAccelerator
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
@@ -44,6 +44,7 @@ from multigpu.run.checkpoint_io import AtomicCheckpointIO
 from multigpu.run.checkpoints import check_model_options, refuse_a_second_run, resolve_ckpt_path
 from multigpu.run.elastic import torchrun_node_count
 from multigpu.run.loop_position import finished_training, trained_to
+from multigpu.run.progress_bar import PacedProgressBar
 from multigpu.run.replicas import accumulation_for, data_parallel_size
 from multigpu.strategies import FullyShardedStrategy, name_to_class_path
 from multigpu.trained.prediction_writer import PredictionWriter
@@ -196,6 +197,10 @@ class MultiGPUCLI(CheckpointPathCLI):
         subcommand = self.config.get("subcommand")
         return self.config[subcommand] if subcommand else self.config
 
+    def _config_init(self):
+        """``_config``'s classes, instantiated."""
+        return self.config_init[self.subcommand] if self.subcommand else self.config_init
+
     @override
     def resolve_checkpoint_path(self) -> None:
         # Replaces Lightning's reading of --ckpt_path, which loads the whole checkpoint once more and silently
@@ -325,6 +330,10 @@ class MultiGPUCLI(CheckpointPathCLI):
             trainer = super().instantiate_trainer(**kwargs)
         except ValueError as error:  # Lightning's checks of accelerator, strategy and devices
             raise UsageError(str(error)) from error
+        bar, chosen = trainer.progress_bar_callback, self._config_init()["trainer"].get("callbacks") or []
+        chosen = chosen if isinstance(chosen, list) else [chosen]
+        if type(bar) is RichProgressBar and not any(bar is callback for callback in chosen):  # Lightning's default
+            trainer.callbacks[trainer.callbacks.index(bar)] = PacedProgressBar()
         every = config.get("save_every_n_steps") or 0
         if every:  # last.ckpt comes from LastCheckpoint alone; the other one keeps the best
             trainer.checkpoint_callback.save_last = False

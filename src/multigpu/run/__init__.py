@@ -7,6 +7,7 @@ elastic             torchrun's restarts and node count
 host_memory         the C heap of a training process: freed memory kept for the next step
 loop_position       where a run stands in Lightning's loop counters, and whether it is finished
 process_groups      process groups that end cleanly
+progress_bar        the progress bar, which waits for the GPU only about once a second
 replicas            who reads which data: data-parallel replicas, ranks and micro-batches of a strategy
 """
 
@@ -18,5 +19,6 @@ __all__ = [
     "host_memory",
     "loop_position",
     "process_groups",
+    "progress_bar",
     "replicas",
 ]
