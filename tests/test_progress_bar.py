@@ -12,31 +12,36 @@ pytestmark = pytest.mark.internals  # Lightning's bar and when it asks for metri
 STEPS = 16  # 128 synthetic images, batch 8, one epoch
 
 
-def _fit_counting_reads(tmp_path, monkeypatch, *args: str) -> list[type]:
-    """A smoke fit of ``STEPS`` steps with a clock that never moves; the bar's class at each read of the metrics."""
-    reads: list[type] = []
+def _fit_counting_reads(tmp_path, monkeypatch, *args: str) -> tuple[list, object]:
+    """A smoke fit of ``STEPS`` steps, the bar's clock stopped; the bar at each read of the metrics, and the
+    trainer."""
+    reads, trainers = [], []
     read = RichProgressBar.get_metrics
 
     def counted(self, trainer, pl_module):
-        reads.append(type(trainer.progress_bar_callback))
+        reads.append(trainer.progress_bar_callback)
+        trainers.append(trainer)
         return read(self, trainer, pl_module)
 
     monkeypatch.setattr(RichProgressBar, "get_metrics", counted)
-    monkeypatch.setattr(progress_bar.time, "monotonic", lambda: 1000.0)
+    monkeypatch.setattr(progress_bar, "monotonic", lambda: 1000.0)
     cli_main("fit", "--config", SMOKE, *run_args(tmp_path), "--data.synthetic_size=128", *args)
-    return reads
+    return reads, trainers[-1]
 
 
-def test_the_default_bar_reads_the_metrics_once_a_second_and_at_each_end(tmp_path, monkeypatch):
-    reads = _fit_counting_reads(tmp_path, monkeypatch)
-    assert set(reads) == {PacedProgressBar}
-    # The first step, the validation's end and the epoch's end: not after each of the 16 steps.
-    assert 2 <= len(reads) <= 4, reads
+@pytest.mark.parametrize("callbacks", [[], ["--trainer.callbacks+=lightning.pytorch.callbacks.LearningRateMonitor"]])
+def test_the_default_bar_reads_the_metrics_once_a_second_and_at_each_end(tmp_path, monkeypatch, callbacks):
+    reads, trainer = _fit_counting_reads(tmp_path, monkeypatch, *callbacks)
+    assert {type(bar) for bar in reads} == {PacedProgressBar}
+    # The sanity check's end, the validation's and the epoch's: not after each of the 16 steps.
+    assert len(reads) == 3
+    shown, final = reads[-1].get_metrics(trainer, trainer.lightning_module), trainer.progress_bar_metrics
+    assert shown["train/loss"] == final["train/loss"] and shown["val/acc"] == final["val/acc"]
 
 
 def test_a_bar_the_user_chose_is_kept_as_it_is(tmp_path, monkeypatch):
-    reads = _fit_counting_reads(
+    reads, _ = _fit_counting_reads(
         tmp_path, monkeypatch, "--trainer.callbacks+=lightning.pytorch.callbacks.RichProgressBar"
     )
-    assert set(reads) == {RichProgressBar}
+    assert {type(bar) for bar in reads} == {RichProgressBar}
     assert len(reads) >= STEPS  # Lightning's own bar reads them after every step

@@ -17,7 +17,7 @@ from typing import NoReturn
 
 from lightning.pytorch import Trainer
 from lightning.pytorch.accelerators import CUDAAccelerator
-from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar, RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
@@ -199,7 +199,8 @@ class MultiGPUCLI(CheckpointPathCLI):
 
     def _config_init(self):
         """``_config``'s classes, instantiated."""
-        return self.config_init[self.subcommand] if self.subcommand else self.config_init
+        subcommand = self.config.get("subcommand")
+        return self.config_init[subcommand] if subcommand else self.config_init
 
     @override
     def resolve_checkpoint_path(self) -> None:
@@ -326,13 +327,16 @@ class MultiGPUCLI(CheckpointPathCLI):
             kwargs["strategy"] = FullyShardedStrategy()
         if config["trainer"].get("plugins") is None:  # checkpoints are written atomically
             kwargs["plugins"] = [AtomicCheckpointIO()]
+        chosen = self._config_init()["trainer"].get("callbacks") or []
+        bar_chosen = any(
+            isinstance(callback, ProgressBar) for callback in (chosen if isinstance(chosen, list) else [chosen])
+        )
         try:
             trainer = super().instantiate_trainer(**kwargs)
         except ValueError as error:  # Lightning's checks of accelerator, strategy and devices
             raise UsageError(str(error)) from error
-        bar, chosen = trainer.progress_bar_callback, self._config_init()["trainer"].get("callbacks") or []
-        chosen = chosen if isinstance(chosen, list) else [chosen]
-        if type(bar) is RichProgressBar and not any(bar is callback for callback in chosen):  # Lightning's default
+        bar = trainer.progress_bar_callback
+        if not bar_chosen and type(bar) is RichProgressBar:  # Lightning's default, added to the list it was given
             trainer.callbacks[trainer.callbacks.index(bar)] = PacedProgressBar()
         every = config.get("save_every_n_steps") or 0
         if every:  # last.ckpt comes from LastCheckpoint alone; the other one keeps the best

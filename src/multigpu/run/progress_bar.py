@@ -2,14 +2,12 @@
 
 Lightning's ``RichProgressBar`` reads the logged metrics it shows (the loss) after every training step, and reading
 them turns each into a Python number: the CPU waits there until the GPU has finished the step, and the GPU then
-waits while the CPU prepares the next one. On one H200 (ResNet-50, batch 512, float32, Lightning's simple profiler)
-the bar's ``on_train_batch_end`` took 31 ms a step, waiting, and 40 steps took 3.60 s with the bar and 3.41 s
-without it (one run each). This bar moves its count every step and reads the metrics at most once every
-``metrics_every_s`` seconds, and always at the end of an epoch and of a validation, so the figures it shows at
-those moments are the final ones.
+waits while the CPU prepares the next one (docs/speed.md, "Every CUDA path", has what that cost on an H200). This
+bar moves its count every step and reads the metrics at most once every ``metrics_every_s`` seconds, and always at
+the end of an epoch and of a validation, so the figures it shows at those moments are the final ones.
 """
 
-import time
+from time import monotonic
 from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
@@ -27,11 +25,11 @@ class PacedProgressBar(RichProgressBar):
         super().__init__(**kwargs)
         self.metrics_every_s = metrics_every_s
         self._metrics: dict[str, Any] = {}
-        self._read_at: float | None = None  # time.monotonic() of the last read; None: read at the next call
+        self._read_at: float | None = None  # monotonic() at the last read; None: read at the next call
 
     @override
     def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
-        now = time.monotonic()
+        now = monotonic()
         if self._read_at is None or now - self._read_at >= self.metrics_every_s:
             self._metrics, self._read_at = super().get_metrics(trainer, pl_module), now
         return self._metrics
