@@ -45,3 +45,13 @@ def test_a_bar_the_user_chose_is_kept_as_it_is(tmp_path, monkeypatch):
     )
     assert {type(bar) for bar in reads} == {RichProgressBar}
     assert len(reads) >= STEPS  # Lightning's own bar reads them after every step
+
+
+def test_the_metrics_are_read_again_once_a_second_has_passed(monkeypatch):
+    reads, clock = [], iter([0.0, 0.5, 0.99, 1.0, 1.5, 2.1])
+    monkeypatch.setattr(RichProgressBar, "get_metrics", lambda self, trainer, pl_module: {"read": len(reads)})
+    monkeypatch.setattr(progress_bar, "monotonic", lambda: next(clock))
+    bar = PacedProgressBar(metrics_every_s=1.0)
+    for _ in range(6):
+        reads.append(bar.get_metrics(None, None)["read"])
+    assert reads == [0, 0, 0, 3, 3, 5]  # read at 0, 1.0 and 2.1 s; the figures of the last read in between
