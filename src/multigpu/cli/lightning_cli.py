@@ -192,15 +192,12 @@ class MultiGPUCLI(CheckpointPathCLI):
         # the model is built (its hyperparameters are this config).
         move_to_new_names(self._config(), self._command_line)
 
-    def _config(self):
-        """This run's configuration: the subcommand's, or the whole one with ``run=False``."""
+    def _config(self, instantiated: bool = False):
+        """This run's configuration: the subcommand's, or the whole one with ``run=False``; with ``instantiated``,
+        its classes instantiated."""
+        config = self.config_init if instantiated else self.config
         subcommand = self.config.get("subcommand")
-        return self.config[subcommand] if subcommand else self.config
-
-    def _config_init(self):
-        """``_config``'s classes, instantiated."""
-        subcommand = self.config.get("subcommand")
-        return self.config_init[subcommand] if subcommand else self.config_init
+        return config[subcommand] if subcommand else config
 
     @override
     def resolve_checkpoint_path(self) -> None:
@@ -327,7 +324,7 @@ class MultiGPUCLI(CheckpointPathCLI):
             kwargs["strategy"] = FullyShardedStrategy()
         if config["trainer"].get("plugins") is None:  # checkpoints are written atomically
             kwargs["plugins"] = [AtomicCheckpointIO()]
-        chosen = self._config_init()["trainer"].get("callbacks") or []
+        chosen = self._config(instantiated=True)["trainer"].get("callbacks") or []
         bar_chosen = any(
             isinstance(callback, ProgressBar) for callback in (chosen if isinstance(chosen, list) else [chosen])
         )
