@@ -27,8 +27,8 @@ interval of the median (``multigpu.planning.intervals``): with 5 rounds, the slo
 enclose the true median 15 times in 16 whatever the noise. On the CPU it checks the cores before and after
 the rounds (``multigpu.planning.busy_cores``) and says so when another process keeps them busy; the share
 of the cores its check got is in ``throughput.json``'s ``machine``, with ``busy``. On a 2-core CPU a round of
-``--configs plain app ddp`` takes about 6 minutes (docs/speed.md), so the defaults take 30 minutes to 2 hours;
-``--within 0`` runs exactly ``--rounds``.
+``--configs plain app ddp`` takes 3.6 to 5.7 minutes (docs/speed.md), so the defaults take 20 minutes to 2 hours:
+54 minutes (15 rounds) to within ±3% on a quiet machine; ``--within 0`` runs exactly ``--rounds``.
 
 and writes the figures to ``<out>/throughput.json`` and a chart to ``<out>/throughput.png``.
 """
