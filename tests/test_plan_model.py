@@ -4,10 +4,12 @@ the links' arithmetic, and how measured windows become ranges, ties and a choice
 import pytest
 
 from multigpu.compat import schedule_actions
-from multigpu.planning.forecast import overlapped_reduction
+from multigpu.planning.forecast import forecast, overlapped_reduction
 from multigpu.planning.layouts import Layout
 from multigpu.planning.links import Link, Links
+from multigpu.planning.memory_estimate import BlockMemory
 from multigpu.planning.pipeline_simulation import simulate_step
+from multigpu.planning.profile import PassTimes
 from multigpu.planning.ranking import Outcome, choice, tied, to_measure
 from multigpu.strategies.pipeline.stage_placement import SCHEDULES, StagePlacement, natural_stages_per_process
 
@@ -54,6 +56,31 @@ def test_ddp_buckets_hide_behind_the_backward_pass_on_gpus_and_hold_it_up_on_the
     reduce = lambda nbytes: 0.5  # noqa: E731
     assert overlapped_reduction(backward, params, reduce, overlap=True) == 4 + 0.5  # only the last one shows
     assert overlapped_reduction(backward, params, reduce, overlap=False) == 4 + 0.5 * 2  # first bucket, then the rest
+
+
+class _FlatProfile:
+    """Every block 1 s forward, 2 s backward and no update, whatever the images; memory as fast as can be."""
+
+    def __init__(self, blocks: int) -> None:
+        self.blocks = blocks
+
+    def times(self, images: int, processes: int = 1) -> PassTimes:
+        return PassTimes([1.0] * self.blocks, [2.0] * self.blocks, [0.0] * self.blocks)
+
+    def memory_bandwidth(self, processes: int = 1) -> float:
+        return float("inf")
+
+
+def test_fsdp_on_the_cpu_pays_its_collectives_and_its_runtime_per_block_and_per_byte_in_turn_with_the_passes():
+    blocks, nbytes = 3, 10**6
+    memory = BlockMemory(params=[nbytes] * blocks, activations=[0.0] * blocks, inputs=[0.0] * blocks, tensors=[0] * 3)
+    layout = Layout("fsdp", "fsdp", devices=2, processes=2, batch_size=6)
+    gathers = Link(0.0, 1e6)  # a whole block's gather moves half its bytes: 0.5 s; so does its reduce-scatter
+    links = Links(world=2, gathers=gathers, scatters=gathers, sharded_block=0.25, sharded_byte=1e-6)
+    compute, collectives = blocks * (1.0 + 2.0), blocks * 3 * 0.5  # two gathers (forward, backward), one scatter
+    runtime = blocks * (0.25 + 1e-6 * nbytes)  # per block, and per byte: the copies around its collectives
+    step = layout.batch_size * layout.replicas / forecast(layout, _FlatProfile(blocks), links, memory)
+    assert step == pytest.approx(compute + collectives + runtime)
 
 
 def test_links_follow_the_ring_algorithms():

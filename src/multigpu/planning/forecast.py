@@ -96,7 +96,8 @@ def _fsdp(layout, forward, backward, update, links, memory) -> float:
     group, params = layout.processes, memory.params
     gather = lambda block: links.all_gather(params[block], group, latency=False)  # noqa: E731
     scatter = lambda block: links.reduce_scatter(params[block], group, latency=False)  # noqa: E731
-    own = [links.sharded_block / 2 if nbytes else 0.0 for nbytes in params]  # the runtime's cost, per pass
+    # The runtime's own cost, per pass: per block, and per byte the copies into and out of its collectives' buffers
+    own = [(links.sharded_block + links.sharded_byte * nbytes) / 2 if nbytes else 0.0 for nbytes in params]
     serial, last = not links.overlap, len(params) - 1
     link = gather(0)  # the first block's parameters, before anything computes
     compute = link if serial else 0.0

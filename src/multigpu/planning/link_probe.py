@@ -79,21 +79,41 @@ def _pipeline_action_time(device: torch.device) -> float:
     return _timed(step, device) / (2 * (micro_batches + world - 1))
 
 
-def _sharded_costs(device: torch.device, blocks: int = 8) -> tuple[float, float]:
-    """Seconds per block of a forward and backward pass through ``fully_shard``-ed tiny blocks, and per
-    parameter tensor of an SGD step on their shards: the runtime's own costs. Each block holds 5 parameter
-    tensors, as ResNet-50's blocks do on average (161 in 34 blocks)."""
-    net = nn.Sequential(
-        *(nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16), nn.Linear(16, 16, bias=False)) for _ in range(blocks))
-    ).to(device)
+def _sharded_costs(device: torch.device, blocks: int = 8) -> tuple[float, float, float]:
+    """The runtime's own costs: seconds per block of a forward and backward pass through ``fully_shard``-ed
+    tiny blocks; per byte of a block's parameters, from the same through blocks of one large matrix each, less
+    the same blocks unsharded and their gathers and reduce-scatters alone (the copies into and out of the
+    collectives' buffers, which grow with the bytes); and per parameter tensor of an SGD step on their shards.
+    Each tiny block holds 5 parameter tensors, as ResNet-50's blocks do on average (161 in 34 blocks)."""
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    for block in net:
-        fully_shard(block, mesh=mesh)
-    fully_shard(net, mesh=mesh)
+
+    def sharded(net: nn.Sequential) -> nn.Sequential:
+        for block in net:
+            fully_shard(block, mesh=mesh)
+        fully_shard(net, mesh=mesh)
+        return net
+
+    net = sharded(
+        nn.Sequential(
+            *(nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16), nn.Linear(16, 16, bias=False)) for _ in range(blocks))
+        ).to(device)
+    )
     x = torch.randn(4, 16, device=device)
-    passes = _timed(lambda: net(x).sum().backward(), device) / blocks
+    per_block = _timed(lambda: net(x).sum().backward(), device) / blocks
     optimizer = torch.optim.SGD(net.parameters(), lr=0.0, momentum=0.9)
-    return passes, _timed(optimizer.step, device) / len(list(net.parameters()))
+    per_tensor = _timed(optimizer.step, device) / len(list(net.parameters()))
+
+    width, large = 1448, 4  # 8 MiB of parameters a block, one row of input: next to no arithmetic
+    matrices = lambda: nn.Sequential(*(nn.Linear(width, width, bias=False) for _ in range(large))).to(device)  # noqa: E731
+    whole, split = matrices(), sharded(matrices())
+    row = torch.randn(1, width, device=device)
+    full = torch.empty(width * width // dist.get_world_size() * dist.get_world_size(), device=device)
+    shard = full[: full.numel() // dist.get_world_size()]
+    collectives = 2 * _timed(lambda: dist.all_gather_into_tensor(full, shard), device)  # forward and backward
+    collectives += _timed(lambda: dist.reduce_scatter_tensor(shard, full), device)
+    excess = _timed(lambda: split(row).sum().backward(), device) - _timed(lambda: whole(row).sum().backward(), device)
+    per_byte = max(0.0, excess / large - collectives - per_block) / (4 * width * width)
+    return per_block, per_byte, per_tensor
 
 
 def _probe(out: str, ids: str) -> None:
@@ -126,7 +146,7 @@ def _probe(out: str, ids: str) -> None:
         scatter = lambda tensor=tensor, shard=shard: dist.reduce_scatter_tensor(shard, tensor[: len(shard) * world])  # noqa: E731
         figures["reduce_scatter"].append([size, _timed(scatter, device)])
     figures["pipeline_action"] = _pipeline_action_time(device)
-    figures["sharded_block"], figures["sharded_update"] = _sharded_costs(device)
+    figures["sharded_block"], figures["sharded_byte"], figures["sharded_update"] = _sharded_costs(device)
     if not cuda:
         dist.barrier()
         probe = torch.tensor([probe_pass()])

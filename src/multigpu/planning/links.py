@@ -9,7 +9,9 @@ moves ``2 (n-1)/n`` of the bytes, the other two ``(n-1)/n``). Two tiny networks,
 arithmetic costs nothing, give what the runtimes add besides moving bytes: a GPipe step of one
 small layer per process (seconds per pipeline action), and a forward and backward pass and an
 SGD step of ``fully_shard``-ed small layers (seconds per sharded block, and per sharded
-parameter's update). On the CPU every rank then times one convolution's forward and backward
+parameter's update); a pass through ``fully_shard``-ed large matrices, against the same unsharded
+and their collectives alone, gives its cost per byte of parameters (the copies into and out of the
+collectives' buffers). On the CPU every rank then times one convolution's forward and backward
 pass at the same moment, which ``plan`` compares with the same pass run alone: the share of
 the memory bandwidth and caches a process loses. Each figure is the fastest of a few runs.
 """
@@ -51,8 +53,8 @@ class Link:
 class Links:
     """The measured links of ``world`` devices (``cuda``: GPUs, not processes on one CPU): sends, all-reduces,
     all-gathers and reduce-scatters; the seconds a pipeline schedule spends per action, and ``fully_shard`` per
-    block and per parameter's update, besides computing and moving bytes; and how much slower a process computes
-    with ``world`` processes at once (1 on GPUs)."""
+    block, per byte of a block's parameters and per parameter's update, besides computing and moving bytes; and
+    how much slower a process computes with ``world`` processes at once (1 on GPUs)."""
 
     world: int
     cuda: bool = False
@@ -62,6 +64,7 @@ class Links:
     scatters: Link = Link()
     pipeline_action: float = 0.0
     sharded_block: float = 0.0
+    sharded_byte: float = 0.0
     sharded_update: float = 0.0
     contention: float = 1.0
 
@@ -133,6 +136,7 @@ def measure_links(processes: int, cuda: bool, device_ids: list[int] | None) -> L
         scatters=Link.fitted(figures["reduce_scatter"], share),
         pipeline_action=figures["pipeline_action"],
         sharded_block=figures["sharded_block"],
+        sharded_byte=figures["sharded_byte"],
         sharded_update=figures["sharded_update"],
         contention=max(1.0, figures["probe"] / probe_pass(threads)) if not cuda else 1.0,
     )
