@@ -22,6 +22,7 @@ from multigpu.compat import (
     pipeline_stage,
     resolve,
     set_default_process_group_backend,
+    split_backward,
 )
 from multigpu.errors import UsageError
 from multigpu.strategies import DataParallelStrategy
@@ -74,6 +75,22 @@ def test_a_stage_trains_batch_norm_statistics_of_its_micro_batches_only():
     for name, buffer in reference.state_dict().items():
         assert torch.equal(piped.state_dict()[name], buffer), name
     assert int(piped[1].num_batches_tracked) == 2
+
+
+def test_a_backward_pass_split_in_two_gives_the_gradients_of_a_whole_one():
+    """``split_backward``, what ``plan`` times the zero-bubble schedules' passes with: its input gradients now, its
+    weight gradients when the returned half runs, each those of one whole backward pass."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 3))
+    weights = list(net.parameters())
+    x, grad = torch.randn(8, 4, requires_grad=True), torch.randn(8, 3)
+    whole = torch.autograd.grad(net(x), [x, *weights], grad)
+    x_split = x.detach().requires_grad_()
+    weights_half = split_backward([net(x_split)], [grad], [x_split], weights)
+    assert torch.allclose(x_split.grad, whole[0]) and all(weight.grad is None for weight in weights)
+    weights_half()
+    for weight, expected in zip(weights, whole[1:]):
+        assert torch.allclose(weight.grad, expected)
 
 
 def test_a_strategy_that_shows_the_cpu_while_its_group_is_made_keeps_its_devices_backend():

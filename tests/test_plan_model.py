@@ -59,10 +59,14 @@ def test_ddp_buckets_hide_behind_the_backward_pass_on_gpus_and_hold_it_up_on_the
 
 
 class _FlatProfile:
-    """Every block 1 s forward, 2 s backward and no update, whatever the images; memory as fast as can be."""
+    """Every block 1 s forward, 2 s backward and no update, whatever the images; memory as fast as can be; a backward
+    pass split in two ``split`` times as long as whole."""
 
-    def __init__(self, blocks: int) -> None:
-        self.blocks = blocks
+    def __init__(self, blocks: int, split: float = 1.0) -> None:
+        self.blocks, self.split = blocks, split
+
+    def split_backward(self, processes: int = 1) -> float:
+        return self.split
 
     def times(self, images: int, processes: int = 1) -> PassTimes:
         return PassTimes([1.0] * self.blocks, [2.0] * self.blocks, [0.0] * self.blocks)
@@ -81,6 +85,18 @@ def test_fsdp_on_the_cpu_pays_its_collectives_and_its_runtime_per_block_and_per_
     runtime = blocks * (0.25 + 1e-6 * nbytes)  # per block, and per byte: the copies around its collectives
     step = layout.batch_size * layout.replicas / forecast(layout, _FlatProfile(blocks), links, memory)
     assert step == pytest.approx(compute + collectives + runtime)
+
+
+@pytest.mark.parametrize(("schedule", "splits"), [("zbvzerobubble", True), ("interleaved1f1b", False)])
+def test_a_zero_bubble_schedule_pays_for_its_split_backward_pass_and_the_others_do_not(schedule, splits):
+    blocks = 4
+    memory = BlockMemory(params=[0] * blocks, activations=[0.0] * blocks, inputs=[0.0] * blocks, tensors=[0] * 4)
+    options = {"num_stages": 4, "stages_per_process": 2}
+    layout = Layout("p", "pipeline", 2, 2, 8, options=options, balance=(1, 1, 1, 1), schedule=schedule, micro_batches=4)
+    links = Links(world=2)
+    whole = forecast(layout, _FlatProfile(blocks), links, memory)
+    split = forecast(layout, _FlatProfile(blocks, split=1.5), links, memory)
+    assert (split < whole) if splits else (split == whole)
 
 
 def test_links_follow_the_ring_algorithms():

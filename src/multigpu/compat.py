@@ -51,6 +51,7 @@ __all__ = [
     "save_last_checkpoint",
     "schedule_actions",
     "set_default_process_group_backend",
+    "split_backward",
     "should_skip_saving",
     "stop_after_this_step_as_on_sigterm",
     "time_pipeline_parts",
@@ -178,6 +179,18 @@ def schedule_actions(
         ]
         for rank in ops
     ]
+
+
+def split_backward(
+    outputs: list[Tensor], grads: list[Tensor], inputs: list[Tensor], weights: list[nn.Parameter]
+) -> Callable[[], None]:
+    """Run the input-gradient half of the backward pass from ``outputs`` (their gradients ``grads``) to ``inputs``
+    as the zero-bubble pipeline schedules run it, and return its weight-gradient half, to run later."""
+    # The schedules split a backward pass with these two functions, which have no public counterpart.
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+    _, groups = stage_backward_input(outputs, grads, inputs, iter(weights))
+    return lambda: stage_backward_weight(iter(weights), groups)
 
 
 # --- torch: modules, mixed precision, rendezvous ---------------------------------------------------------------
@@ -340,6 +353,18 @@ PRIVATE_HOOKS = (
     PrivateHook(_SCHEDULES, "_batch_p2p", "time_pipeline_parts", ("p2p_ops", "desc")),
     PrivateHook(_SCHEDULES, "_wait_batch_p2p", "time_pipeline_parts", ("work",)),
     PrivateHook("torch.distributed.pipelining._schedule_visualizer", "get_schedule_ops", "schedule_actions"),
+    PrivateHook(
+        "torch.distributed.pipelining._backward",
+        "stage_backward_input",
+        "split_backward",
+        ("stage_outputs_or_loss", "output_grads", "input_values", "weights"),
+    ),
+    PrivateHook(
+        "torch.distributed.pipelining._backward",
+        "stage_backward_weight",
+        "split_backward",
+        ("weights", "param_groups", "retain_graph"),
+    ),
     PrivateHook("torch.nn.modules.batchnorm", "_BatchNorm", "BatchNormBase"),
     PrivateHook("torch.nn.modules.batchnorm._BatchNorm", "_check_input_dim", "AnyDimBatchNorm", ("self", "input")),
     PrivateHook("torch.nn.Module", "_apply", "BuiltBlocksMove", ("self", "fn", "recurse")),

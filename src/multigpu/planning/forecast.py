@@ -11,15 +11,17 @@ the measured latency and bandwidth of the links:
   another beside the backward pass, and the step waits for the last;
 - ``fsdp``: each block's parameters are all-gathered before its forward and backward pass (the
   next block's while this one computes) and its gradients reduce-scattered after its backward
-  pass, one transfer at a time beside the computation;
+  pass, one transfer at a time beside the computation, plus ``fully_shard``'s own cost per block and
+  per byte of its parameters;
 - ``manual_model_parallel``: the stages one after another for the whole batch, the activations
   and their gradients sent between devices, and with several replicas ``ddp``'s all-reduce;
 - ``dp``: a slice of the batch on every device at once, the parameters broadcast and the
   gradients gathered on the first every step;
 - ``pipeline``: the schedule's step simulated from its action lists (``pipeline_simulation``),
-  its passes slowed by the processes' average concurrency over the step (they compute at once only
-  between the bubbles), then, with several copies of the pipeline, an all-reduce of each process's
-  gradients.
+  the zero-bubble schedules' backward passes as much longer as the network's measured split in two
+  (``BlockProfile.split_backward``), its passes slowed by the processes' average concurrency over
+  the step (they compute at once only between the bubbles), then, with several copies of the
+  pipeline, an all-reduce of each process's gradients.
 
 With activation recomputation each backward pass also runs its block's forward pass again.
 """
@@ -29,7 +31,7 @@ from collections.abc import Callable, Sequence
 from multigpu.planning.layouts import Layout
 from multigpu.planning.links import Links
 from multigpu.planning.memory_estimate import BlockMemory
-from multigpu.planning.pipeline_simulation import simulate_step
+from multigpu.planning.pipeline_simulation import simulate_step, splits_backward
 from multigpu.planning.profile import BlockProfile
 from multigpu.strategies.partition import stage_ranges
 
@@ -60,6 +62,8 @@ def forecast(layout: Layout, profile: BlockProfile, links: Links, memory: BlockM
         b + 3 * nbytes / bandwidth + (f if layout.recompute else 0.0)
         for f, b, nbytes in zip(forward, times.backward, memory.params)
     ]
+    if layout.strategy == "pipeline" and splits_backward(layout.pipeline, layout.micro_batches):
+        backward = [t * profile.split_backward(layout.processes) for t in backward]  # taken as halves of the whole
     step = _STEPS[layout.strategy](layout, forward, backward, times.update, links, memory)
     return layout.batch_size * layout.replicas / step
 

@@ -6,8 +6,10 @@ forward pass of stage ``s`` needs stage ``s - 1``'s output for that micro-batch,
 (whole, or the input-gradient half of the zero-bubble schedules) needs stage ``s + 1``'s
 gradient and its own forward pass, and a tensor from a stage on another process arrives a
 send's time later. A zero-bubble schedule splits a backward pass into the input gradients and
-the weight gradients, each taken as half. Each action also costs the schedule's own time per
-action, measured with ``links``. The step ends when the last process finishes.
+the weight gradients, each taken as half of the backward pass it is given (``plan`` gives these
+schedules a pass as much longer than whole as it measured split: ``BlockProfile.split_backward``).
+Each action also costs the schedule's own time per action, measured with ``links``. The step ends
+when the last process finishes.
 """
 
 from collections.abc import Callable, Sequence
@@ -15,7 +17,7 @@ from collections.abc import Callable, Sequence
 from multigpu.compat import schedule_actions
 from multigpu.strategies.pipeline.stage_placement import StagePlacement
 
-__all__ = ["simulate_step"]
+__all__ = ["simulate_step", "splits_backward"]
 
 
 def simulate_step(
@@ -53,6 +55,11 @@ def simulate_step(
         if not progressed:
             raise RuntimeError(f"the simulated {pipeline.schedule} schedule waits on itself: {actions}")
     return clock
+
+
+def splits_backward(pipeline: StagePlacement, micro_batches: int) -> bool:
+    """Whether the schedule splits its backward passes into input and weight gradients (the zero-bubble ones)."""
+    return any(kind in "IW" for queue in _actions(pipeline, micro_batches) for kind, _, _ in queue)
 
 
 def _actions(pipeline: StagePlacement, micro_batches: int) -> list[list[tuple[str, int, int]]]:
