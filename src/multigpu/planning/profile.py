@@ -130,12 +130,15 @@ class BlockProfile:
             with _threads(threads), self.precision.train_step_context():
                 x = self.precision.convert_input(torch.zeros(images, *IMAGE_SHAPE)).to(self.device).requires_grad_()
                 for _ in range(REPEATS + 1):
-                    for param in weights:
-                        param.grad = None
-                    out = net(x)
-                    whole.append(self._seconds(lambda: torch.autograd.backward([out], [torch.ones_like(out)])))
-                    out = net(x)
-                    split.append(self._seconds(lambda: split_backward([out], [torch.ones_like(out)], [x], weights)()))
+                    for passes, split_in_two in ((whole, False), (split, True)):
+                        for param in weights:  # each pass writes its gradients anew: adding to them costs more
+                            param.grad = None
+                        out = net(x)
+                        grads = [torch.ones_like(out)]
+                        if split_in_two:
+                            passes.append(self._seconds(lambda: split_backward([out], grads, [x], weights)()))
+                        else:
+                            passes.append(self._seconds(lambda: torch.autograd.backward([out], grads)))
         except RuntimeError:  # out of memory: the network fits only split
             return 1.0
         finally:
