@@ -110,7 +110,7 @@ class BlockProfile:
         """How many times longer the whole network's backward pass takes in one of ``processes`` processes when
         split into its input gradients and then its weight gradients, as the zero-bubble schedules run it, than
         whole: timed once per thread count, at the smallest input the blocks were timed at (the ratio barely
-        moves with the size: 1.12 to 1.16 at 2 to 8 CIFAR images on one CPU thread), the fastest of ``REPEATS``
+        moves with the size: 1.09 to 1.18 at 2 and 8 CIFAR images on one CPU thread), the fastest of ``REPEATS``
         after one untimed. 1 where the whole network does not fit on the device."""
         threads = self._key(1, processes)[1]
         if threads not in self._splits:
