@@ -95,14 +95,8 @@ class BlockProfile:
         if threads not in self._bandwidths:
             source = torch.ones(2**25, device=self.device)  # 128 MiB, more than any cache
             target = torch.zeros_like(source)
-            seconds = []
             with _threads(threads):
-                for _ in range(3):
-                    synchronize(self.device)
-                    start = time.perf_counter()
-                    target.copy_(source)
-                    synchronize(self.device)
-                    seconds.append(time.perf_counter() - start)
+                seconds = [self._seconds(lambda: target.copy_(source)) for _ in range(3)]
             self._bandwidths[threads] = 2 * source.nbytes / min(seconds)  # read and written
         return self._bandwidths[threads]
 
@@ -147,6 +141,7 @@ class BlockProfile:
         return min(split[1:]) / min(whole[1:])
 
     def _seconds(self, work) -> float:
+        """Seconds of ``work()`` on the device, its queued work included."""
         synchronize(self.device)
         start = time.perf_counter()
         work()
