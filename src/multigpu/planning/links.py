@@ -13,7 +13,7 @@ parameter's update); a pass through ``fully_shard``-ed large matrices, against t
 and their collectives alone, gives its cost per byte of parameters (the copies into and out of the
 collectives' buffers). On the CPU every rank then times one convolution's forward and backward
 pass at the same moment, which ``plan`` compares with the same pass run alone: the share of
-the memory bandwidth and caches a process loses. Each figure is the fastest of a few runs.
+the memory bandwidth and caches a process loses. Each figure is the median of a few runs.
 """
 
 import json
