@@ -5,6 +5,7 @@ own costs and writes them (rank 0) to a JSON file. It imports torch alone, so th
 """
 
 import json
+import math
 import os
 import statistics
 import sys
@@ -106,7 +107,7 @@ def _sharded_costs(device: torch.device, blocks: int = 8) -> tuple[float, float,
 
     # 32 MiB of parameters a block, the links' large size, whose gathers the forecast charges; one row of input:
     # next to no arithmetic
-    width, large = 2896, 2
+    width, large = math.isqrt(SIZES[-1] // 4), 2  # 2896 float32s a side
     matrices = lambda: nn.Sequential(*(nn.Linear(width, width, bias=False) for _ in range(large))).to(device)  # noqa: E731
     whole, split = matrices(), sharded(matrices())
     row = torch.randn(1, width, device=device)
