@@ -1,11 +1,17 @@
 """``plan``'s cost model: the pipeline schedules simulated from their action lists, DDP's overlapped buckets,
 the links' arithmetic, and how measured windows become ranges, ties and a choice."""
 
+import time
+
 import pytest
+import torch
+import torch.distributed as dist
+from helpers import free_port
 
 from multigpu.compat import schedule_actions
 from multigpu.planning.forecast import forecast, overlapped_reduction
 from multigpu.planning.layouts import Layout
+from multigpu.planning.link_probe import REPEATS, _timed
 from multigpu.planning.links import Link, Links
 from multigpu.planning.memory_estimate import BlockMemory
 from multigpu.planning.pipeline_simulation import simulate_step
@@ -109,6 +115,15 @@ def test_links_follow_the_ring_algorithms():
     assert links.all_reduce(1e9, 1) == 0.0
     fitted = Link.fitted([[1000, 0.002], [1_001_000, 0.003]], traffic=1.0)
     assert fitted.bandwidth == pytest.approx(1e9) and fitted.latency == pytest.approx(0.002 - 1e-6)
+
+
+def test_the_link_probe_keeps_the_median_of_its_timed_runs_not_the_fastest():
+    """The collectives a training step meets: the median of ``REPEATS`` runs, the first (a warm-up) untimed."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    sleeps = iter([0.3, 0.0, 0.0, 0.0, 0.05, 0.05, 0.3, 0.3])  # the fastest 0, the mean 0.1 s
+    assert REPEATS + 1 == 8
+    seconds = _timed(lambda: time.sleep(next(sleeps)), torch.device("cpu"))
+    assert 0.05 <= seconds < 0.09
 
 
 def _outcome(name: str, processes: int, forecast: float, windows: list[float] | None = None, peak: int = 1) -> Outcome:
