@@ -2,8 +2,9 @@
 
 A step is built from each block's measured forward, backward and update time (``profile``), at
 the layout's batch or micro-batch and, on the CPU, its processes' share of the cores, slowed
-as much as processes running at once slow each other (``links``), and the tensors it moves at
-the measured latency and bandwidth of the links:
+as much as processes running at once slow each other (``links``; where every process waits for the
+others throughout the step, ``ddp``'s and ``fsdp``'s, as much slower as the slowest of them runs), and the
+tensors it moves at the measured latency and bandwidth of the links:
 
 - one device: the passes, then the update;
 - ``ddp``: the backward pass hands DDP's buckets (the first of 1 MiB, then 25 MiB, filled
@@ -55,7 +56,7 @@ def forecast(layout: Layout, profile: BlockProfile, links: Links, memory: BlockM
     times = profile.times(*timed_input(layout))
     if isinstance(times, str):
         return times
-    times = times.scaled(links.slowdown(layout.processes))
+    times = times.scaled(links.slowdown(layout.processes) * (links.lockstep if _in_lockstep(layout) else 1.0))
     bandwidth = profile.memory_bandwidth(layout.processes)
     forward = [f + nbytes / bandwidth for f, nbytes in zip(times.forward, memory.params)]
     backward = [  # reads the parameters, reads and writes their gradients
@@ -66,6 +67,13 @@ def forecast(layout: Layout, profile: BlockProfile, links: Links, memory: BlockM
         backward = [t * profile.split_backward(layout.processes) for t in backward]  # taken as halves of the whole
     step = _STEPS[layout.strategy](layout, forward, backward, times.update, links, memory)
     return layout.batch_size * layout.replicas / step
+
+
+def _in_lockstep(layout: Layout) -> bool:
+    """Whether every process computes the same passes as the others and waits for them throughout the step
+    (``ddp``'s all-reduce, ``fsdp``'s gathers and reduce-scatters): then the slowest sets the pace. A pipeline's
+    processes compute different stages, with the bubbles between to absorb a slow one."""
+    return layout.strategy != "pipeline" and layout.processes > 1
 
 
 def _one_device(layout, forward, backward, update, links, memory) -> float:

@@ -12,8 +12,11 @@ SGD step of ``fully_shard``-ed small layers (seconds per sharded block, and per 
 parameter's update); a pass through ``fully_shard``-ed large matrices, against the same unsharded
 and their collectives alone, gives its cost per byte of parameters (the copies into and out of the
 collectives' buffers). On the CPU every rank then times one convolution's forward and backward
-pass at the same moment, which ``plan`` compares with the same pass run alone: the share of
-the memory bandwidth and caches a process loses. Each figure is the median of a few runs.
+pass at the same moment, a few times, which ``plan`` compares with the same pass run alone: the share of
+the memory bandwidth and caches a process loses (the ranks' mean), and how much slower the slowest rank
+is than that mean. On a shared 2-core machine the two ranks' times at one moment differed by up to 2x,
+either rank the slower in turn: processes that wait for each other throughout a step go at the pace of
+the slowest. Each figure is the median of a few runs.
 """
 
 import json
@@ -54,7 +57,8 @@ class Links:
     """The measured links of ``world`` devices (``cuda``: GPUs, not processes on one CPU): sends, all-reduces,
     all-gathers and reduce-scatters; the seconds a pipeline schedule spends per action, and ``fully_shard`` per
     block, per byte of a block's parameters and per parameter's update, besides computing and moving bytes; and
-    how much slower a process computes with ``world`` processes at once (1 on GPUs)."""
+    how much slower a process computes with ``world`` processes at once, on average (``contention``) and the
+    slowest of them against that average (``lockstep``; both 1 on GPUs)."""
 
     world: int
     cuda: bool = False
@@ -67,6 +71,7 @@ class Links:
     sharded_byte: float = 0.0
     sharded_update: float = 0.0
     contention: float = 1.0
+    lockstep: float = 1.0
 
     @property
     def overlap(self) -> bool:
@@ -139,4 +144,5 @@ def measure_links(processes: int, cuda: bool, device_ids: list[int] | None) -> L
         sharded_byte=figures["sharded_byte"],
         sharded_update=figures["sharded_update"],
         contention=max(1.0, figures["probe"] / probe_pass(threads)) if not cuda else 1.0,
+        lockstep=max(1.0, figures["probe_slowest"] / figures["probe"]) if not cuda else 1.0,
     )
