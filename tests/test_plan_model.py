@@ -105,6 +105,28 @@ def test_a_zero_bubble_schedule_pays_for_its_split_backward_pass_and_the_others_
     assert (split < whole) if splits else (split == whole)
 
 
+def test_ddp_and_fsdp_go_at_the_pace_of_their_slowest_process_and_a_pipeline_does_not():
+    blocks = 4
+    memory = BlockMemory(params=[0] * blocks, activations=[0.0] * blocks, inputs=[0.0] * blocks, tensors=[0] * 4)
+    pipeline = Layout(
+        "p",
+        "pipeline",
+        2,
+        2,
+        8,
+        options={"num_stages": 2, "stages_per_process": 1},
+        balance=(2, 2),
+        schedule="1f1b",
+        micro_batches=4,
+    )
+    layouts = [Layout("ddp", "ddp", 2, 2, 8), Layout("fsdp", "fsdp", 2, 2, 8), pipeline]
+    even, paced = Links(world=2), Links(world=2, lockstep=1.25)  # links that cost nothing: only the passes count
+    step = lambda layout, links: 1 / forecast(layout, _FlatProfile(blocks), links, memory)  # noqa: E731
+    assert step(layouts[0], paced) == pytest.approx(1.25 * step(layouts[0], even))
+    assert step(layouts[1], paced) == pytest.approx(1.25 * step(layouts[1], even))
+    assert step(pipeline, paced) == step(pipeline, even)
+
+
 def test_links_follow_the_ring_algorithms():
     links = Links(world=4, sends=Link(0.001, 1e9), reduces=Link(0.003, 1e9), gathers=Link(0.003, 1e9))
     assert links.send(1e9) == pytest.approx(1.001)
