@@ -14,9 +14,9 @@ and their collectives alone, gives its cost per byte of parameters (the copies i
 collectives' buffers). On the CPU every rank then times one convolution's forward and backward
 pass at the same moment, a few times, which ``plan`` compares with the same pass run alone: the share of
 the memory bandwidth and caches a process loses (the ranks' mean), and how much slower the slowest rank
-is than that mean. On a shared 2-core machine the two ranks' times at one moment differed by up to 2x,
-either rank the slower in turn: processes that wait for each other throughout a step go at the pace of
-the slowest. Each figure is the median of a few runs.
+is than that mean. On a quiet 2-core machine the two ranks' times at one moment differed by a few percent
+(by up to 2x while another process ran), either rank the slower in turn: processes that wait for each other
+throughout a step go at the pace of the slowest. Each figure is the median of a few runs.
 """
 
 import json
