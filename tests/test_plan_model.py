@@ -2,6 +2,7 @@
 the links' arithmetic, and how measured windows become ranges, ties and a choice."""
 
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -119,11 +120,13 @@ def test_ddp_and_fsdp_go_at_the_pace_of_their_slowest_process_and_a_pipeline_doe
         schedule="1f1b",
         micro_batches=4,
     )
-    layouts = [Layout("ddp", "ddp", 2, 2, 8), Layout("fsdp", "fsdp", 2, 2, 8), pipeline]
     even, paced = Links(world=2), Links(world=2, lockstep=1.25)  # links that cost nothing: only the passes count
     step = lambda layout, links: 1 / forecast(layout, _FlatProfile(blocks), links, memory)  # noqa: E731
-    assert step(layouts[0], paced) == pytest.approx(1.25 * step(layouts[0], even))
-    assert step(layouts[1], paced) == pytest.approx(1.25 * step(layouts[1], even))
+    for strategy in ("ddp", "fsdp"):
+        layout = Layout(strategy, strategy, 2, 2, 8)
+        assert step(layout, paced) == pytest.approx(1.25 * step(layout, even))
+        # measured over 4 processes: 2 of them are charged a third of the way from even to the slowest of 4
+        assert step(layout, replace(paced, world=4)) == pytest.approx((1 + 0.25 / 3) * step(layout, even))
     assert step(pipeline, paced) == step(pipeline, even)
 
 

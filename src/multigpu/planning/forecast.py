@@ -3,8 +3,8 @@
 A step is built from each block's measured forward, backward and update time (``profile``), at
 the layout's batch or micro-batch and, on the CPU, its processes' share of the cores, slowed
 as much as processes running at once slow each other (``links``; where every process waits for the
-others throughout the step, ``ddp``'s and ``fsdp``'s, as much slower as the slowest of them runs), and the
-tensors it moves at the measured latency and bandwidth of the links:
+others throughout the step, ``ddp``'s, ``fsdp``'s and replicated model parallel's, as much slower as the slowest
+of them runs), and the tensors it moves at the measured latency and bandwidth of the links:
 
 - one device: the passes, then the update;
 - ``ddp``: the backward pass hands DDP's buckets (the first of 1 MiB, then 25 MiB, filled
@@ -56,7 +56,7 @@ def forecast(layout: Layout, profile: BlockProfile, links: Links, memory: BlockM
     times = profile.times(*timed_input(layout))
     if isinstance(times, str):
         return times
-    times = times.scaled(links.slowdown(layout.processes) * (links.lockstep if _in_lockstep(layout) else 1.0))
+    times = times.scaled(links.slowdown(layout.processes, _in_lockstep(layout)))
     bandwidth = profile.memory_bandwidth(layout.processes)
     forward = [f + nbytes / bandwidth for f, nbytes in zip(times.forward, memory.params)]
     backward = [  # reads the parameters, reads and writes their gradients
@@ -71,8 +71,8 @@ def forecast(layout: Layout, profile: BlockProfile, links: Links, memory: BlockM
 
 def _in_lockstep(layout: Layout) -> bool:
     """Whether every process computes the same passes as the others and waits for them throughout the step
-    (``ddp``'s all-reduce, ``fsdp``'s gathers and reduce-scatters): then the slowest sets the pace. A pipeline's
-    processes compute different stages, with the bubbles between to absorb a slow one."""
+    (``ddp``'s and model parallel replicas' all-reduce, ``fsdp``'s gathers and reduce-scatters): then the slowest sets
+    the pace. A pipeline's processes compute different stages, with the bubbles between to absorb a slow one."""
     return layout.strategy != "pipeline" and layout.processes > 1
 
 

@@ -96,12 +96,16 @@ class Links:
         link = self.scatters if latency else Link(0.0, self.scatters.bandwidth)
         return self._collective(link, nbytes, group, (group - 1) / group)
 
-    def slowdown(self, processes: float) -> float:
+    def slowdown(self, processes: float, in_lockstep: bool = False) -> float:
         """How much slower a process computes with ``processes`` processes at once (on average: a pipeline's
-        processes compute at once only between their bubbles)."""
+        processes compute at once only between their bubbles); ``in_lockstep``, where each waits for the others
+        throughout the step, as slow as the slowest of them. Both figures were measured with ``world`` processes
+        and are scaled down to fewer alike."""
         if processes <= 1 or self.world < 2:
             return 1.0
-        return 1.0 + (self.contention - 1.0) * (processes - 1) / (self.world - 1)
+        share = (processes - 1) / (self.world - 1)
+        average = 1.0 + (self.contention - 1.0) * share
+        return average * (1.0 + (self.lockstep - 1.0) * share) if in_lockstep else average
 
     def _collective(self, link: Link, nbytes: float, group: int, traffic: float) -> float:
         if group < 2 or not nbytes:
