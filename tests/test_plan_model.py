@@ -8,15 +8,18 @@ import pytest
 import torch
 import torch.distributed as dist
 from helpers import free_port
+from lightning.pytorch.plugins.precision import Precision
+from torch import nn
 
 from multigpu.compat import schedule_actions
+from multigpu.model.lazy_blocks import LazyBlocks
 from multigpu.planning.forecast import forecast, overlapped_reduction
 from multigpu.planning.layouts import Layout
 from multigpu.planning.link_probe import REPEATS, _timed
 from multigpu.planning.links import Link, Links
 from multigpu.planning.memory_estimate import BlockMemory
 from multigpu.planning.pipeline_simulation import simulate_step
-from multigpu.planning.profile import PassTimes
+from multigpu.planning.profile import BlockProfile, PassTimes
 from multigpu.planning.ranking import Outcome, choice, tied, to_measure
 from multigpu.strategies.pipeline.stage_placement import SCHEDULES, StagePlacement, natural_stages_per_process
 
@@ -66,8 +69,8 @@ def test_ddp_buckets_hide_behind_the_backward_pass_on_gpus_and_hold_it_up_on_the
 
 
 class _FlatProfile:
-    """Every block 1 s forward, 2 s backward and no update, whatever the images; memory as fast as can be; a backward
-    pass split in two ``split`` times as long as whole."""
+    """Every block 1 s forward, 2 s backward and no update, whatever the images; a backward pass split in two
+    ``split`` times as long as whole."""
 
     def __init__(self, blocks: int, split: float = 1.0) -> None:
         self.blocks, self.split = blocks, split
@@ -77,9 +80,6 @@ class _FlatProfile:
 
     def times(self, images: int, processes: int = 1) -> PassTimes:
         return PassTimes([1.0] * self.blocks, [2.0] * self.blocks, [0.0] * self.blocks)
-
-    def memory_bandwidth(self, processes: int = 1) -> float:
-        return float("inf")
 
 
 def test_fsdp_on_the_cpu_pays_its_collectives_and_its_runtime_per_block_and_per_byte_in_turn_with_the_passes():
@@ -178,3 +178,19 @@ def test_overlapping_ranges_tie_and_the_simplest_of_the_tie_is_chosen():
     assert choice([one, fast, slow]) is one  # one process beats two, however fast
     apart = _outcome("1 device", 1, 20.0, [19.0, 20.0, 20.4])
     assert tied([apart, fast, slow]) == [fast] and choice([apart, fast, slow]) is fast
+
+
+def test_the_blocks_add_up_to_the_whole_network_timed_at_once(monkeypatch):
+    """Timed one by one, the blocks each pay a call of their own and find their parameters in the caches: the profile
+    scales their passes to the whole network's forward and backward pass, timed at the same size; the update stays."""
+    factories = [lambda: nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 16)), nn.ReLU, lambda: nn.Linear(16, 10)]
+    profile = lambda: BlockProfile(LazyBlocks(factories, seed=0), Precision(), torch.device("cpu"))  # noqa: E731
+    (whole,) = profile()._whole_passes([torch.zeros(2, 3, 32, 32)], [1])
+    assert 0 < whole < 1
+    monkeypatch.setattr(BlockProfile, "_whole_passes", lambda self, examples, threads: [0.5] * len(examples))
+    scaled = profile().times(2, 1)
+    assert sum(scaled.forward + scaled.backward) == pytest.approx(0.5)
+    assert 0 < sum(scaled.update) < 0.1  # an update is no pass: the whole network's figure leaves it as timed
+    monkeypatch.setattr(BlockProfile, "_whole_passes", lambda self, examples, threads: [None] * len(examples))
+    as_timed = profile().times(2, 1)  # the whole network did not fit: the blocks stay as timed
+    assert sum(as_timed.forward + as_timed.backward) < 0.1

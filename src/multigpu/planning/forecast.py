@@ -57,12 +57,8 @@ def forecast(layout: Layout, profile: BlockProfile, links: Links, memory: BlockM
     if isinstance(times, str):
         return times
     times = times.scaled(links.slowdown(layout.processes, _in_lockstep(layout)))
-    bandwidth = profile.memory_bandwidth(layout.processes)
-    forward = [f + nbytes / bandwidth for f, nbytes in zip(times.forward, memory.params)]
-    backward = [  # reads the parameters, reads and writes their gradients
-        b + 3 * nbytes / bandwidth + (f if layout.recompute else 0.0)
-        for f, b, nbytes in zip(forward, times.backward, memory.params)
-    ]
+    forward = times.forward
+    backward = [b + (f if layout.recompute else 0.0) for f, b in zip(forward, times.backward)]
     if layout.strategy == "pipeline" and splits_backward(layout.pipeline, layout.micro_batches):
         backward = [t * profile.split_backward(layout.processes) for t in backward]  # taken as halves of the whole
     step = _STEPS[layout.strategy](layout, forward, backward, times.update, links, memory)

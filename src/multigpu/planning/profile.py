@@ -5,8 +5,11 @@ run's precision, for every micro-batch size and, on the CPU, thread count it is 
 block by block (``block_pass_times_together``): a process of a layout of ``P`` processes gets
 ``cores / P`` threads, as Lightning's launcher gives it. On the CPU a batch above ``CPU_IMAGES`` images is timed at that
 size and scaled per image (the time per image is flat by then), which keeps a plan of large
-batches short. ``split_backward`` gives how much longer the zero-bubble schedules' backward pass, split into its
-input and its weight gradients, takes than a whole one.
+batches short. Then the whole network's forward and backward pass is timed at each size, and the blocks' passes
+are scaled to add up to it: a block timed on its own pays a call of its own and finds its parameters in the
+caches, which a training step does not (on a 2-core CPU the blocks added up to 1-4% more than the whole network
+at 8 images, 4-12% at 1 image). ``split_backward`` gives how much longer the zero-bubble schedules' backward pass,
+split into its input and its weight gradients, takes than a whole one.
 """
 
 import os
@@ -87,19 +90,6 @@ class BlockProfile:
         self._bandwidths: dict[int | None, float] = {}
         self._splits: dict[int | None, float] = {}
 
-    def memory_bandwidth(self, processes: int = 1) -> float:
-        """Bytes per second one of ``processes`` processes copies through the device's memory: what each pass
-        pays to read its blocks' parameters, which the blocks' timing (one block again and again, its
-        parameters in the caches) leaves out."""
-        threads = threads_per_process(processes) if self.device.type == "cpu" else None
-        if threads not in self._bandwidths:
-            source = torch.ones(2**25, device=self.device)  # 128 MiB, more than any cache
-            target = torch.zeros_like(source)
-            with _threads(threads):
-                seconds = [self._seconds(lambda: target.copy_(source)) for _ in range(3)]
-            self._bandwidths[threads] = 2 * source.nbytes / min(seconds)  # read and written
-        return self._bandwidths[threads]
-
     def split_backward(self, processes: int = 1) -> float:
         """How many times longer the whole network's backward pass takes in one of ``processes`` processes when
         split into its input gradients and then its weight gradients, as the zero-bubble schedules run it, than
@@ -114,11 +104,14 @@ class BlockProfile:
             self._splits[threads] = self._split_ratio(min(timed, default=1), threads)
         return self._splits[threads]
 
+    def _whole_network(self) -> nn.Module:
+        with self.blocks.building():
+            net = nn.Sequential(*(self.blocks.build(index) for index in range(len(self.blocks))))
+        return net.to(self.device).train()
+
     def _split_ratio(self, images: int, threads: int | None) -> float:
         try:
-            with self.blocks.building():
-                net = nn.Sequential(*(self.blocks.build(index) for index in range(len(self.blocks))))
-            net = net.to(self.device).train()
+            net = self._whole_network()
             weights = [param for param in net.parameters() if param.requires_grad]
             whole, split = [], []
             with _threads(threads), self.precision.train_step_context():
@@ -184,6 +177,7 @@ class BlockProfile:
                 timed = block_pass_times_together(
                     self.blocks, examples, [threads for _, threads in keys], self.device, repeats=REPEATS
                 )
+                wholes = self._whole_passes(examples, [threads for _, threads in keys])
         except RuntimeError as error:  # out of memory, say
             if len(keys) > 1:
                 for key in keys:
@@ -194,8 +188,36 @@ class BlockProfile:
         finally:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
-        for key, passes in zip(keys, timed):
-            self._times[key] = PassTimes(*(list(column) for column in zip(*passes)))
+        for key, passes, whole in zip(keys, timed, wholes):
+            times = PassTimes(*(list(column) for column in zip(*passes)))
+            self._times[key] = times.scaled(whole / sum(times.forward + times.backward)) if whole else times
+
+    def _whole_passes(self, examples: list[torch.Tensor], threads: list[int | None]) -> list[float | None]:
+        """Seconds of the whole network's forward and backward pass on each of ``examples`` with its threads, the
+        fastest of ``REPEATS`` after one untimed (each writing its gradients anew); None for each where the whole
+        network does not fit on the device (out of memory), whose blocks then stay as timed."""
+        try:
+            net = self._whole_network()
+        except RuntimeError:
+            return [None] * len(examples)
+        wholes: list[float | None] = []
+        for example, count in zip(examples, threads):
+            x = example.to(self.device)
+            try:
+                with _threads(count):
+                    wholes.append(
+                        min([self._seconds(lambda: self._whole_pass(net, x)) for _ in range(REPEATS + 1)][1:])
+                    )
+            except RuntimeError:
+                wholes.append(None)
+        return wholes
+
+    @staticmethod
+    def _whole_pass(net: nn.Module, x: torch.Tensor) -> None:
+        for param in net.parameters():
+            param.grad = None
+        out = net(x)
+        torch.autograd.backward([out], [torch.ones_like(out)])
 
     def _key(self, images: int, processes: int) -> tuple[int, int | None]:
         """The size the blocks are timed at for ``images`` images in one of ``processes`` processes, and its
