@@ -7,9 +7,9 @@ block by block (``block_pass_times_together``): a process of a layout of ``P`` p
 size and scaled per image (the time per image is flat by then), which keeps a plan of large
 batches short. Then the whole network's forward and backward pass is timed at each size, and the blocks' passes
 are scaled to add up to it: a block timed on its own pays a call of its own and finds its parameters in the
-caches, which a training step does not (on a 2-core CPU the blocks added up to 1-4% more than the whole network
-at 8 images, 4-12% at 1 image). ``split_backward`` gives how much longer the zero-bubble schedules' backward pass,
-split into its input and its weight gradients, takes than a whole one.
+caches, which a training step does not (on a 2-core CPU the blocks added up to a few percent more than the whole
+network, more at the smallest micro-batches). ``split_backward`` gives how much longer the zero-bubble schedules'
+backward pass, split into its input and its weight gradients, takes than a whole one.
 """
 
 import os
