@@ -87,7 +87,6 @@ class BlockProfile:
     def __init__(self, blocks: LazyBlocks, precision: Precision, device: torch.device) -> None:
         self.blocks, self.precision, self.device = blocks, precision, device
         self._times: dict[tuple[int, int | None], PassTimes | str] = {}
-        self._bandwidths: dict[int | None, float] = {}
         self._splits: dict[int | None, float] = {}
 
     def split_backward(self, processes: int = 1) -> float:
