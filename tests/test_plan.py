@@ -3,6 +3,8 @@ it measures, its table with ties, and its config."""
 
 import json
 import re
+import subprocess
+import sys
 import time
 from dataclasses import replace
 from types import SimpleNamespace
@@ -394,3 +396,50 @@ def test_a_time_budget_measures_the_reference_and_the_best_forecast_then_what_fi
     trained.clear()
     measurement.measure(order, [], setting, 1, 1, 2, 1, deadline=time.monotonic() + 60.0)
     assert len(trained) == 4
+
+
+@pytest.mark.parametrize("deadline, measured", [(19.0, ["ddp"]), (18.5, [])])
+def test_the_budget_stretches_a_forecast_by_the_most_a_run_took_for_its_own(monkeypatch, deadline, measured):
+    """A run takes longer than its forecast training time (starting processes, building the network, the slower
+    first steps), the more the longer its steps: the budget gives the next layout its forecast training time
+    times the largest such stretch so far (here 2.5, not the first run's 2 or their mean), on the clock from
+    which ``deadline`` counts."""
+    from multigpu.planning import measurement
+    from multigpu.planning.layouts import Layout
+    from multigpu.planning.ranking import Outcome
+
+    clock = [0.0]
+    took = {"auto": 4.8, "manual_model_parallel": 6.0, "ddp": 8.0, "fsdp": 10.0}  # forecast 2.4, 2.4, 3.2, 4 s
+    trained = []
+
+    def fake_run(command, out, log, timeout):
+        strategy = next(arg for arg in command if arg.startswith("--trainer.strategy=")).split("=")[1]
+        trained.append(strategy)
+        clock[0] += took[strategy]
+        return {"window_images_per_s": [10.0, 11.0], "images_per_s": 10.5, "peak_memory_bytes": []}
+
+    monkeypatch.setattr(measurement, "run", fake_run)
+    monkeypatch.setattr(measurement, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr("sys.argv", ["main.py"])
+    order = [
+        Outcome(Layout(name, strategy, 2, 2, 8), [1], forecast)
+        for name, strategy, forecast in (
+            ("1 device", "auto", 10.0),
+            ("model parallel 2", "manual_model_parallel", 20.0),
+            ("ddp", "ddp", 15.0),
+            ("fsdp", "fsdp", 12.0),
+        )
+    ]
+    setting = SimpleNamespace(batch_size=8, devices=2, device_ids=None)
+    # Each layout trains 8 images per step and replica for 1 + 1 x 2 steps. After the first two, the clock reads
+    # 10.8 s: ddp would end at 10.8 + 3.2 x 2.5 = 18.8 s (at 18 s by the mean stretch), fsdp at 18.8 + 4 x 2.5.
+    measurement.measure(order, [], setting, 1, 1, 2, 1, deadline=deadline)
+    assert trained == ["auto", "manual_model_parallel", *measured]
+
+
+def test_the_budget_counts_from_the_start_of_the_process():
+    """``plan``'s budget counts Python's start-up and the imports, as the user's clock does: a process that slept
+    1.5 s before asking is at least 1.5 s old (on Linux, where ``/proc`` says)."""
+    script = "import time; time.sleep(1.5); from multigpu.planning.command import process_age_s; print(process_age_s())"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert 1.5 <= float(done.stdout) < 60
