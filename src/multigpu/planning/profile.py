@@ -193,23 +193,26 @@ class BlockProfile:
 
     def _whole_passes(self, examples: list[torch.Tensor], threads: list[int | None]) -> list[float | None]:
         """Seconds of the whole network's forward and backward pass on each of ``examples`` with its threads, the
-        fastest of ``REPEATS`` after one untimed (each writing its gradients anew); None for each where the whole
-        network does not fit on the device (out of memory), whose blocks then stay as timed."""
+        fastest of ``REPEATS`` (each writing its gradients anew), after one untimed pass on the largest alone
+        (the blocks have just run every size: only the largest's memory is new; an untimed pass per size would
+        add about 3 s to a 2-core CPU's plan); None for each where the whole network does not fit on the device
+        (out of memory), whose blocks then stay as timed."""
         try:
             net = self._whole_network()
         except RuntimeError:
             return [None] * len(examples)
-        wholes: list[float | None] = []
-        for example, count in zip(examples, threads):
-            x = example.to(self.device)
+        inputs = [example.to(self.device) for example in examples]
+
+        def fastest(x: torch.Tensor, count: int | None, repeats: int) -> float | None:
             try:
                 with _threads(count):
-                    wholes.append(
-                        min([self._seconds(lambda: self._whole_pass(net, x)) for _ in range(REPEATS + 1)][1:])
-                    )
+                    return min(self._seconds(lambda: self._whole_pass(net, x)) for _ in range(repeats))
             except RuntimeError:
-                wholes.append(None)
-        return wholes
+                return None
+
+        largest = max(range(len(inputs)), key=lambda index: len(inputs[index]))
+        fastest(inputs[largest], threads[largest], 1)
+        return [fastest(x, count, REPEATS) for x, count in zip(inputs, threads)]
 
     @staticmethod
     def _whole_pass(net: nn.Module, x: torch.Tensor) -> None:
