@@ -8,12 +8,14 @@ It runs ``python main.py plan --config configs/smoke.yaml --trainer.accelerator=
 Python's start included; how many layouts it chose to measure and how many it measured (the others named as left
 by the time budget); each measured layout's forecast error (forecast over measured, minus one); the layout it
 chose and whether it declared a tie; of a run that writes no plan (on busy cores ``plan`` may refuse), its time and
-the reason. Writes ``smoke_plan.json`` (with the printouts) to ``--out``; its ``markdown`` is the paragraph of
+the reason; and when it began measuring (what ``plan`` prints, after Python's start-up, the profile and the links).
+Writes ``smoke_plan.json`` (with the printouts) to ``--out``; its ``markdown`` is the paragraph of
 docs/plan.md that describes these runs, with the first printout that chose a layout.
 """
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -50,8 +52,10 @@ def one_run(devices: int) -> dict:
         return {"seconds": seconds, "refused": last, "busy": busy, "printout": result.stdout.strip()}
     rows = plan["results"]
     measured = [row for row in rows if row["images_per_s"]]
+    began = re.search(r"^measuring \d+ of \d+ layouts.*\((\d+) s so far", result.stdout, re.MULTILINE)
     return {
         "seconds": seconds,
+        "began_measuring_s": float(began.group(1)) if began else None,
         "budget_s": plan["budget_s"],
         "layouts": len(rows),
         "selected": sum(row["selected"] for row in rows),
@@ -80,7 +84,14 @@ def summary(runs: list[dict]) -> dict:
         "within_15": sum(abs(error) <= 0.15 for error, _ in errors),
         "errors": len(errors),
         "refused": sum("refused" in run for run in runs),
+        "began_measuring_s": [min(began), max(began)] if (began := _began(chose)) else None,
     }
+
+
+def _began(runs: list[dict]) -> list[float]:
+    """When each run began measuring, if every one said (runs before ``plan`` printed it did not)."""
+    began = [run.get("began_measuring_s") for run in runs]
+    return [] if None in began else began
 
 
 def _choices(runs: list[dict]) -> str:
@@ -159,6 +170,12 @@ def markdown(data: dict) -> str:
     if budgets != {None}:
         budget = f"{budgets.pop():.0f} s budget" if len(budgets) == 1 else "time budget"
         text += f" {figures['within_budget']} of {len(chose)} finished within its {budget}."
+    if figures["began_measuring_s"]:
+        first, last = figures["began_measuring_s"]
+        text += (
+            f" They began measuring {first:.0f} to {last:.0f} s after the start (Python's start-up, the profile and "
+            "the links)."
+        )
     left = [len(run["left_by_budget"]) for run in chose]
     text += (
         f" Each chose {_span([run['selected'] for run in chose])} of {chose[0]['layouts']} layouts to measure (the "

@@ -167,21 +167,23 @@ def test_smoke_plan_describes_its_runs_and_abridges_the_first_printout(monkeypat
         *(f"      pipeline {n}          7.{n}       -" for n in range(5)),
     ]
     left = "  not measured, the time budget spent: pipeline 0, pipeline 1, pipeline 2 (raise --plan.budget_s to ...)"
-    printout = "\n".join(["measuring 5 of 7 layouts, within 90 s in all", left, "", *table, "", "fit options:"])
+    began = "measuring 5 of 7 layouts, within 90 s in all (31 s so far: Python's start-up, the profile and the links)"
+    printout = "\n".join([began, left, "", *table, "", "fit options:"])
     printout += "\n" + "\n".join(f"  layout {n}: --trainer.devices=2" for n in range(7)) + "\n\nplan: measured 2"
 
-    def run(seconds, chosen, tied, errors):
+    def run(seconds, chosen, tied, errors, began):
         return {
-            "seconds": seconds, "budget_s": 90.0, "layouts": 7, "selected": 5, "measured": 2, "busy": False,
+            "seconds": seconds, "began_measuring_s": began, "budget_s": 90.0, "layouts": 7, "selected": 5,
+            "measured": 2, "busy": False,
             "left_by_budget": ["pipeline 0", "pipeline 1", "pipeline 2"], "errors": errors, "chosen": chosen,
             "tied": tied, "printout": printout,
         }  # fmt: skip
 
     busy = "error: plan: the cores are busy after profiling: ..."
     runs = [
-        run(85.0, "1 device", ["model parallel 2"], {"1 device": -0.09, "model parallel 2": -0.04}),
+        run(85.0, "1 device", ["model parallel 2"], {"1 device": -0.09, "model parallel 2": -0.04}, 36.0),
         {"seconds": 70.0, "refused": busy, "busy": True, "printout": ""},
-        run(95.0, "model parallel 2", [], {"1 device": 0.02, "model parallel 2": 0.12}),
+        run(95.0, "model parallel 2", [], {"1 device": 0.02, "model parallel 2": 0.12}, 31.0),
     ]
     figures = smoke_plan.summary(runs)
     assert figures["within_budget"] == 1 and figures["refused"] == 1
@@ -190,7 +192,8 @@ def test_smoke_plan_describes_its_runs_and_abridges_the_first_printout(monkeypat
     paragraph, shown = smoke_plan.markdown({"devices": 2, "runs": runs}).split("\n\nThe first printed:\n\n```\n")
     assert paragraph.startswith("`python main.py plan --config configs/smoke.yaml --trainer.accelerator=cpu ")
     assert "ran 3 times: median 85 s, interval 70-95 s (75%), Python's start included. 1 wrote no plan: " in paragraph
-    assert f"1x `{busy}`. 1 of 2 finished within its 90 s budget. Each chose 5 of 7 layouts to measure" in paragraph
+    assert f"1x `{busy}`. 1 of 2 finished within its 90 s budget. They began measuring 31 to 36 s after" in paragraph
+    assert "the start (Python's start-up, the profile and the links). Each chose 5 of 7 layouts to measure" in paragraph
     assert "and measured 2, leaving 3 to the time budget." in paragraph
     assert "largest +12.0%, `model parallel 2`; median 6.5%" in paragraph
     assert (
@@ -228,11 +231,13 @@ def test_smoke_plan_reads_what_plan_measured_from_its_plan_json(monkeypatch):
         folder = Path(cwd) / "logs" / "smoke"
         folder.mkdir(parents=True)
         (folder / "plan.json").write_text(json.dumps({"title": "", "budget_s": 90.0, "results": rows}))
-        return subprocess.CompletedProcess(command, 0, "plan: measured 2 of 4 layouts\n", "")
+        said = "measuring 3 of 4 layouts, within 90 s in all (33 s so far: ...)\nplan: measured 2 of 4 layouts\n"
+        return subprocess.CompletedProcess(command, 0, said, "")
 
     monkeypatch.setattr(smoke_plan.subprocess, "run", plan)
     run = smoke_plan.one_run(2)
     assert (run["budget_s"], run["layouts"], run["selected"], run["measured"]) == (90.0, 4, 3, 2)
+    assert run["began_measuring_s"] == 33.0
     assert run["left_by_budget"] == ["fsdp"] and run["errors"] == {"1 device": -0.05, "ddp": 0.08}
     assert (run["chosen"], run["tied"]) == ("1 device", ["ddp"])
 

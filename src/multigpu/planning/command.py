@@ -113,7 +113,8 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
         accumulate = trainer.get("accumulate_grad_batches") or 1
         selected = in_measuring_order(outcomes if options.measure == "all" else to_measure(outcomes, options.top))
         within = "" if options.budget_s is None else f", within {options.budget_s:.0f} s in all"
-        print(f"measuring {len(selected)} of {len(outcomes)} layouts{within}", flush=True)
+        spent = f"{time.monotonic() - started:.0f} s so far: Python's start-up, the profile and the links"
+        print(f"measuring {len(selected)} of {len(outcomes)} layouts{within} ({spent})", flush=True)
         measured = measure(
             selected,
             args,
