@@ -116,15 +116,11 @@ class BlockProfile:
             with _threads(threads), self.precision.train_step_context():
                 x = self.precision.convert_input(torch.zeros(images, *IMAGE_SHAPE)).to(self.device).requires_grad_()
                 for _ in range(REPEATS + 1):
-                    for passes, split_in_two in ((whole, False), (split, True)):
-                        for param in weights:  # each pass writes its gradients anew: adding to them costs more
-                            param.grad = None
-                        out = net(x)
-                        grads = [torch.ones_like(out)]
-                        if split_in_two:
-                            passes.append(self._seconds(lambda: split_backward([out], grads, [x], weights)()))
-                        else:
-                            passes.append(self._seconds(lambda: torch.autograd.backward([out], grads)))
+                    out = self._forward(net, x)
+                    whole.append(self._seconds(lambda: torch.autograd.backward([out], [torch.ones_like(out)])))
+                    out = self._forward(net, x)
+                    grads = [torch.ones_like(out)]
+                    split.append(self._seconds(lambda: split_backward([out], grads, [x], weights)()))
         except RuntimeError:  # out of memory: the network fits only split
             return 1.0
         finally:
@@ -215,10 +211,16 @@ class BlockProfile:
         return [fastest(x, count, REPEATS) for x, count in zip(inputs, threads)]
 
     @staticmethod
-    def _whole_pass(net: nn.Module, x: torch.Tensor) -> None:
+    def _forward(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The whole network's forward pass, its gradients cleared first: each backward pass writes them anew
+        (adding to them costs more)."""
         for param in net.parameters():
             param.grad = None
-        out = net(x)
+        return net(x)
+
+    @classmethod
+    def _whole_pass(cls, net: nn.Module, x: torch.Tensor) -> None:
+        out = cls._forward(net, x)
         torch.autograd.backward([out], [torch.ones_like(out)])
 
     def _key(self, images: int, processes: int) -> tuple[int, int | None]:
