@@ -148,7 +148,7 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
 
 
 def process_age_s() -> float:
-    """Seconds since this process started, Python's start-up and the imports (5 to 6 s on a 2-core CPU) included,
+    """Seconds since this process started, Python's start-up and the imports (3 to 6 s on a 2-core CPU) included,
     as the user's clock counts ``plan``'s time; 0 where ``/proc`` does not say (not Linux)."""
     try:
         fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()  # after the name, which may hold spaces
