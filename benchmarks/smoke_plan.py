@@ -171,11 +171,8 @@ def markdown(data: dict) -> str:
         budget = f"{budgets.pop():.0f} s budget" if len(budgets) == 1 else "time budget"
         text += f" {figures['within_budget']} of {len(chose)} finished within its {budget}."
     if figures["began_measuring_s"]:
-        first, last = figures["began_measuring_s"]
-        text += (
-            f" They began measuring {first:.0f} to {last:.0f} s after the start (Python's start-up, the profile and "
-            "the links)."
-        )
+        began = _span([round(seconds) for seconds in figures["began_measuring_s"]])
+        text += f" They began measuring {began} s after the start (Python's start-up, the profile and the links)."
     left = [len(run["left_by_budget"]) for run in chose]
     text += (
         f" Each chose {_span([run['selected'] for run in chose])} of {chose[0]['layouts']} layouts to measure (the "

@@ -117,7 +117,8 @@ class BlockProfile:
                 x = self.precision.convert_input(torch.zeros(images, *IMAGE_SHAPE)).to(self.device).requires_grad_()
                 for _ in range(REPEATS + 1):
                     out = self._forward(net, x)
-                    whole.append(self._seconds(lambda: torch.autograd.backward([out], [torch.ones_like(out)])))
+                    grads = [torch.ones_like(out)]  # made before the clock starts, for both passes alike
+                    whole.append(self._seconds(lambda: torch.autograd.backward([out], grads)))
                     out = self._forward(net, x)
                     grads = [torch.ones_like(out)]
                     split.append(self._seconds(lambda: split_backward([out], grads, [x], weights)()))
@@ -191,7 +192,7 @@ class BlockProfile:
         """Seconds of the whole network's forward and backward pass on each of ``examples`` with its threads, the
         fastest of ``REPEATS`` (each writing its gradients anew), after one untimed pass on the largest alone
         (the blocks have just run every size: only the largest's memory is new; an untimed pass per size would
-        add about 3 s to a 2-core CPU's plan); None for each where the whole network does not fit on the device
+        add about 2 s to a 2-core CPU's plan); None for each where the whole network does not fit on the device
         (out of memory), whose blocks then stay as timed."""
         try:
             net = self._whole_network()
