@@ -20,8 +20,8 @@ from torch.utils.data import DataLoader
 from multigpu.data.cifar10 import ImageTensorDataset, train_transform
 from multigpu.model.resnet import resnet50_blocks
 from multigpu.planning.step_timer import peak_memory_bytes, result
+from multigpu.run.device_sync import synchronize
 from multigpu.run.host_memory import keep_freed_memory
-from multigpu.strategies.block_timing import synchronize
 
 
 def batches(data: str, batch_size: int, count: int, device: torch.device, workers: int):

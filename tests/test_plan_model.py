@@ -1,6 +1,8 @@
 """``plan``'s cost model: the pipeline schedules simulated from their action lists, DDP's overlapped buckets,
 the links' arithmetic, and how measured windows become ranges, ties and a choice."""
 
+import subprocess
+import sys
 import time
 from dataclasses import replace
 
@@ -149,6 +151,13 @@ def test_the_link_probe_keeps_the_median_of_its_timed_runs_not_the_fastest():
     assert REPEATS + 1 == 8
     seconds = _timed(lambda: time.sleep(next(sleeps)), torch.device("cpu"))
     assert 0.05 <= seconds < 0.09
+
+
+def test_the_link_probe_imports_torch_alone():
+    """Its processes start after torchrun's: each import of Lightning there would add seconds to every ``plan``."""
+    code = "import sys, multigpu.planning.link_probe; print([m for m in sys.modules if m.startswith('lightning')])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
 
 
 def _outcome(name: str, processes: int, forecast: float, windows: list[float] | None = None, peak: int = 1) -> Outcome:

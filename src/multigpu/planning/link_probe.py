@@ -20,9 +20,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
+from multigpu.run.device_sync import synchronize
 from multigpu.run.host_memory import keep_freed_memory
 from multigpu.run.process_groups import end_process_groups
-from multigpu.strategies.block_timing import synchronize
 
 __all__ = ["REPEATS", "SIZES", "probe_pass"]
 

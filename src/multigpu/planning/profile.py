@@ -25,7 +25,8 @@ from torch import nn
 from multigpu.compat import split_backward
 from multigpu.model.classifier import IMAGE_SHAPE
 from multigpu.model.lazy_blocks import LazyBlocks
-from multigpu.strategies.block_timing import block_pass_times_together, synchronize
+from multigpu.run.device_sync import synchronize
+from multigpu.strategies.block_timing import block_pass_times_together
 from multigpu.strategies.micro_batch_check import micro_batch_refusal
 
 __all__ = ["CPU_IMAGES", "BlockProfile", "PassTimes", "cores", "precision_plugin", "threads_per_process"]

@@ -16,9 +16,9 @@ import torch
 from lightning.pytorch import Callback
 from typing_extensions import override
 
+from multigpu.run.device_sync import synchronize
 from multigpu.run.replicas import data_parallel_size
 from multigpu.strategies import DataParallelStrategy
-from multigpu.strategies.block_timing import synchronize
 
 __all__ = ["StepTimer", "peak_memory_bytes", "result", "step_timer"]
 

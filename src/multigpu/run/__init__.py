@@ -3,6 +3,7 @@
 callbacks           the console line, throughput, checkpoints every N steps and on SIGTERM
 checkpoints         finding and checking a run's checkpoint files
 checkpoint_io       atomic checkpoint saves
+device_sync         waiting for a device's queued work before a clock is read
 elastic             torchrun's restarts and node count
 host_memory         the C heap of a training process: freed memory kept for the next step
 loop_position       where a run stands in Lightning's loop counters, and whether it is finished
@@ -14,6 +15,7 @@ replicas            who reads which data: data-parallel replicas, ranks and micr
 __all__ = [
     "callbacks",
     "checkpoint_io",
+    "device_sync",
     "checkpoints",
     "elastic",
     "host_memory",

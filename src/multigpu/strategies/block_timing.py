@@ -1,6 +1,6 @@
 """Timing the network's blocks on a device: what the split strategies balance by when they place the blocks, and
 what ``plan``'s profile builds its forecasts from. Every clock read here (and in ``plan``'s timed runs) waits for
-the device the same way, with ``synchronize``."""
+the device the same way, with ``multigpu.run.device_sync.synchronize``."""
 
 import copy
 import time
@@ -13,21 +13,15 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor, nn
 
 from multigpu.model.lazy_blocks import LazyBlocks
+from multigpu.run.device_sync import synchronize
 
 __all__ = [
     "block_pass_times",
     "block_pass_times_together",
     "block_times",
     "block_times_in",
-    "synchronize",
     "time_blocks",
 ]
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for the device's queued work, so that a clock read covers it: the one way every timing here waits."""
-    if device.type != "cpu":
-        torch.accelerator.synchronize(device)
 
 
 def block_times(
