@@ -48,12 +48,12 @@ def probe_pass(threads: int | None = None) -> float:
     return statistics.median(times[1:])
 
 
-def _timed(function, device: torch.device) -> float:
-    """The median of ``REPEATS`` runs of ``function()`` after one untimed, all ranks starting together: the
+def _timed(function, device: torch.device, repeats: int = REPEATS) -> float:
+    """The median of ``repeats`` runs of ``function()`` after one untimed, all ranks starting together: the
     collectives a training step meets, not the luckiest one (on the CPU, 2 processes' gathers of 32 MiB took from
     18 to 45 ms in one probe)."""
     times = []
-    for _ in range(REPEATS + 1):
+    for _ in range(repeats + 1):
         dist.barrier()
         start = time.perf_counter()
         function()
@@ -116,7 +116,9 @@ def _sharded_costs(device: torch.device, blocks: int = 8) -> tuple[float, float,
     shard = full[: full.numel() // dist.get_world_size()]
     collectives = 2 * _timed(lambda: dist.all_gather_into_tensor(full, shard), device)  # forward and backward
     collectives += _timed(lambda: dist.reduce_scatter_tensor(shard, full), device)
-    excess = _timed(lambda: split(row).sum().backward(), device) - _timed(lambda: whole(row).sum().backward(), device)
+    # The median of 3: the sharded pass gathers and reduce-scatters 64 MiB, 4.4 s for 8 of each on a slow 2-core CPU
+    passes = [_timed(lambda net=net: net(row).sum().backward(), device, repeats=3) for net in (split, whole)]
+    excess = passes[0] - passes[1]
     per_byte = max(0.0, excess / large - collectives - per_block) / (4 * width * width)
     return per_block, per_byte, per_tensor
 

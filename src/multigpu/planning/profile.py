@@ -13,6 +13,7 @@ backward pass, split into its input and its weight gradients, takes than a whole
 """
 
 import os
+import statistics
 import time
 from collections.abc import Iterable
 from contextlib import contextmanager
@@ -32,7 +33,7 @@ from multigpu.strategies.micro_batch_check import micro_batch_refusal
 __all__ = ["CPU_IMAGES", "BlockProfile", "PassTimes", "cores", "precision_plugin", "threads_per_process"]
 
 CPU_IMAGES = 32
-REPEATS = 2  # timed passes of each block per size, after one untimed; the fastest counts
+REPEATS = 2  # timed passes of each block per size, after one untimed (the fastest counts), and of the whole network
 
 
 def cores() -> int:
@@ -190,27 +191,29 @@ class BlockProfile:
             self._times[key] = times.scaled(whole / sum(times.forward + times.backward)) if whole else times
 
     def _whole_passes(self, examples: list[torch.Tensor], threads: list[int | None]) -> list[float | None]:
-        """Seconds of the whole network's forward and backward pass on each of ``examples`` with its threads, the
-        fastest of ``REPEATS`` (each writing its gradients anew), after one untimed pass on the largest alone
-        (the blocks have just run every size: only the largest's memory is new; an untimed pass per size would
-        add about 2 s to a 2-core CPU's plan); None for each where the whole network does not fit on the device
-        (out of memory), whose blocks then stay as timed."""
+        """Seconds of the whole network's forward and backward pass on each of ``examples`` with its threads (each
+        pass writing its gradients anew): the mean of ``REPEATS`` rounds, each round one pass of every size in turn,
+        after one untimed pass on the largest alone (the blocks have just run every size: only the largest's memory
+        is new; an untimed pass per size would add about 2 s to a 2-core CPU's plan). These passes set the level of
+        every forecast, so a slow moment falls on every size alike, and the mean, not the fastest, stands for the
+        steps a run takes (on a 2-core CPU, 30 passes in a row took 0.75 to 1.3 s, their median 0.98). None for
+        each where the whole network does not fit on the device (out of memory), whose blocks then stay as timed."""
         try:
             net = self._whole_network()
         except RuntimeError:
             return [None] * len(examples)
         inputs = [example.to(self.device) for example in examples]
 
-        def fastest(x: torch.Tensor, count: int | None, repeats: int) -> float | None:
+        def seconds(index: int) -> float | None:
             try:
-                with _threads(count):
-                    return min(self._seconds(lambda: self._whole_pass(net, x)) for _ in range(repeats))
+                with _threads(threads[index]):
+                    return self._seconds(lambda: self._whole_pass(net, inputs[index]))
             except RuntimeError:
                 return None
 
-        largest = max(range(len(inputs)), key=lambda index: len(inputs[index]))
-        fastest(inputs[largest], threads[largest], 1)
-        return [fastest(x, count, REPEATS) for x, count in zip(inputs, threads)]
+        seconds(max(range(len(inputs)), key=lambda index: len(inputs[index])))
+        rounds = [[seconds(index) for index in range(len(inputs))] for _ in range(REPEATS)]
+        return [None if None in passes else statistics.mean(passes) for passes in zip(*rounds)]
 
     @staticmethod
     def _forward(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
