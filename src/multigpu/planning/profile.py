@@ -33,7 +33,10 @@ from multigpu.strategies.micro_batch_check import micro_batch_refusal
 __all__ = ["CPU_IMAGES", "BlockProfile", "PassTimes", "cores", "precision_plugin", "threads_per_process"]
 
 CPU_IMAGES = 32
-REPEATS = 2  # timed passes of each block per size, after one untimed (the fastest counts), and of the whole network
+REPEATS = 2  # timed passes of the whole network (their mean) and of the split ratio's (the fastest), after one untimed
+# Timed passes of each block per size, after one untimed: the whole network's passes set the level, the blocks only
+# how it divides among them (a second timed pass cost 7 s of the smoke plan on a slow 2-core CPU)
+BLOCK_REPEATS = 1
 
 
 def cores() -> int:
@@ -173,7 +176,7 @@ class BlockProfile:
             with self.precision.train_step_context():
                 examples = [self.precision.convert_input(torch.zeros(images, *IMAGE_SHAPE)) for images, _ in keys]
                 timed = block_pass_times_together(
-                    self.blocks, examples, [threads for _, threads in keys], self.device, repeats=REPEATS
+                    self.blocks, examples, [threads for _, threads in keys], self.device, repeats=BLOCK_REPEATS
                 )
                 wholes = self._whole_passes(examples, [threads for _, threads in keys])
         except RuntimeError as error:  # out of memory, say
