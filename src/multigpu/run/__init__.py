@@ -15,8 +15,8 @@ replicas            who reads which data: data-parallel replicas, ranks and micr
 __all__ = [
     "callbacks",
     "checkpoint_io",
-    "device_sync",
     "checkpoints",
+    "device_sync",
     "elastic",
     "host_memory",
     "loop_position",
