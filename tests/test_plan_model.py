@@ -211,14 +211,14 @@ def test_the_whole_network_is_timed_in_rounds_of_every_size_and_its_mean_counts(
     steps are, not its fastest."""
     factories = [lambda: nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 16)), nn.ReLU, lambda: nn.Linear(16, 10)]
     profile = BlockProfile(LazyBlocks(factories, seed=0), Precision(), torch.device("cpu"))
-    sizes, clock = [], iter([9.0, 1.0, 3.0, 2.0, 5.0])  # untimed; round 1: 2 and 4 images; round 2: 2 and 4
+    threads, clock = [], iter([9.0, 1.0, 3.0, 2.0, 5.0])  # untimed; round 1: 2 and 4 images; round 2: 2 and 4
 
     def seconds(self, work) -> float:
-        sizes.append(torch.get_num_threads())
+        threads.append(torch.get_num_threads())
         work()
         return next(clock)
 
     monkeypatch.setattr(BlockProfile, "_seconds", seconds)
     small, large = torch.zeros(2, 3, 32, 32), torch.zeros(4, 3, 32, 32)
     assert profile._whole_passes([small, large], [1, 2]) == [1.5, 4.0]
-    assert sizes == [2, 1, 2, 1, 2]  # the largest (on its 2 threads) untimed, then the sizes in turn, twice
+    assert threads == [2, 1, 2, 1, 2]  # the largest (on its 2 threads) untimed, then the sizes in turn, twice
