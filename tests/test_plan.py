@@ -19,6 +19,7 @@ from lightning.fabric.utilities.rank_zero import LightningDeprecationWarning
 from multigpu.model.resnet import resnet50_block_factories
 from multigpu.planning.command import PlanCLI
 from multigpu.planning.layouts import candidate_layouts
+from multigpu.planning.links import Links
 from multigpu.planning.memory_estimate import block_memory, estimate
 from multigpu.planning.ranking import FORECAST_ERROR
 from multigpu.planning.selection import Setting, choose
@@ -298,6 +299,13 @@ def test_plan_forecasts_measures_the_best_marks_ties_and_writes_a_config_that_fi
     figures = {row["layout"]: row for row in plan["results"]}
     measured = {name for name, row in figures.items() if row["figures"]}
     assert plan["budget_s"] is None and not any(row["left_by_budget"] for row in plan["results"])
+    # What the forecasts were built from: the passes at each size a layout runs (1 device, ddp and a pipeline of 2
+    # micro-batches: 8 images; of 4: 4 images a micro-batch), on each process's share of the 2 cores, and the links
+    passes = plan["basis"]["passes_s"]
+    assert {"8 images on 2 thread(s)", "8 images on 1 thread(s)", "4 images on 1 thread(s)"} <= set(passes)
+    assert all(seconds > 0 for seconds in passes.values())
+    links = plan["basis"]["links"]
+    assert links["world"] == 2 and links["contention"] >= 1 and links["reduces"]["bandwidth"] > 0
     assert {name for name, row in figures.items() if row["selected"]} == measured
     best = max(figures, key=lambda name: figures[name]["forecast"])
     within = {
@@ -384,9 +392,11 @@ def test_a_time_budget_measures_the_reference_and_the_best_forecast_then_what_fi
     assert "  not measured, the time budget spent: ddp, fsdp (raise --plan.budget_s to measure them)" in (
         capsys.readouterr().out
     )
-    write_outputs([*measured, Outcome(Layout("dp", "dp", 2, 1, 8), [1], 9.0)], tmp_path, None, {}, "", measured, 2.0)
+    basis = {"passes_s": {"8 images on 2 thread(s)": 0.9}, "links": Links(world=1).figures()}
+    outcomes = [*measured, Outcome(Layout("dp", "dp", 2, 1, 8), [1], 9.0)]
+    write_outputs(outcomes, tmp_path, None, {}, "", measured, 2.0, basis)
     plan = json.loads((tmp_path / "plan.json").read_text())
-    assert plan["budget_s"] == 2.0
+    assert plan["budget_s"] == 2.0 and plan["basis"] == basis
     assert {row["layout"]: (row["selected"], row["left_by_budget"]) for row in plan["results"]} == {
         "1 device": (True, False),
         "model parallel 2": (True, False),

@@ -1,6 +1,7 @@
 """``plan``'s cost model: the pipeline schedules simulated from their action lists, DDP's overlapped buckets,
 the links' arithmetic, and how measured windows become ranges, ties and a choice."""
 
+import json
 import subprocess
 import sys
 import time
@@ -21,7 +22,7 @@ from multigpu.planning.link_probe import REPEATS, _timed
 from multigpu.planning.links import Link, Links
 from multigpu.planning.memory_estimate import BlockMemory
 from multigpu.planning.pipeline_simulation import simulate_step
-from multigpu.planning.profile import BlockProfile, PassTimes
+from multigpu.planning.profile import BlockProfile, PassTimes, threads_per_process
 from multigpu.planning.ranking import Outcome, choice, tied, to_measure
 from multigpu.strategies.pipeline.stage_placement import SCHEDULES, StagePlacement, natural_stages_per_process
 
@@ -144,6 +145,14 @@ def test_links_follow_the_ring_algorithms():
     assert fitted.bandwidth == pytest.approx(1e9) and fitted.latency == pytest.approx(0.002 - 1e-6)
 
 
+def test_the_links_figures_are_strict_json_an_unmeasured_links_bandwidth_none():
+    """What ``plan.json`` records of the links: JSON without ``Infinity``, which strict readers refuse."""
+    figures = json.loads(json.dumps(Links(world=1).figures(), allow_nan=False))
+    assert figures["sends"] == {"latency": 0.0, "bandwidth": None} and figures["contention"] == 1.0
+    measured = Links(world=2, reduces=Link(0.003, 1e9), lockstep=1.1).figures()
+    assert measured["reduces"] == {"latency": 0.003, "bandwidth": 1e9} and measured["lockstep"] == 1.1
+
+
 def test_the_link_probe_keeps_the_median_of_its_timed_runs_not_the_fastest():
     """The collectives a training step meets: the median of ``REPEATS`` runs, the first (a warm-up) untimed."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
@@ -197,8 +206,11 @@ def test_the_blocks_add_up_to_the_whole_network_timed_at_once(monkeypatch):
     (whole,) = profile()._whole_passes([torch.zeros(2, 3, 32, 32)], [1])
     assert 0 < whole < 1
     monkeypatch.setattr(BlockProfile, "_whole_passes", lambda self, examples, threads: [0.5] * len(examples))
-    scaled = profile().times(2, 1)
+    scaled_profile = profile()
+    scaled = scaled_profile.times(2, 1)
     assert sum(scaled.forward + scaled.backward) == pytest.approx(0.5)
+    # the level plan.json records: the whole pass at each size and thread count timed
+    assert scaled_profile.passes() == {f"2 images on {threads_per_process(1)} thread(s)": pytest.approx(0.5)}
     assert 0 < sum(scaled.update) < 0.1  # an update is no pass: the whole network's figure leaves it as timed
     monkeypatch.setattr(BlockProfile, "_whole_passes", lambda self, examples, threads: [None] * len(examples))
     as_timed = profile().times(2, 1)  # the whole network did not fit: the blocks stay as timed

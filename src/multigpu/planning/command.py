@@ -96,11 +96,11 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
     budget = memory_budget(setting.cuda, setting.device_ids or list(range(setting.devices)), options.memory_per_device)
     if not setting.cuda:
         until_quiet(options.if_busy, "plan", "before profiling", BUSY_REMEDY)
-    outcomes, left_out = _forecasts(config, setting, options, layouts, budget)
+    outcomes, left_out, basis = _forecasts(config, setting, options, layouts, budget)
     if not setting.cuda and not until_quiet(options.if_busy, "plan", "after profiling", BUSY_REMEDY):
         if options.if_busy != "go":  # it waited for quiet cores: the profile measured the other process
             print("plan: profiling again, on quiet cores", flush=True)
-            outcomes, left_out = _forecasts(config, setting, options, layouts, budget)
+            outcomes, left_out, basis = _forecasts(config, setting, options, layouts, budget)
             if (again := check_cores()).busy:
                 raise UsageError(
                     f"the cores were busy again while plan profiled ({again}): its figures would measure another "
@@ -139,6 +139,7 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
             f"{where}, batch {setting.batch_size} per device, {setting.precision}",
             measured,
             options.budget_s,
+            basis,
         )
         is None
     ):
@@ -160,9 +161,10 @@ def process_age_s() -> float:
 
 def _forecasts(
     config, setting: Setting, options: PlanOptions, layouts: list[Layout], budget: tuple[int, bool]
-) -> tuple[list[Outcome], list[Refusal]]:
-    """Profile the network's blocks and the links, and forecast each layout that fits: the outcomes, and the
-    layouts left out with why."""
+) -> tuple[list[Outcome], list[Refusal], dict]:
+    """Profile the network's blocks and the links, and forecast each layout that fits: the outcomes, the
+    layouts left out with why, and what the forecasts were built from (the passes' seconds at every size timed,
+    the links' figures), which ``plan.json`` records."""
     profile = setting.profile(config["model"])
     profile.measure_together({timed_input(layout) for layout in layouts})
     layouts, refusals = balanced(layouts, profile)
@@ -176,4 +178,4 @@ def _forecasts(
             refusals.append(Refusal(layout.label, expected))
         else:
             outcomes.append(Outcome(layout, setting.estimated_peaks(layout), expected))
-    return outcomes, refusals
+    return outcomes, refusals, {"passes_s": profile.passes(), "links": links.figures()}

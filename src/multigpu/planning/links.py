@@ -20,11 +20,12 @@ throughout a step go at the pace of the slowest. Each figure is the median of a 
 """
 
 import json
+import math
 import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from multigpu.errors import UsageError
@@ -77,6 +78,14 @@ class Links:
     def overlap(self) -> bool:
         """Whether transfers run beside the computation: on GPUs; on the CPU the same cores do both."""
         return self.cuda
+
+    def figures(self) -> dict:
+        """Every figure, as ``plan.json`` records it (an unmeasured link's infinite bandwidth as None)."""
+        figures = asdict(self)
+        for name in ("sends", "reduces", "gathers", "scatters"):
+            if math.isinf(figures[name]["bandwidth"]):
+                figures[name]["bandwidth"] = None
+        return figures
 
     def send(self, nbytes: float) -> float:
         return self.sends.latency + nbytes / self.sends.bandwidth if nbytes else 0.0

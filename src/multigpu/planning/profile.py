@@ -150,6 +150,15 @@ class BlockProfile:
         found = self._times[key]
         return found if isinstance(found, str) else found.scaled(images / key[0])
 
+    def passes(self) -> dict[str, float]:
+        """Seconds of the network's forward and backward pass at every size timed (the whole network's, where it was
+        timed whole): the level of the forecasts, as ``plan.json`` records it."""
+        return {
+            _label(key): sum(times.forward + times.backward)
+            for key, times in self._times.items()
+            if isinstance(times, PassTimes)
+        }
+
     def measure_together(self, requests: Iterable[tuple[int, int]]) -> None:
         """Time the blocks for every (images, processes) of ``requests`` not timed yet, all in one pass over the
         blocks (``block_pass_times_together``): a slow moment of the machine then falls on every size alike,
@@ -168,9 +177,7 @@ class BlockProfile:
             self._time(list(keys))
 
     def _time(self, keys: list[tuple[int, int | None]]) -> None:
-        sizes = ", ".join(
-            f"{images} images" + (f" on {threads} thread(s)" if threads else "") for images, threads in keys
-        )
+        sizes = ", ".join(_label(key) for key in keys)
         print(f"timing the blocks for {sizes}{', together' if len(keys) > 1 else ''}", flush=True)
         try:
             with self.precision.train_step_context():
@@ -237,3 +244,8 @@ class BlockProfile:
         if self.device.type != "cpu":
             return images, None
         return min(images, CPU_IMAGES), threads_per_process(processes)
+
+
+def _label(key: tuple[int, int | None]) -> str:
+    images, threads = key
+    return f"{images} images" + (f" on {threads} thread(s)" if threads else "")

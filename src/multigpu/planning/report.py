@@ -106,10 +106,12 @@ def write_outputs(
     title: str,
     selected: Sequence[Outcome],
     budget_s: float | None,
+    basis: dict,
 ) -> Path | None:
     """Write the chosen layout as ``plan.yaml``, every forecast and figure as ``plan.json`` and the chart
     ``plan.png`` into ``folder``; return the config's path (None when no layout ran). ``selected``: the outcomes
-    chosen to be measured, those that the time budget (``budget_s``) left unmeasured among them."""
+    chosen to be measured, those that the time budget (``budget_s``) left unmeasured among them; ``basis``: what
+    the forecasts were built from (``plan.json`` keeps it, so that a forecast that missed can be traced)."""
     chosen = choice(outcomes)
     if chosen is None:
         return None
@@ -142,7 +144,7 @@ def write_outputs(
         }
         for outcome in outcomes
     ]
-    plan = {"title": title, "budget_s": budget_s, "results": rows}
+    plan = {"title": title, "budget_s": budget_s, "results": rows, "basis": basis}
     (folder / "plan.json").write_text(json.dumps(plan, indent=2, default=list))
     bars = ranked(outcomes)
     notes = [
