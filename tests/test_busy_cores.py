@@ -74,7 +74,7 @@ def test_plan_waits_when_the_cores_turn_busy_while_it_profiles_then_profiles_aga
     monkeypatch.setattr(command, "check_cores", check)
     monkeypatch.setattr(busy_cores.time, "sleep", lambda seconds: None)
     profiled = []
-    monkeypatch.setattr(command, "_forecasts", lambda *args: profiled.append(args) or ([], []))
+    monkeypatch.setattr(command, "_forecasts", lambda *args: profiled.append(args) or ([], [], {}))
     plan = ["plan", "--config", SMOKE, "--trainer.accelerator=cpu", "--trainer.devices=2", *run_args(tmp_path)]
     if busy_again:
         with pytest.raises(SystemExit):
