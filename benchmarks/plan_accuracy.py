@@ -11,13 +11,17 @@ median over the runs of its forecast images per second, of its measured ones (ea
 its windows) and of the forecast's error in each run, with the order-statistic interval of each median
 (``multigpu.planning.intervals``: with 3 runs, the lowest and the highest, which hold the true median 3 times in
 4; with 5, 15 in 16). Below the table: the largest error of any layout in any run, the median error, the rank
-correlation between the median forecasts and measurements (Spearman's), and whether the layout forecast
-fastest measured within the interval of the layout measured fastest. Writes ``plan_accuracy.json``, the table as
+correlation between the median forecasts and measurements (Spearman's), whether the layout forecast
+fastest measured within the interval of the layout measured fastest, and how much the same layout's measurements
+differed between runs (every pair of runs): the machine's own repeat, which a forecast made minutes before its
+measurement meets too. Writes ``plan_accuracy.json`` (with each run's ``basis``, the profile and links its
+forecasts came from), the table as
 ``plan_accuracy.md`` and the chart ``plan_accuracy.png`` (forecast against measured, with the
 band of ``FORECAST_ERROR``) to ``--out``.
 """
 
 import argparse
+import itertools
 import json
 import shutil
 import statistics
@@ -80,6 +84,7 @@ def accuracy(runs: list[list[dict]]) -> dict:
                 "error": error.median,
                 "error_interval": [error.low, error.high],
                 "errors": errors,
+                "measured_runs": [row["images_per_s"] for row in own],
                 "coverage": measured.coverage,
             }
         )
@@ -87,6 +92,7 @@ def accuracy(runs: list[list[dict]]) -> dict:
     fastest = rows[0]
     forecast_best = max(rows, key=lambda row: row["forecast"])
     errors = [abs(error) for row in rows for error in row["errors"]]
+    repeats = [max(pair) / min(pair) - 1 for row in rows for pair in itertools.combinations(row["measured_runs"], 2)]
     return {
         "runs": len(runs),
         "rows": rows,
@@ -98,7 +104,20 @@ def accuracy(runs: list[list[dict]]) -> dict:
         "forecast_best": forecast_best["layout"],
         "measured_best": fastest["layout"],
         "forecast_best_ties": forecast_best["interval"][1] >= fastest["interval"][0],
+        "repeat_median": statistics.median(repeats) if repeats else None,
+        "repeat_largest": max(repeats, default=None),
     }
+
+
+def repeat_line(figures: dict) -> str:
+    """How much the same layout's measurements differed between runs, or nothing with a single run."""
+    if figures.get("repeat_median") is None:
+        return ""
+    return (
+        f"the same layout measured in two runs differed by median {figures['repeat_median']:.0%}, largest "
+        f"{figures['repeat_largest']:.0%}: the machine's own repeat, which a forecast made minutes before its "
+        "measurement meets too"
+    )
 
 
 def _span(low: float, high: float, form: str = ".1f") -> str:
@@ -125,6 +144,8 @@ def print_table(figures: dict) -> None:
         f"forecast fastest: {figures['forecast_best']}; measured fastest: {figures['measured_best']}; "
         f"the forecast fastest measured {ties} the fastest one's interval"
     )
+    if repeat := repeat_line(figures):
+        print(repeat)
 
 
 def markdown(figures: dict) -> str:
@@ -147,7 +168,8 @@ def markdown(figures: dict) -> str:
         f"Largest error {figures['largest_error']:.0%}, median {figures['median_error']:.0%} (every layout in every "
         f"run); {figures['within_band']} of {figures['measurements']} within {FORECAST_ERROR:.0%}; rank correlation "
         f"(Spearman) {figures['spearman']:.2f}; forecast fastest: {figures['forecast_best']}, measured fastest: "
-        f"{figures['measured_best']} (the forecast fastest measured {ties} its interval).",
+        f"{figures['measured_best']} (the forecast fastest measured {ties} its interval)."
+        + (f" {repeat[0].upper()}{repeat[1:]}." if (repeat := repeat_line(figures)) else ""),
     ]
     return "\n".join(lines) + "\n"
 
@@ -232,7 +254,8 @@ def main() -> None:
     print()
     print_table(figures)
     args.out.mkdir(parents=True, exist_ok=True)
-    data = {"machine": machine(), "title": plans[0]["title"], **figures}
+    bases = [plan.get("basis") for plan in plans]
+    data = {"machine": machine(), "title": plans[0]["title"], **figures, "bases": bases}
     (args.out / "plan_accuracy.json").write_text(json.dumps(data, indent=2))
     (args.out / "plan_accuracy.md").write_text(markdown(figures))
     write_chart(figures, f"plan's forecasts: {plans[0]['title']}", args.out / "plan_accuracy.png")

@@ -139,7 +139,8 @@ def test_plan_accuracy_sets_each_forecast_against_its_measurement_over_runs(tmp_
     paths = []
     for index, results in enumerate(runs):
         paths.append(tmp_path / f"plan{index}.json")
-        paths[-1].write_text(json.dumps({"title": "2 CPU device(s)", "results": results}))
+        basis = {"passes_s": {"8 images on 2 thread(s)": 1.0 + index}}
+        paths[-1].write_text(json.dumps({"title": "2 CPU device(s)", "results": results, "basis": basis}))
     command = [sys.executable, str(REPO / "benchmarks" / "plan_accuracy.py"), "--plan-json", *map(str, paths)]
     result = subprocess.run([*command, f"--out={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -152,8 +153,15 @@ def test_plan_accuracy_sets_each_forecast_against_its_measurement_over_runs(tmp_
     assert figures["measurements"] == 9 and figures["within_band"] == 9 and figures["spearman"] == pytest.approx(1.0)
     assert figures["forecast_best"] == figures["measured_best"] == "1 device" and figures["forecast_best_ties"]
     assert "largest error 20%, median 7% (every layout in every run); 9 of 9 within 20%" in result.stdout
+    # Each layout's measurements, pair by pair: 1 device 31/27, 31/30, 30/27; ddp 22/20, 22/21, 21/20; fsdp 15/15,
+    # 15/14 twice: median 15/14 - 1, largest 31/27 - 1
+    assert figures["repeat_median"] == pytest.approx(1 / 14) and figures["repeat_largest"] == pytest.approx(4 / 27)
+    assert "the same layout measured in two runs differed by median 7%, largest 15%" in result.stdout
+    assert [basis["passes_s"]["8 images on 2 thread(s)"] for basis in figures["bases"]] == [1.0, 2.0, 3.0]
     markdown = (tmp_path / "plan_accuracy.md").read_text().splitlines()
     assert markdown[4] == "| 1 device | 30.0 | 30.0 | 27.0..31.0 | +3% | -3%..+7% |"
+    repeat = "The same layout measured in two runs differed by median 7%, largest 15%: the machine's own repeat"
+    assert markdown[-1].endswith(f"{repeat}, which a forecast made minutes before its measurement meets too.")
     assert (tmp_path / "plan_accuracy.png").read_bytes().startswith(b"\x89PNG")
 
 
