@@ -86,12 +86,15 @@ def print_report(
     chosen = choice(outcomes)
     if chosen is not None:
         others = [o.layout.label for o in tied(outcomes) if o is not chosen]
-        why = (
-            f"tied with {', '.join(others)} (their ranges overlap), and the simplest: the fewest processes, then the "
-            "least memory"
-            if others
-            else "the fastest, and no other layout's range overlaps its range"
-        )
+        if others:
+            why = (
+                f"tied with {', '.join(others)} (their ranges overlap), and the simplest: the fewest processes, then "
+                "the least memory"
+            )
+        elif len(ranked(outcomes)) == 1:
+            why = "the only layout measured, so nothing was compared with it"
+        else:
+            why = "the fastest, and no other layout's range overlaps its range"
         print(f"\nchosen: {chosen.layout.label}: {why}.")
     print("\nfit options:")
     for outcome in ordered:
