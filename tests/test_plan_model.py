@@ -1,6 +1,7 @@
 """``plan``'s cost model: the pipeline schedules simulated from their action lists, DDP's overlapped buckets,
 the links' arithmetic, and how measured windows become ranges, ties and a choice."""
 
+import copy
 import json
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from multigpu.planning.memory_estimate import BlockMemory
 from multigpu.planning.pipeline_simulation import simulate_step
 from multigpu.planning.profile import BlockProfile, PassTimes, threads_per_process
 from multigpu.planning.ranking import Outcome, choice, tied, to_measure
+from multigpu.planning.report import print_report
 from multigpu.strategies.pipeline.stage_placement import SCHEDULES, StagePlacement, natural_stages_per_process
 
 pytestmark = pytest.mark.internals  # the schedules' action lists come from a private torch module
@@ -198,21 +200,32 @@ def test_overlapping_ranges_tie_and_the_simplest_of_the_tie_is_chosen():
     assert tied([apart, fast, slow]) == [fast] and choice([apart, fast, slow]) is fast
 
 
+def test_a_choice_that_no_measurement_was_compared_with_says_so(capsys):
+    """With the time budget spent after the reference, the plan chose the only layout it measured: it says that,
+    not that the others' ranges lie below it."""
+    one = _outcome("1 device", 1, 20.0, [19.0, 21.0, 20.0])
+    print_report([one, _outcome("a", 2, 15.0)], [], None, (2**30, True), measured=True)
+    assert "chosen: 1 device: the only layout measured, so nothing was compared with it." in capsys.readouterr().out
+    print_report([one, _outcome("b", 2, 15.0, [14.0, 15.0, 16.0])], [], None, (2**30, True), measured=True)
+    assert "chosen: 1 device: the fastest, and no other layout's range overlaps its range." in capsys.readouterr().out
+
+
 def test_the_blocks_add_up_to_the_whole_network_timed_at_once(monkeypatch):
     """Timed one by one, the blocks each pay a call of their own and find their parameters in the caches: the profile
     scales their passes to the whole network's forward and backward pass, timed at the same size; the update stays."""
     factories = [lambda: nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 16)), nn.ReLU, lambda: nn.Linear(16, 10)]
     profile = lambda: BlockProfile(LazyBlocks(factories, seed=0), Precision(), torch.device("cpu"))  # noqa: E731
-    (whole,) = profile()._whole_passes([torch.zeros(2, 3, 32, 32)], [1])
-    assert 0 < whole < 1
-    monkeypatch.setattr(BlockProfile, "_whole_passes", lambda self, examples, threads: [0.5] * len(examples))
+    (whole,), together = profile()._whole_passes([torch.zeros(2, 3, 32, 32)], [1], [1])
+    assert 0 < whole < 1 and together == {}
+    whole_passes = lambda seconds: lambda self, examples, threads, copies: ([seconds] * len(examples), {})  # noqa: E731
+    monkeypatch.setattr(BlockProfile, "_whole_passes", whole_passes(0.5))
     scaled_profile = profile()
     scaled = scaled_profile.times(2, 1)
     assert sum(scaled.forward + scaled.backward) == pytest.approx(0.5)
     # the level plan.json records: the whole pass at each size and thread count timed
     assert scaled_profile.passes() == {f"2 images on {threads_per_process(1)} thread(s)": pytest.approx(0.5)}
     assert 0 < sum(scaled.update) < 0.1  # an update is no pass: the whole network's figure leaves it as timed
-    monkeypatch.setattr(BlockProfile, "_whole_passes", lambda self, examples, threads: [None] * len(examples))
+    monkeypatch.setattr(BlockProfile, "_whole_passes", whole_passes(None))
     as_timed = profile().times(2, 1)  # the whole network did not fit: the blocks stay as timed
     assert sum(as_timed.forward + as_timed.backward) < 0.1
 
@@ -232,5 +245,50 @@ def test_the_whole_network_is_timed_in_rounds_of_every_size_and_its_mean_counts(
 
     monkeypatch.setattr(BlockProfile, "_seconds", seconds)
     small, large = torch.zeros(2, 3, 32, 32), torch.zeros(4, 3, 32, 32)
-    assert profile._whole_passes([small, large], [1, 2]) == [1.5, 4.0]
+    assert profile._whole_passes([small, large], [1, 2], [1, 1]) == ([1.5, 4.0], {})
     assert threads == [2, 1, 2, 1, 2]  # the largest (on its 2 threads) untimed, then the sizes in turn, twice
+
+
+def test_copies_at_once_follow_each_pass_alone_and_give_the_contention(monkeypatch):
+    """On the CPU a size that a layout of several processes computes is also timed with as many copies of the network
+    at once, right after its pass alone in each round: the contention and the lockstep come from the same moments as
+    the level they scale."""
+    monkeypatch.setattr("multigpu.planning.profile.cores", lambda: 2)  # 2 processes: 1 thread each
+    factories = [lambda: nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 16)), nn.ReLU, lambda: nn.Linear(16, 10)]
+    profile = BlockProfile(LazyBlocks(factories, seed=0), Precision(), torch.device("cpu"))
+    calls = []
+    alone = iter([9.0, 1.0, 1.2, 1.2, 2.4])  # untimed (4 images); round 1: 2 and 4 images; round 2: 2 and 4
+    at_once = iter([[9.0, 9.0], [1.1, 1.3], [1.3, 1.5]])  # untimed; round 1; round 2: 2 images, 2 copies
+
+    def seconds(self, work) -> float:
+        calls.append(f"alone on {torch.get_num_threads()}")
+        return next(alone)
+
+    def copies(self, nets, x) -> list[float]:
+        calls.append(f"{len(nets)} at once on {torch.get_num_threads()}, {len(x)} images")
+        return next(at_once)
+
+    monkeypatch.setattr(BlockProfile, "_seconds", seconds)
+    monkeypatch.setattr(BlockProfile, "_at_once", copies)
+    profile.measure_together([(2, 2), (4, 1)])
+    both = "2 at once on 1, 2 images"
+    assert calls == ["alone on 2", both, "alone on 1", both, "alone on 2", "alone on 1", both, "alone on 2"]
+    contention, lockstep = profile.contention(2)
+    assert contention == pytest.approx(1.3 / 1.1) and lockstep == pytest.approx(1.4 / 1.3)
+    assert profile.contention(4) == (1.0, 1.0)  # no size timed with 4 copies
+
+
+def test_copies_of_the_network_compute_side_by_side_in_threads():
+    """Each copy's pass in a thread of its own: on 2 cores, two one-thread passes at once take far less than two in
+    a row would (torch lets go of the interpreter in its operators)."""
+    net = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 64, 3, padding=1))
+    profile = BlockProfile(LazyBlocks([lambda: net]), Precision(), torch.device("cpu"))
+    x = torch.zeros(8, 3, 32, 32)
+    torch.set_num_threads(1)
+    try:
+        profile._at_once([net], x)  # untimed
+        (alone,) = min((profile._at_once([net], x) for _ in range(3)), key=sum)
+        together = min((profile._at_once([net, copy.deepcopy(net)], x) for _ in range(3)), key=max)
+    finally:
+        torch.set_num_threads(threads_per_process(1))
+    assert len(together) == 2 and max(together) < 1.6 * alone

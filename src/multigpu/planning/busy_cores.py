@@ -1,19 +1,22 @@
 """Whether the CPU cores a measurement runs on are busy: other processes on them would be measured too.
 
-The check runs ``probe_pass`` (the convolution that the links' contention figure times alone and in every
-process at once) on all the threads one process gets, and compares the CPU time the process got with the
+The check runs ``probe_pass`` (one convolution's forward and backward pass) on all the threads one process gets,
+and compares the CPU time the process got with the
 time that passed: on quiet cores its threads hold them all the while (97-100% here, 2 threads on 2 cores);
 where another process runs, the kernel shares the cores with it (56-74% with one of the 2 taken, 46-50% with
 both). The best of ``TRIES`` counts, so that a brief burst elsewhere is not a busy machine. On GPUs
 ``plan`` profiles on the device, and does not check.
 """
 
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Literal
 
+import torch
+import torch.nn.functional as F
+
 from multigpu.errors import UsageError
-from multigpu.planning.link_probe import probe_pass
 from multigpu.planning.profile import threads_per_process
 
 __all__ = ["IF_BUSY", "QUIET_SHARE", "WAIT_S", "CoreCheck", "check_cores", "note_if_busy", "until_quiet"]
@@ -22,6 +25,7 @@ QUIET_SHARE = 0.85  # the share of their cores below which the threads found the
 TRIES = 3
 WAIT_S = 60.0  # how long ``until_quiet`` waits for busy cores
 IF_BUSY = Literal["wait", "refuse", "go"]
+REPEATS = 7
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,23 @@ class CoreCheck:
             f"a convolution on {self.threads} thread(s) got {self.share:.0%} of their cores "
             f"(quiet cores: {QUIET_SHARE:.0%} or more)"
         )
+
+
+def probe_pass(threads: int | None = None) -> float:
+    """Seconds of one 3x3 convolution's forward and backward pass on 8 CIFAR-sized feature maps (the median of
+    ``REPEATS`` after one untimed), with ``threads`` threads."""
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    x = torch.randn(8, 128, 16, 16, requires_grad=True)
+    weight = torch.randn(128, 128, 3, 3, requires_grad=True)
+    times = []
+    for _ in range(REPEATS + 1):
+        start = time.perf_counter()
+        F.conv2d(x, weight, padding=1).sum().backward()
+        times.append(time.perf_counter() - start)
+    torch.set_num_threads(before)
+    return statistics.median(times[1:])
 
 
 def _share(threads: int) -> float:

@@ -23,6 +23,7 @@ make the forecasts measure another process, so it waits for them to quieten and 
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from lightning.pytorch.cli import LightningArgumentParser
@@ -171,6 +172,8 @@ def _forecasts(
     chosen, left_out = choose(layouts, setting, budget, options.recompute, bool(config["model"]["compile"]))
     refusals += left_out
     links = measure_links(max(layout.processes for layout in chosen) if chosen else 1, setting.cuda, setting.device_ids)
+    contention, lockstep = profile.contention(links.world)  # from the profile's rounds: the level's own moment
+    links = replace(links, contention=contention, lockstep=lockstep)
     outcomes = []
     for layout in chosen:
         expected = forecast(layout, profile, links, setting.memory)

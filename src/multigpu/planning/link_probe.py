@@ -14,7 +14,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -24,28 +23,10 @@ from multigpu.run.device_sync import synchronize
 from multigpu.run.host_memory import keep_freed_memory
 from multigpu.run.process_groups import end_process_groups
 
-__all__ = ["REPEATS", "SIZES", "probe_pass"]
+__all__ = ["REPEATS", "SIZES"]
 
 SIZES = (2**12, 2**25)  # bytes: one small and one large tensor
 REPEATS = 7
-PACE_SAMPLES = 9  # times every rank runs ``probe_pass`` at once
-
-
-def probe_pass(threads: int | None = None) -> float:
-    """Seconds of one 3x3 convolution's forward and backward pass on 8 CIFAR-sized feature maps (the median of
-    ``REPEATS``), with ``threads`` threads."""
-    before = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    x = torch.randn(8, 128, 16, 16, requires_grad=True)
-    weight = torch.randn(128, 128, 3, 3, requires_grad=True)
-    times = []
-    for _ in range(REPEATS + 1):
-        start = time.perf_counter()
-        F.conv2d(x, weight, padding=1).sum().backward()
-        times.append(time.perf_counter() - start)
-    torch.set_num_threads(before)
-    return statistics.median(times[1:])
 
 
 def _timed(function, device: torch.device, repeats: int = REPEATS) -> float:
@@ -154,15 +135,6 @@ def _probe(out: str, ids: str) -> None:
         figures["reduce_scatter"].append([size, _timed(scatter, device)])
     figures["pipeline_action"] = _pipeline_action_time(device)
     figures["sharded_block"], figures["sharded_byte"], figures["sharded_update"] = _sharded_costs(device)
-    if not cuda:  # each rank's convolution at the same moment, a few times: the ranks' mean and the slowest
-        means, slowest = [], []
-        for _ in range(PACE_SAMPLES):
-            dist.barrier()
-            every = [torch.zeros(1) for _ in range(world)]
-            dist.all_gather(every, torch.tensor([probe_pass()]))
-            means.append(sum(seconds.item() for seconds in every) / world)
-            slowest.append(max(seconds.item() for seconds in every))
-        figures["probe"], figures["probe_slowest"] = statistics.median(means), statistics.median(slowest)
     if rank == 0:
         Path(out).write_text(json.dumps(figures))
     end_process_groups()

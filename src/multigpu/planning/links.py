@@ -11,12 +11,9 @@ small layer per process (seconds per pipeline action), and a forward and backwar
 SGD step of ``fully_shard``-ed small layers (seconds per sharded block, and per sharded
 parameter's update); a pass through ``fully_shard``-ed large matrices, against the same unsharded
 and their collectives alone, gives its cost per byte of parameters (the copies into and out of the
-collectives' buffers). On the CPU every rank then times one convolution's forward and backward
-pass at the same moment, a few times, which ``plan`` compares with the same pass run alone: the share of
-the memory bandwidth and caches a process loses (the ranks' mean), and how much slower the slowest rank
-is than that mean. On a quiet 2-core machine the two ranks' times at one moment differed by a few percent
-(by up to 2x while another process ran), either rank the slower in turn: processes that wait for each other
-throughout a step go at the pace of the slowest. Each figure is the median of a few runs.
+collectives' buffers). Each figure is the median of a few runs. How much processes computing at once on the
+CPU slow each other (``contention``, ``lockstep``) is not the links' to measure: ``plan`` takes it from the
+profile's rounds (``BlockProfile.contention``), at the moment the passes' level was timed.
 """
 
 import json
@@ -29,7 +26,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from multigpu.errors import UsageError
-from multigpu.planning.link_probe import probe_pass
 from multigpu.planning.profile import threads_per_process
 
 __all__ = ["Link", "Links", "measure_links"]
@@ -59,7 +55,7 @@ class Links:
     all-gathers and reduce-scatters; the seconds a pipeline schedule spends per action, and ``fully_shard`` per
     block, per byte of a block's parameters and per parameter's update, besides computing and moving bytes; and
     how much slower a process computes with ``world`` processes at once, on average (``contention``) and the
-    slowest of them against that average (``lockstep``; both 1 on GPUs)."""
+    slowest of them against that average (``lockstep``; both 1 on GPUs, and set by ``plan`` from its profile)."""
 
     world: int
     cuda: bool = False
@@ -156,6 +152,4 @@ def measure_links(processes: int, cuda: bool, device_ids: list[int] | None) -> L
         sharded_block=figures["sharded_block"],
         sharded_byte=figures["sharded_byte"],
         sharded_update=figures["sharded_update"],
-        contention=max(1.0, figures["probe"] / probe_pass(threads)) if not cuda else 1.0,
-        lockstep=max(1.0, figures["probe_slowest"] / figures["probe"]) if not cuda else 1.0,
     )

@@ -10,10 +10,20 @@ are scaled to add up to it: a block timed on its own pays a call of its own and 
 caches, which a training step does not (on a 2-core CPU the blocks added up to a few percent more than the whole
 network, more at the smallest micro-batches). ``split_backward`` gives how much longer the zero-bubble schedules'
 backward pass, split into its input and its weight gradients, takes than a whole one.
+
+On the CPU the same rounds also run, after each size's pass alone, as many copies of the whole network at once as a
+layout of that size has processes, one per Python thread with the process's threads (``contention``): how much
+slower every process computes when all compute at the same moment, set against the passes alone of the same rounds,
+so that the level and its contention come from one moment of the machine. On a slow 2-core CPU, in five plans in
+14 minutes, the one-thread pass of 8 images alone was timed at 1.42 to 1.80 s while `ddp` measured 7.7 to 8.1 img/s
+throughout: with a contention figure from another moment (a convolution in the link probe's processes, set against
+the same convolution in ``plan``'s process), each plan's `ddp` forecast moved with that level, -2% to +30% off.
 """
 
+import copy
 import os
 import statistics
+import threading
 import time
 from collections.abc import Iterable
 from contextlib import contextmanager
@@ -93,6 +103,9 @@ class BlockProfile:
         self.blocks, self.precision, self.device = blocks, precision, device
         self._times: dict[tuple[int, int | None], PassTimes | str] = {}
         self._splits: dict[int | None, float] = {}
+        self._copies: dict[tuple[int, int | None], int] = {}  # the most processes a size was asked for with
+        # a size's copies at once, and the seconds of its whole pass alone, then of its copies: their mean, the slowest
+        self._together: dict[tuple[int, int | None], tuple[int, float, float, float]] = {}
 
     def split_backward(self, processes: int = 1) -> float:
         """How many times longer the whole network's backward pass takes in one of ``processes`` processes when
@@ -159,6 +172,17 @@ class BlockProfile:
             if isinstance(times, PassTimes)
         }
 
+    def contention(self, processes: int) -> tuple[float, float]:
+        """How much slower the whole network's pass went with ``processes`` copies at once than alone, in the same
+        rounds (their mean against the passes alone, over every size timed so), and how much slower the slowest copy
+        than that mean: what ``Links.slowdown`` scales the passes by. (1, 1) where no size was timed so (on GPUs,
+        or where the copies did not fit)."""
+        timed = [figures for copies, *figures in self._together.values() if copies == processes]
+        if not timed:
+            return 1.0, 1.0
+        alone, mean, slowest = (sum(column) for column in zip(*timed))
+        return max(1.0, mean / alone), max(1.0, slowest / mean)
+
     def measure_together(self, requests: Iterable[tuple[int, int]]) -> None:
         """Time the blocks for every (images, processes) of ``requests`` not timed yet, all in one pass over the
         blocks (``block_pass_times_together``): a slow moment of the machine then falls on every size alike,
@@ -167,6 +191,8 @@ class BlockProfile:
         keys: dict[tuple[int, int | None], None] = {}
         for images, processes in requests:
             key = self._key(images, processes)
+            if key[1] is not None:  # on the CPU: its copies at once, as many as its layouts' processes, the most
+                self._copies[key] = max(self._copies.get(key, 1), processes)
             if key in self._times or key in keys:
                 continue
             if why := micro_batch_refusal(self.blocks, IMAGE_SHAPE, key[0]):
@@ -185,7 +211,9 @@ class BlockProfile:
                 timed = block_pass_times_together(
                     self.blocks, examples, [threads for _, threads in keys], self.device, repeats=BLOCK_REPEATS
                 )
-                wholes = self._whole_passes(examples, [threads for _, threads in keys])
+                wholes, together = self._whole_passes(
+                    examples, [threads for _, threads in keys], [self._copies.get(key, 1) for key in keys]
+                )
         except RuntimeError as error:  # out of memory, say
             if len(keys) > 1:
                 for key in keys:
@@ -199,31 +227,83 @@ class BlockProfile:
         for key, passes, whole in zip(keys, timed, wholes):
             times = PassTimes(*(list(column) for column in zip(*passes)))
             self._times[key] = times.scaled(whole / sum(times.forward + times.backward)) if whole else times
+        for index, (mean, slowest) in together.items():
+            self._together[keys[index]] = (self._copies[keys[index]], wholes[index], mean, slowest)
 
-    def _whole_passes(self, examples: list[torch.Tensor], threads: list[int | None]) -> list[float | None]:
+    def _whole_passes(
+        self, examples: list[torch.Tensor], threads: list[int | None], copies: list[int]
+    ) -> tuple[list[float | None], dict[int, tuple[float, float]]]:
         """Seconds of the whole network's forward and backward pass on each of ``examples`` with its threads (each
         pass writing its gradients anew): the mean of ``REPEATS`` rounds, each round one pass of every size in turn,
         after one untimed pass on the largest alone (the blocks have just run every size: only the largest's memory
         is new; an untimed pass per size would add about 2 s to a 2-core CPU's plan). These passes set the level of
         every forecast, so a slow moment falls on every size alike, and the mean, not the fastest, stands for the
         steps a run takes (on a 2-core CPU, 30 passes in a row took 0.75 to 1.3 s, their median 0.98). None for
-        each where the whole network does not fit on the device (out of memory), whose blocks then stay as timed."""
+        each where the whole network does not fit on the device (out of memory), whose blocks then stay as timed.
+        Where ``copies`` is above 1 each round also times that many copies of the network at once right after the
+        pass alone, the largest such size first untimed: by index, the copies' mean and slowest, over the rounds."""
         try:
-            net = self._whole_network()
+            nets = [self._whole_network()]
+            nets += [copy.deepcopy(nets[0]) for _ in range(max(copies, default=1) - 1)]
         except RuntimeError:
-            return [None] * len(examples)
+            return [None] * len(examples), {}
         inputs = [example.to(self.device) for example in examples]
 
         def seconds(index: int) -> float | None:
             try:
                 with _threads(threads[index]):
-                    return self._seconds(lambda: self._whole_pass(net, inputs[index]))
+                    return self._seconds(lambda: self._whole_pass(nets[0], inputs[index]))
             except RuntimeError:
                 return None
 
-        seconds(max(range(len(inputs)), key=lambda index: len(inputs[index])))
-        rounds = [[seconds(index) for index in range(len(inputs))] for _ in range(REPEATS)]
-        return [None if None in passes else statistics.mean(passes) for passes in zip(*rounds)]
+        def at_once(index: int) -> list[float] | None:
+            with _threads(threads[index]):
+                return self._at_once(nets[: copies[index]], inputs[index])
+
+        largest = lambda indices: max(indices, key=lambda index: len(inputs[index]), default=None)  # noqa: E731
+        seconds(largest(range(len(inputs))))
+        shared = [index for index in range(len(inputs)) if copies[index] > 1]
+        if shared:
+            at_once(largest(shared))
+        rounds, together = [], {index: [] for index in shared}
+        for _ in range(REPEATS):
+            rounds.append([])
+            for index in range(len(inputs)):
+                rounds[-1].append(seconds(index))
+                if index in together:
+                    together[index].append(at_once(index))
+        wholes = [None if None in passes else statistics.mean(passes) for passes in zip(*rounds)]
+        mean = statistics.mean
+        figures = {
+            index: (mean(mean(each) for each in timed), mean(max(each) for each in timed))
+            for index, timed in together.items()
+            if wholes[index] is not None and None not in timed
+        }
+        return wholes, figures
+
+    def _at_once(self, nets: list[nn.Module], x: torch.Tensor) -> list[float] | None:
+        """Seconds of each of ``nets``' whole passes on ``x``, all started at once, one per Python thread (torch
+        lets go of the interpreter in its operators, so they compute side by side as processes would, each with the
+        calling thread's thread count); None where one failed (out of memory)."""
+        times: list[float | None] = [None] * len(nets)
+        count = torch.get_num_threads()
+
+        def run(which: int) -> None:
+            torch.set_num_threads(count)
+            with self.precision.train_step_context():  # autocast holds per thread
+                start = time.perf_counter()
+                try:
+                    self._whole_pass(nets[which], x)
+                except RuntimeError:
+                    return
+                times[which] = time.perf_counter() - start
+
+        workers = [threading.Thread(target=run, args=(which,)) for which in range(len(nets))]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        return None if None in times else times
 
     @staticmethod
     def _forward(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
