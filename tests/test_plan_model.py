@@ -1,10 +1,10 @@
 """``plan``'s cost model: the pipeline schedules simulated from their action lists, DDP's overlapped buckets,
 the links' arithmetic, and how measured windows become ranges, ties and a choice."""
 
-import copy
 import json
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 
@@ -278,17 +278,16 @@ def test_copies_at_once_follow_each_pass_alone_and_give_the_contention(monkeypat
     assert profile.contention(4) == (1.0, 1.0)  # no size timed with 4 copies
 
 
-def test_copies_of_the_network_compute_side_by_side_in_threads():
-    """Each copy's pass in a thread of its own: on 2 cores, two one-thread passes at once take far less than two in
-    a row would (torch lets go of the interpreter in its operators)."""
-    net = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 64, 3, padding=1))
-    profile = BlockProfile(LazyBlocks([lambda: net]), Precision(), torch.device("cpu"))
-    x = torch.zeros(8, 3, 32, 32)
-    torch.set_num_threads(1)
-    try:
-        profile._at_once([net], x)  # untimed
-        (alone,) = min((profile._at_once([net], x) for _ in range(3)), key=sum)
-        together = min((profile._at_once([net, copy.deepcopy(net)], x) for _ in range(3)), key=max)
-    finally:
-        torch.set_num_threads(threads_per_process(1))
-    assert len(together) == 2 and max(together) < 1.6 * alone
+def test_copies_of_the_network_each_run_a_whole_pass_in_a_thread_of_their_own():
+    """Each copy runs its own forward and backward pass, in a thread of its own (whether they compute side by side
+    is the machine's: on 2 quiet cores two one-thread copies took 1.03 to 1.25 times one alone, in plans of
+    29 November)."""
+    nets = [nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 8)) for _ in range(2)]
+    profile = BlockProfile(LazyBlocks([lambda: nets[0]]), Precision(), torch.device("cpu"))
+    threads = set()
+    for net in nets:
+        net.register_forward_hook(lambda module, args, out: threads.add(threading.get_ident()))
+    times = profile._at_once(nets, torch.zeros(4, 3, 32, 32))
+    assert len(times) == 2 and all(seconds > 0 for seconds in times)
+    assert all(param.grad is not None for net in nets for param in net.parameters())
+    assert len(threads) == 2 and threading.get_ident() not in threads
