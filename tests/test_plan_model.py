@@ -279,15 +279,21 @@ def test_copies_at_once_follow_each_pass_alone_and_give_the_contention(monkeypat
 
 
 def test_copies_of_the_network_each_run_a_whole_pass_in_a_thread_of_their_own():
-    """Each copy runs its own forward and backward pass, in a thread of its own (whether they compute side by side
-    is the machine's: on 2 quiet cores two one-thread copies took 1.03 to 1.25 times one alone, in plans of
-    29 November)."""
+    """Each copy runs its own forward and backward pass in a thread of its own, all of them started at once: each
+    copy's forward pass waits at a barrier for the other's, which a copy run after the other would never reach (how
+    fast they go side by side is the machine's: on 2 quiet cores two one-thread copies took 1.03 to 1.25 times one
+    alone, in plans of 29 November)."""
     nets = [nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 8)) for _ in range(2)]
     profile = BlockProfile(LazyBlocks([lambda: nets[0]]), Precision(), torch.device("cpu"))
-    threads = set()
+    meet, threads = threading.Barrier(2, timeout=30), []
+
+    def met(module, args, out):
+        threads.append(threading.current_thread())
+        meet.wait()
+
     for net in nets:
-        net.register_forward_hook(lambda module, args, out: threads.add(threading.get_ident()))
+        net.register_forward_hook(met)
     times = profile._at_once(nets, torch.zeros(4, 3, 32, 32))
-    assert len(times) == 2 and all(seconds > 0 for seconds in times)
+    assert times is not None and len(times) == 2 and all(seconds > 0 for seconds in times)
     assert all(param.grad is not None for net in nets for param in net.parameters())
-    assert len(threads) == 2 and threading.get_ident() not in threads
+    assert len(set(threads)) == 2 and threading.current_thread() not in threads
