@@ -297,3 +297,14 @@ def test_copies_of_the_network_each_run_a_whole_pass_in_a_thread_of_their_own():
     assert times is not None and len(times) == 2 and all(seconds > 0 for seconds in times)
     assert all(param.grad is not None for net in nets for param in net.parameters())
     assert len(set(threads)) == 2 and threading.current_thread() not in threads
+
+
+def test_the_split_backward_factor_is_timed_once_per_thread_count_and_recorded_by_it():
+    """``plan.json``'s basis records the zero-bubble schedules' split factor at each thread count it was timed at."""
+    net = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 8))
+    profile = BlockProfile(LazyBlocks([lambda: net]), Precision(), torch.device("cpu"))
+    assert profile.splits() == {}
+    factor = profile.split_backward(processes=2)
+    assert factor > 0 and profile.split_backward(processes=2) == factor  # timed once, then kept
+    threads = profile._key(1, 2)[1]
+    assert profile.splits() == {f"on {threads} thread(s)": factor}

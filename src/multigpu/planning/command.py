@@ -165,7 +165,8 @@ def _forecasts(
 ) -> tuple[list[Outcome], list[Refusal], dict]:
     """Profile the network's blocks and the links, and forecast each layout that fits: the outcomes, the
     layouts left out with why, and what the forecasts were built from (the passes' seconds at every size timed,
-    the links' figures), which ``plan.json`` records."""
+    the zero-bubble schedules' split factor at every thread count timed, the links' figures), which ``plan.json``
+    records."""
     profile = setting.profile(config["model"])
     profile.measure_together({timed_input(layout) for layout in layouts})
     layouts, refusals = balanced(layouts, profile)
@@ -181,4 +182,5 @@ def _forecasts(
             refusals.append(Refusal(layout.label, expected))
         else:
             outcomes.append(Outcome(layout, setting.estimated_peaks(layout), expected))
-    return outcomes, refusals, {"passes_s": profile.passes(), "links": links.figures()}
+    basis = {"passes_s": profile.passes(), "split_backward": profile.splits(), "links": links.figures()}
+    return outcomes, refusals, basis

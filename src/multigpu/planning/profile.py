@@ -172,6 +172,13 @@ class BlockProfile:
             if isinstance(times, PassTimes)
         }
 
+    def splits(self) -> dict[str, float]:
+        """``split_backward``'s factor at every thread count it was timed at, as ``plan.json`` records it."""
+        return {
+            (f"on {threads} thread(s)" if threads else "on the device"): ratio
+            for threads, ratio in self._splits.items()
+        }
+
     def contention(self, processes: int) -> tuple[float, float]:
         """How much slower the whole network's pass went with ``processes`` copies at once than alone, in the same
         rounds (their mean against the passes alone, over every size timed so), and how much slower the slowest copy
