@@ -13,8 +13,12 @@ from multigpu.strategies.pipeline.stage_placement import SCHEDULES, StagePlaceme
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
 
 # LoopedBFS runs each stage's backward passes last micro-batch first, so the gradients of the
-# micro-batches are summed in another order than one device's: float32 rounding, 3e-8 seen.
-REORDERED = {"loopedbfs": 1e-6}
+# micro-batches are summed in another order than one device's: float32 rounding, which 3 steps carry on
+# (relative, and absolute where a sum cancels). Seen on an Intel Xeon with torch 2.11: 1.1e-4 on a BatchNorm
+# running variance of about 10, 4e-5 on a momentum of 6.8, and 1.1e-5 on the momentum of a linear bias
+# before BatchNorm, whose gradient is zero but for rounding (3e-8 to 1e-6 on other machines and torches).
+# A micro-batch lost or counted twice would move the gradients by about an eighth.
+REORDERED = {"loopedbfs": (1e-4, 1e-4)}  # (rtol, atol)
 
 
 @pytest.fixture(scope="module")
@@ -40,14 +44,15 @@ def trained(tmp_path_factory):
     return train
 
 
-def _compare(piped: dict, reference: dict, atol: float, buffers: bool = True) -> None:
+def _compare(piped: dict, reference: dict, tolerance: tuple[float, float], buffers: bool = True) -> None:
+    rtol, atol = tolerance
     names = [name for name in reference["state"] if buffers or not ("running" in name or "num_batches" in name)]
     assert len(names) == (56 if buffers else 32)  # 8 x (weight, bias, BatchNorm weight, bias) + 8 x 3 buffers
     for name in names:
-        torch.testing.assert_close(piped["state"][name], reference["state"][name], rtol=0, atol=atol, msg=name)
+        torch.testing.assert_close(piped["state"][name], reference["state"][name], rtol=rtol, atol=atol, msg=name)
     assert piped["momentum"].keys() == reference["momentum"].keys() and len(piped["momentum"]) == 32
     for index, momentum in reference["momentum"].items():
-        torch.testing.assert_close(piped["momentum"][index], momentum, rtol=0, atol=atol, msg=f"momentum {index}")
+        torch.testing.assert_close(piped["momentum"][index], momentum, rtol=rtol, atol=atol, msg=f"momentum {index}")
 
 
 @pytest.mark.slow
@@ -55,7 +60,7 @@ def _compare(piped: dict, reference: dict, atol: float, buffers: bool = True) ->
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_one_pipeline_equals_one_device_accumulating_its_micro_batches(schedule, layout, trained):
     """Parameters, BatchNorm statistics and momentum: bit for bit, but for a schedule that reorders the sums."""
-    _compare(trained(layout)[schedule], trained("reference-2")["reference"], REORDERED.get(schedule, 0.0))
+    _compare(trained(layout)[schedule], trained("reference-2")["reference"], REORDERED.get(schedule, (0.0, 0.0)))
 
 
 @pytest.mark.slow
@@ -65,7 +70,7 @@ def test_two_replicas_of_a_pipeline_equal_one_device_accumulating_both(schedule,
 
     BatchNorm's running statistics are each replica's own, as under DDP, and are not compared.
     """
-    _compare(trained("2x2")[schedule], trained("reference-4")["reference"], 1e-12, buffers=False)
+    _compare(trained("2x2")[schedule], trained("reference-4")["reference"], (0.0, 1e-12), buffers=False)
 
 
 def test_placement_is_looped_or_v_shaped():
