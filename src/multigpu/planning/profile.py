@@ -174,10 +174,7 @@ class BlockProfile:
 
     def splits(self) -> dict[str, float]:
         """``split_backward``'s factor at every thread count it was timed at, as ``plan.json`` records it."""
-        return {
-            (f"on {threads} thread(s)" if threads else "on the device"): ratio
-            for threads, ratio in self._splits.items()
-        }
+        return {_on_threads(threads) or "on the device": ratio for threads, ratio in self._splits.items()}
 
     def contention(self, processes: int) -> tuple[float, float]:
         """How much slower the whole network's pass went with ``processes`` copies at once than alone, in the same
@@ -335,4 +332,9 @@ class BlockProfile:
 
 def _label(key: tuple[int, int | None]) -> str:
     images, threads = key
-    return f"{images} images" + (f" on {threads} thread(s)" if threads else "")
+    return f"{images} images" + (f" {_on_threads(threads)}" if threads else "")
+
+
+def _on_threads(threads: int | None) -> str:
+    """``on N thread(s)`` on the CPU, empty on a GPU (no thread count)."""
+    return f"on {threads} thread(s)" if threads else ""
