@@ -4,6 +4,7 @@ that configs load by class path (``helpers.<Name>``, found through ``HELPERS_ENV
 
 import os
 import pickle
+import random
 import signal
 import socket
 import subprocess
@@ -81,10 +82,23 @@ def helper_callback(folder: Path, name: str, **init_args) -> str:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now, for a rendezvous."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing listens on now, for a rendezvous.
+
+    It is drawn below the kernel's range of ephemeral ports: a port from ``bind(0)`` lies in that range, and the
+    kernel hands the same ports to outgoing connections, so gloo's connections in a test running beside could take
+    it in the seconds before the rendezvous listens on it (``EADDRINUSE``, seen in CI). The draw does not follow
+    ``random``'s seed, which two test workers may share."""
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    lowest_ephemeral = int(ephemeral.read_text().split()[0]) if ephemeral.exists() else 32768
+    draw = random.SystemRandom()
+    while True:
+        port = draw.randrange(10000, lowest_ephemeral)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 def run_args(tmp_path: Path, run_name: str = "test") -> list[str]:
