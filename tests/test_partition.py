@@ -4,7 +4,7 @@ from torch import nn
 
 from multigpu.errors import UsageError
 from multigpu.model.resnet import resnet50_blocks
-from multigpu.strategies.block_timing import block_pass_times_together, block_times
+from multigpu.strategies.block_timing import block_pass_times_together, block_times, sgd_options
 from multigpu.strategies.partition import (
     balance_by_cost,
     check_balance,
@@ -58,7 +58,7 @@ def test_bad_balance_is_refused(balance, message):
 def test_block_times_measure_every_block_on_a_copy():
     net = nn.Sequential(nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8)), nn.Conv2d(8, 64, 3), nn.Flatten())
     before = {name: tensor.clone() for name, tensor in net.state_dict().items()}
-    times = block_times(net, torch.randn(4, 3, 16, 16), torch.device("cpu"))
+    times = block_times(net, torch.randn(4, 3, 16, 16), torch.device("cpu"), {"momentum": 0.9})
     assert len(times) == 3 and all(seconds > 0 for seconds in times)
     assert times[1] > times[2]  # a convolution costs more than a flatten
     for name, tensor in net.state_dict().items():  # BatchNorm statistics untouched
@@ -71,10 +71,30 @@ def test_blocks_timed_together_at_several_sizes_each_pass_its_own_input_through(
     net = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.Conv2d(32, 32, 3, padding=1), nn.Flatten())
     threads = torch.get_num_threads()
     small, large = block_pass_times_together(
-        net, [torch.randn(1, 3, 32, 32), torch.randn(32, 3, 32, 32)], [1, None], torch.device("cpu"), repeats=2
+        net, [torch.randn(1, 3, 32, 32), torch.randn(32, 3, 32, 32)], [1, None], torch.device("cpu"), {}, repeats=2
     )
     assert len(small) == len(large) == 3 and torch.get_num_threads() == threads
     assert sum(map(sum, large[:2])) > sum(map(sum, small[:2]))  # 32 images cost more than 1
+
+
+def test_the_blocks_update_with_the_recipes_sgd_whose_options_cost_passes_over_the_parameters(monkeypatch):
+    """The update timed is the recipe's (momentum, Nesterov's, weight decay: a pass over the parameters each), not
+    plain momentum's; a module without those hyperparameters is taken to use plain SGD; Nesterov's needs momentum."""
+    recipe = {"momentum": 0.9, "nesterov": True, "weight_decay": 5e-4, "base_lr": 0.1}
+    assert sgd_options(recipe) == {"momentum": 0.9, "nesterov": True, "weight_decay": 5e-4}
+    assert sgd_options({}) == {"momentum": 0.0, "nesterov": False, "weight_decay": 0.0}
+    assert sgd_options({"momentum": 0.0, "nesterov": True})["nesterov"] is False
+    built = []
+
+    class RecordedSGD(torch.optim.SGD):
+        def __init__(self, params, **options) -> None:
+            built.append(options)
+            super().__init__(params, **options)
+
+    monkeypatch.setattr(torch.optim, "SGD", RecordedSGD)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten())
+    block_times(net, torch.randn(2, 3, 8, 8), torch.device("cpu"), sgd_options(recipe), repeats=1)
+    assert built == [{"lr": 0.0, "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4}]  # the flatten has none
 
 
 def test_choose_balance_takes_the_given_balance_or_the_costs():

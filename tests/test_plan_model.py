@@ -31,6 +31,7 @@ from multigpu.strategies.pipeline.stage_placement import SCHEDULES, StagePlaceme
 pytestmark = pytest.mark.internals  # the schedules' action lists come from a private torch module
 
 NO_SEND = lambda stage: 0.0  # noqa: E731
+MOMENTUM = {"momentum": 0.9}  # the SGD the blocks' copies update with
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -74,17 +75,28 @@ def test_ddp_buckets_hide_behind_the_backward_pass_on_gpus_and_hold_it_up_on_the
 
 
 class _FlatProfile:
-    """Every block 1 s forward, 2 s backward and no update, whatever the images; a backward pass split in two
-    ``split`` times as long as whole."""
+    """Every block 1 s forward, 2 s backward and no update (or ``updates``), whatever the images; a backward pass
+    split in two ``split`` times as long as whole."""
 
-    def __init__(self, blocks: int, split: float = 1.0) -> None:
-        self.blocks, self.split = blocks, split
+    def __init__(self, blocks: int, split: float = 1.0, updates: list[float] | None = None) -> None:
+        self.blocks, self.split, self.updates = blocks, split, updates or [0.0] * blocks
 
     def split_backward(self, processes: int = 1) -> float:
         return self.split
 
     def times(self, images: int, processes: int = 1) -> PassTimes:
-        return PassTimes([1.0] * self.blocks, [2.0] * self.blocks, [0.0] * self.blocks)
+        return PassTimes([1.0] * self.blocks, [2.0] * self.blocks, self.updates)
+
+
+def test_a_pipelines_processes_update_after_its_last_action_and_the_step_waits_for_the_slowest_update():
+    """GPipe over 2 processes, 4 micro-batches: the first stage's last backward pass ends the passes at 15 s, the
+    second stage's 3 s before; the second stage's update of 3 s starts only then (the output's broadcast), and the
+    step waits for it (the SIGTERM flag's all-reduce), so it ends at 18 s, not at 15."""
+    memory = BlockMemory(params=[0, 0], activations=[0.0] * 2, inputs=[0.0] * 2, tensors=[0] * 2)
+    options = {"num_stages": 2, "stages_per_process": 1}
+    layout = Layout("p", "pipeline", 2, 2, 4, options=options, balance=(1, 1), schedule="gpipe", micro_batches=4)
+    step = layout.batch_size / forecast(layout, _FlatProfile(2, updates=[0.5, 3.0]), Links(world=2), memory)
+    assert step == pytest.approx((4 + 2 - 1) * 3 + 3.0)
 
 
 def test_fsdp_on_the_cpu_pays_its_collectives_and_its_runtime_per_block_and_per_byte_in_turn_with_the_passes():
@@ -214,7 +226,7 @@ def test_the_blocks_add_up_to_the_whole_network_timed_at_once(monkeypatch):
     """Timed one by one, the blocks each pay a call of their own and find their parameters in the caches: the profile
     scales their passes to the whole network's forward and backward pass, timed at the same size; the update stays."""
     factories = [lambda: nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 16)), nn.ReLU, lambda: nn.Linear(16, 10)]
-    profile = lambda: BlockProfile(LazyBlocks(factories, seed=0), Precision(), torch.device("cpu"))  # noqa: E731
+    profile = lambda: BlockProfile(LazyBlocks(factories, seed=0), Precision(), torch.device("cpu"), MOMENTUM)  # noqa: E731
     (whole,), together = profile()._whole_passes([torch.zeros(2, 3, 32, 32)], [1], [1])
     assert 0 < whole < 1 and together == {}
     whole_passes = lambda seconds: lambda self, examples, threads, copies: ([seconds] * len(examples), {})  # noqa: E731
@@ -235,7 +247,7 @@ def test_the_whole_network_is_timed_in_rounds_of_every_size_and_its_mean_counts(
     falls on all alike), after one untimed pass at the largest, and a size's figure is its rounds' mean, as a run's
     steps are, not its fastest."""
     factories = [lambda: nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 16)), nn.ReLU, lambda: nn.Linear(16, 10)]
-    profile = BlockProfile(LazyBlocks(factories, seed=0), Precision(), torch.device("cpu"))
+    profile = BlockProfile(LazyBlocks(factories, seed=0), Precision(), torch.device("cpu"), MOMENTUM)
     threads, clock = [], iter([9.0, 1.0, 3.0, 2.0, 5.0])  # untimed; round 1: 2 and 4 images; round 2: 2 and 4
 
     def seconds(self, work) -> float:
@@ -255,7 +267,7 @@ def test_copies_at_once_follow_each_pass_alone_and_give_the_contention(monkeypat
     the level they scale."""
     monkeypatch.setattr("multigpu.planning.profile.cores", lambda: 2)  # 2 processes: 1 thread each
     factories = [lambda: nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 16)), nn.ReLU, lambda: nn.Linear(16, 10)]
-    profile = BlockProfile(LazyBlocks(factories, seed=0), Precision(), torch.device("cpu"))
+    profile = BlockProfile(LazyBlocks(factories, seed=0), Precision(), torch.device("cpu"), MOMENTUM)
     calls = []
     alone = iter([9.0, 1.0, 1.2, 1.2, 2.4])  # untimed (4 images); round 1: 2 and 4 images; round 2: 2 and 4
     at_once = iter([[9.0, 9.0], [1.1, 1.3], [1.3, 1.5]])  # untimed; round 1; round 2: 2 images, 2 copies
@@ -284,7 +296,7 @@ def test_copies_of_the_network_each_run_a_whole_pass_in_a_thread_of_their_own():
     fast they go side by side is the machine's: on 2 quiet cores two one-thread copies took 1.03 to 1.25 times one
     alone, in plans of 29 November)."""
     nets = [nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 8)) for _ in range(2)]
-    profile = BlockProfile(LazyBlocks([lambda: nets[0]]), Precision(), torch.device("cpu"))
+    profile = BlockProfile(LazyBlocks([lambda: nets[0]]), Precision(), torch.device("cpu"), MOMENTUM)
     meet, threads = threading.Barrier(2, timeout=30), []
 
     def met(module, args, out):
@@ -302,7 +314,7 @@ def test_copies_of_the_network_each_run_a_whole_pass_in_a_thread_of_their_own():
 def test_the_split_backward_factor_is_timed_once_per_thread_count_and_recorded_by_it():
     """``plan.json``'s basis records the zero-bubble schedules' split factor at each thread count it was timed at."""
     net = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 8))
-    profile = BlockProfile(LazyBlocks([lambda: net]), Precision(), torch.device("cpu"))
+    profile = BlockProfile(LazyBlocks([lambda: net]), Precision(), torch.device("cpu"), MOMENTUM)
     assert profile.splits() == {}
     factor = profile.split_backward(processes=2)
     assert factor > 0 and profile.split_backward(processes=2) == factor  # timed once, then kept

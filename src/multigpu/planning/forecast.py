@@ -21,8 +21,10 @@ of them runs), and the tensors it moves at the measured latency and bandwidth of
 - ``pipeline``: the schedule's step simulated from its action lists (``pipeline_simulation``),
   the zero-bubble schedules' backward passes as much longer as the network's measured split in two
   (``BlockProfile.split_backward``), its passes slowed by the processes' average concurrency over
-  the step (they compute at once only between the bubbles), then, with several copies of the
-  pipeline, an all-reduce of each process's gradients.
+  the step (they compute at once only between the bubbles); then, every process waiting for the step's last action
+  (the last stage's output is broadcast to all), with several copies of the pipeline an all-reduce of each
+  process's gradients, and the update of its blocks, the step ending with the slowest process's (the stage of
+  the largest blocks updates longest).
 
 With activation recomputation each backward pass also runs its block's forward pass again.
 """
@@ -169,12 +171,15 @@ def _pipeline(layout, forward, backward, update, links, memory) -> float:
     everyone = links.slowdown(layout.processes)
     if everyone > 1.0:
         finish = simulated(links.slowdown(computing / max(finish)) / everyone)
-    ends = []
-    for process, clock in enumerate(finish):
+    # Every process gets the last stage's output (a broadcast) once the last action of the step is done, and
+    # only then all-reduces its gradients and updates its blocks; the step ends with the slowest of them, which
+    # the others wait for (the SIGTERM flag, all-reduced after every step).
+    after = []
+    for process in range(len(finish)):
         held = [i for stage in pipeline.stages_of(process) for i in stages[stage]]
         reduce = links.all_reduce(sum(memory.params[i] for i in held), layout.replicas)
-        ends.append(clock + reduce + sum(update[i] for i in held))
-    return max(ends)
+        after.append(reduce + sum(update[i] for i in held))
+    return max(finish) + max(after)
 
 
 _STEPS = {

@@ -1,7 +1,7 @@
 """The time of each block, which ``plan`` balances the split layouts by and builds its forecasts from.
 
-``BlockProfile`` times each block's forward pass, backward pass and update on the first device, in the
-run's precision, for every micro-batch size and, on the CPU, thread count it is asked for, all sizes together
+``BlockProfile`` times each block's forward pass, backward pass and update (the recipe's SGD) on the first device,
+in the run's precision, for every micro-batch size and, on the CPU, thread count it is asked for, all sizes together
 block by block (``block_pass_times_together``): a process of a layout of ``P`` processes gets
 ``cores / P`` threads, as Lightning's launcher gives it. On the CPU a batch above ``CPU_IMAGES`` images is timed at that
 size and scaled per image (the time per image is flat by then), which keeps a plan of large
@@ -25,9 +25,10 @@ import os
 import statistics
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
@@ -97,10 +98,11 @@ def _threads(count: int | None):
 
 
 class BlockProfile:
-    """Each block's times on ``device`` under ``precision``, measured when first asked for and kept."""
+    """Each block's times on ``device`` under ``precision``, its update an SGD step with the options ``sgd`` (the
+    recipe's: ``block_timing.sgd_options``), measured when first asked for and kept."""
 
-    def __init__(self, blocks: LazyBlocks, precision: Precision, device: torch.device) -> None:
-        self.blocks, self.precision, self.device = blocks, precision, device
+    def __init__(self, blocks: LazyBlocks, precision: Precision, device: torch.device, sgd: Mapping[str, Any]) -> None:
+        self.blocks, self.precision, self.device, self.sgd = blocks, precision, device, sgd
         self._times: dict[tuple[int, int | None], PassTimes | str] = {}
         self._splits: dict[int | None, float] = {}
         self._copies: dict[tuple[int, int | None], int] = {}  # the most processes a size was asked for with
@@ -213,7 +215,7 @@ class BlockProfile:
             with self.precision.train_step_context():
                 examples = [self.precision.convert_input(torch.zeros(images, *IMAGE_SHAPE)) for images, _ in keys]
                 timed = block_pass_times_together(
-                    self.blocks, examples, [threads for _, threads in keys], self.device, repeats=BLOCK_REPEATS
+                    self.blocks, examples, [threads for _, threads in keys], self.device, self.sgd, BLOCK_REPEATS
                 )
                 wholes, together = self._whole_passes(
                     examples, [threads for _, threads in keys], [self._copies.get(key, 1) for key in keys]

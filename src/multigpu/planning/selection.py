@@ -12,6 +12,7 @@ from multigpu.planning.layouts import Layout, Refusal
 from multigpu.planning.memory_estimate import BlockMemory, block_memory, estimate
 from multigpu.planning.profile import BlockProfile, precision_plugin
 from multigpu.planning.resources import resident_bytes
+from multigpu.strategies.block_timing import sgd_options
 
 __all__ = ["MIB", "Setting", "choose", "fits", "setting_of"]
 
@@ -37,7 +38,7 @@ class Setting:
         precision, measured as they are asked for."""
         device = torch.device("cuda", (self.device_ids or [0])[0]) if self.cuda else torch.device("cpu")
         blocks = LazyBlocks(network_blocks(model["arch"], PLANNED_CLASSES, model["stem"]))
-        return BlockProfile(blocks, precision_plugin(self.precision, device), device)
+        return BlockProfile(blocks, precision_plugin(self.precision, device), device, sgd_options(model))
 
     def estimated_peaks(self, layout: Layout) -> list[int]:
         """Estimated peak of each device (CUDA), or of each process (CPU), in the order the runs report them."""

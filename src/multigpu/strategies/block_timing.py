@@ -4,7 +4,8 @@ the device the same way, with ``multigpu.run.device_sync.synchronize``."""
 
 import copy
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 from lightning.pytorch.plugins.precision import Precision
@@ -20,26 +21,46 @@ __all__ = [
     "block_pass_times_together",
     "block_times",
     "block_times_in",
+    "sgd_options",
     "time_blocks",
 ]
 
 
+def sgd_options(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The options of the recipe's SGD that set what its update costs, from a model's ``--model.*`` settings or
+    hyperparameters: momentum, Nesterov's and weight decay each add a pass over the parameters (on one device of
+    a 2-core CPU the smoke recipe's update took 59 ms a step; its blocks' updates timed with plain momentum added
+    up to 43 to 50 ms, with the recipe's options to 59). A module without them is taken to update with plain SGD.
+    The learning rate costs nothing and is 0, so that a timed update changes no parameter."""
+    momentum = settings.get("momentum", 0.0)
+    return {
+        "momentum": momentum,
+        "nesterov": bool(settings.get("nesterov", False)) and momentum > 0,
+        "weight_decay": settings.get("weight_decay", 0.0),
+    }
+
+
 def block_times(
-    blocks: nn.Sequential, example: Tensor, device: torch.device, micro_batches: int = 1, repeats: int = 3
+    blocks: nn.Sequential,
+    example: Tensor,
+    device: torch.device,
+    sgd: Mapping[str, Any],
+    micro_batches: int = 1,
+    repeats: int = 3,
 ) -> list[float]:
     """Seconds each block costs on ``device`` in one step of ``micro_batches`` inputs like ``example``, per input:
     one forward and backward pass, plus a ``micro_batches``-th of one update of its parameters
-    (SGD with momentum, the recipe's), which comes once per step (``block_pass_times``)."""
+    (SGD with the options ``sgd``, the recipe's: ``sgd_options``), which comes once per step (``block_pass_times``)."""
     return [
         forward + backward + update / micro_batches
-        for forward, backward, update in block_pass_times(blocks, example, device, repeats)
+        for forward, backward, update in block_pass_times(blocks, example, device, sgd, repeats)
     ]
 
 
 def block_pass_times(
-    blocks: nn.Sequential, example: Tensor, device: torch.device, repeats: int = 3
+    blocks: nn.Sequential, example: Tensor, device: torch.device, sgd: Mapping[str, Any], repeats: int = 3
 ) -> list[tuple[float, float, float]]:
-    """Seconds of each block's forward pass, backward pass and update (SGD with momentum, the recipe's) on
+    """Seconds of each block's forward pass, backward pass and update (SGD with the options ``sgd``) on
     ``device`` for one input like ``example``.
 
     Each block is timed on a copy of its own, so the network's parameters and BatchNorm
@@ -48,7 +69,7 @@ def block_pass_times(
     the meta device. One warm-up pass comes before the ``repeats`` that are timed, and the
     fastest counts (the others were slowed by something else).
     """
-    return block_pass_times_together(blocks, [example], [None], device, repeats)[0]
+    return block_pass_times_together(blocks, [example], [None], device, sgd, repeats)[0]
 
 
 def block_pass_times_together(
@@ -56,6 +77,7 @@ def block_pass_times_together(
     examples: Sequence[Tensor],
     threads: Sequence[int | None],
     device: torch.device,
+    sgd: Mapping[str, Any],
     repeats: int = 3,
 ) -> list[list[tuple[float, float, float]]]:
     """``block_pass_times`` for each input of ``examples``, with as many CPU threads as ``threads`` gives it (None:
@@ -64,8 +86,8 @@ def block_pass_times_together(
     the inputs timed then."""
     if isinstance(blocks, LazyBlocks):
         with blocks.building():
-            return _pass_times(blocks, blocks.build, examples, threads, device, repeats)
-    return _pass_times(blocks, lambda index: copy.deepcopy(blocks[index]), examples, threads, device, repeats)
+            return _pass_times(blocks, blocks.build, examples, threads, device, sgd, repeats)
+    return _pass_times(blocks, lambda index: copy.deepcopy(blocks[index]), examples, threads, device, sgd, repeats)
 
 
 def _pass_times(
@@ -74,6 +96,7 @@ def _pass_times(
     examples: Sequence[Tensor],
     threads: Sequence[int | None],
     device: torch.device,
+    sgd: Mapping[str, Any],
     repeats: int,
 ) -> list[list[tuple[float, float, float]]]:
     times: list[list[tuple[float, float, float]]] = [[] for _ in examples]
@@ -82,7 +105,7 @@ def _pass_times(
         for index in range(len(blocks)):
             block = fresh(index).to(device).train()
             params = [param for param in block.parameters() if param.requires_grad]
-            update = torch.optim.SGD(params, lr=0.0, momentum=0.9) if params else None
+            update = torch.optim.SGD(params, lr=0.0, **sgd) if params else None
             # A block's input may be a tuple of tensors (the halves of a bottleneck pass two).
             inputs = [
                 apply_to_collection(x, Tensor, lambda t: t.detach().requires_grad_(index > 0 and t.is_floating_point()))
@@ -136,12 +159,18 @@ def time_blocks(strategy: Strategy, blocks: nn.Sequential, micro_batches: int = 
         return None
     batch_size = max(1, pl_module.hparams.get("batch_size", len(example)) // micro_batches)
     example = example[:1].expand(batch_size, *example.shape[1:])
-    return block_times_in(strategy.precision_plugin, blocks, example, strategy.root_device, micro_batches)
+    sgd = sgd_options(pl_module.hparams)
+    return block_times_in(strategy.precision_plugin, blocks, example, strategy.root_device, sgd, micro_batches)
 
 
 def block_times_in(
-    precision: Precision, blocks: nn.Sequential, example: Tensor, device: torch.device, micro_batches: int
+    precision: Precision,
+    blocks: nn.Sequential,
+    example: Tensor,
+    device: torch.device,
+    sgd: Mapping[str, Any],
+    micro_batches: int,
 ) -> list[float]:
     """``block_times`` in the precision of a Lightning precision plugin: its input conversion and its autocast."""
     with precision.train_step_context():
-        return block_times(blocks, precision.convert_input(example), device, micro_batches)
+        return block_times(blocks, precision.convert_input(example), device, sgd, micro_batches)
