@@ -19,12 +19,12 @@ of them runs), and the tensors it moves at the measured latency and bandwidth of
 - ``dp``: a slice of the batch on every device at once, the parameters broadcast and the
   gradients gathered on the first every step;
 - ``pipeline``: the schedule's step simulated from its action lists (``pipeline_simulation``),
-  the zero-bubble schedules' backward passes as much longer as the network's measured split in two
-  (``BlockProfile.split_backward``), its passes slowed by the processes' average concurrency over
-  the step (they compute at once only between the bubbles); then, every process waiting for the step's last action
-  (the last stage's output is broadcast to all), with several copies of the pipeline an all-reduce of each
-  process's gradients, and the update of its blocks, the step ending with the slowest process's (the stage of
-  the largest blocks updates longest).
+  the zero-bubble schedules' split backward passes as much longer as the network's measured split in two
+  (``BlockProfile.split_backward``; their whole ones, DualPipeV's most, not), its passes slowed by the
+  processes' average concurrency over the step (they compute at once only between the bubbles); then, every
+  process waiting for the step's last action (the last stage's output is broadcast to all), with several
+  copies of the pipeline an all-reduce of each process's gradients, and the update of its blocks, the step
+  ending with the slowest process's (the stage of the largest blocks updates longest).
 
 With activation recomputation each backward pass also runs its block's forward pass again.
 """
@@ -61,9 +61,12 @@ def forecast(layout: Layout, profile: BlockProfile, links: Links, memory: BlockM
     times = times.scaled(links.slowdown(layout.processes, _in_lockstep(layout)))
     forward = times.forward
     backward = [b + (f if layout.recompute else 0.0) for f, b in zip(forward, times.backward)]
-    if layout.strategy == "pipeline" and splits_backward(layout.pipeline, layout.micro_batches):
-        backward = [t * profile.split_backward(layout.processes) for t in backward]  # taken as halves of the whole
-    step = _STEPS[layout.strategy](layout, forward, backward, times.update, links, memory)
+    if layout.strategy == "pipeline":
+        splits = splits_backward(layout.pipeline, layout.micro_batches)
+        split = profile.split_backward(layout.processes) if splits else 1.0
+        step = _pipeline(layout, forward, backward, times.update, links, memory, split)
+    else:
+        step = _STEPS[layout.strategy](layout, forward, backward, times.update, links, memory)
     return layout.batch_size * layout.replicas / step
 
 
@@ -150,7 +153,7 @@ def _data_parallel(layout, forward, backward, update, links, memory) -> float:
     return sum(forward) + sum(backward) + copies + sum(update)
 
 
-def _pipeline(layout, forward, backward, update, links, memory) -> float:
+def _pipeline(layout, forward, backward, update, links, memory, split: float) -> float:
     pipeline, stages = layout.pipeline, stage_ranges(layout.balance)
     sends = _boundary_bytes(memory, layout.balance, layout.batch_size / layout.micro_batches)
 
@@ -162,6 +165,7 @@ def _pipeline(layout, forward, backward, update, links, memory) -> float:
             [scale * sum(backward[i] for i in blocks) for blocks in stages],
             lambda stage: links.send(sends[stage]),
             links.pipeline_action,
+            split,
         )
 
     finish = simulated(1.0)
@@ -188,5 +192,4 @@ _STEPS = {
     "fsdp": _fsdp,
     "manual_model_parallel": _model_parallel,
     "dp": _data_parallel,
-    "pipeline": _pipeline,
 }

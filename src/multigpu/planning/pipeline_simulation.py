@@ -6,8 +6,12 @@ forward pass of stage ``s`` needs stage ``s - 1``'s output for that micro-batch,
 (whole, or the input-gradient half of the zero-bubble schedules) needs stage ``s + 1``'s
 gradient and its own forward pass, and a tensor from a stage on another process arrives a
 send's time later. A zero-bubble schedule splits a backward pass into the input gradients and
-the weight gradients, each taken as half of the backward pass it is given (``plan`` gives these
-schedules a pass as much longer than whole as it measured split: ``BlockProfile.split_backward``).
+the weight gradients, each half of the backward pass it is given, times ``split``: ``plan`` gives it
+the network's measured split, how much longer a backward pass takes split than whole
+(``BlockProfile.split_backward``). The first stage's input needs no gradient, so its input-gradient half is
+next to nothing and its weight-gradient half is its whole backward pass (traced on a 2-core CPU: 0.2 ms and
+1.05 times the whole, where the other stages' halves added up to 1.08 to 1.21 times theirs). A whole backward
+pass of these schedules (DualPipeV's are most of its) takes as long as it is given.
 Each action also costs the schedule's own time per action, measured with ``links``. The step ends
 when the last process finishes.
 """
@@ -27,14 +31,18 @@ def simulate_step(
     backward: Sequence[float],
     send: Callable[[int], float],
     per_action: float = 0.0,
+    split: float = 1.0,
 ) -> list[float]:
     """Seconds until each process of ``pipeline`` finishes one step, stage ``s`` taking ``forward[s]`` and
-    ``backward[s]`` per micro-batch, a tensor leaving stage ``s`` for a stage on another process ``send(s)``
-    (its forward output; the gradient it gets back has the same size), and each action ``per_action`` more."""
+    ``backward[s]`` per micro-batch (each half of a backward pass split in two ``split`` times half of it, but
+    the first stage's: nothing, then the whole), a
+    tensor leaving stage ``s`` for a stage on another process ``send(s)`` (its forward output; the gradient it
+    gets back has the same size), and each action ``per_action`` more."""
     actions = _actions(pipeline, micro_batches)
-    halves = [t / 2 for t in backward]
+    inputs = [0.0] + [t * split / 2 for t in backward[1:]]  # the network's input needs no gradient
+    weights = [backward[0]] + [t * split / 2 for t in backward[1:]]
     durations = {
-        kind: [t + per_action for t in times] for kind, times in zip("FBIW", (forward, backward, halves, halves))
+        kind: [t + per_action for t in times] for kind, times in zip("FBIW", (forward, backward, inputs, weights))
     }
     done: dict[tuple[str, int, int], float] = {}
     clock = [0.0] * len(actions)
