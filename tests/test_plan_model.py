@@ -111,6 +111,23 @@ def test_fsdp_on_the_cpu_pays_its_collectives_and_its_runtime_per_block_and_per_
     assert step == pytest.approx(compute + collectives + runtime)
 
 
+def test_the_split_factor_lengthens_only_the_split_halves_and_the_first_stages_input_needs_no_gradient():
+    """The split factor lengthens every split backward pass but the first stage's, whose input-gradient half is
+    nothing and whose weight-gradient half is the whole pass; DualPipeV runs most of its backward passes whole,
+    which it leaves alone."""
+    stages, backward = 4, [2.0] * 4
+    zbv, dualpipev = StagePlacement("zbvzerobubble", 2, 2), StagePlacement("dualpipev", 2, 2)
+
+    def finish(layout: StagePlacement, backward: list[float], split: float) -> float:
+        return max(simulate_step(layout, 8, [1.0] * stages, backward, NO_SEND, 0.0, split))
+
+    # ZBV splits every backward pass: the factor comes to the same as every pass but the first stage's lengthened
+    lengthened = [2.0] + [2.0 * 1.5] * 3
+    assert finish(zbv, backward, 1.5) == finish(zbv, lengthened, 1.0)
+    split = finish(dualpipev, backward, 1.5)
+    assert finish(dualpipev, backward, 1.0) < split < finish(dualpipev, lengthened, 1.0)
+
+
 @pytest.mark.parametrize(("schedule", "splits"), [("zbvzerobubble", True), ("interleaved1f1b", False)])
 def test_a_zero_bubble_schedule_pays_for_its_split_backward_pass_and_the_others_do_not(schedule, splits):
     blocks = 4
