@@ -35,9 +35,9 @@ def simulate_step(
 ) -> list[float]:
     """Seconds until each process of ``pipeline`` finishes one step, stage ``s`` taking ``forward[s]`` and
     ``backward[s]`` per micro-batch (each half of a backward pass split in two ``split`` times half of it, but
-    the first stage's: nothing, then the whole), a
-    tensor leaving stage ``s`` for a stage on another process ``send(s)`` (its forward output; the gradient it
-    gets back has the same size), and each action ``per_action`` more."""
+    the first stage's: nothing, then the whole), a tensor leaving stage ``s`` for a stage on another process
+    ``send(s)`` (its forward output; the gradient it gets back has the same size), and each action ``per_action``
+    more."""
     actions = _actions(pipeline, micro_batches)
     inputs = [0.0] + [t * split / 2 for t in backward[1:]]  # the network's input needs no gradient
     weights = [backward[0]] + [t * split / 2 for t in backward[1:]]
