@@ -90,8 +90,8 @@ class _FlatProfile:
 
 def test_a_pipelines_processes_update_after_its_last_action_and_the_step_waits_for_the_slowest_update():
     """GPipe over 2 processes, 4 micro-batches: the first stage's last backward pass ends the passes at 15 s, the
-    second stage's 3 s before; the second stage's update of 3 s starts only then (the output's broadcast), and the
-    step waits for it (the SIGTERM flag's all-reduce), so it ends at 18 s, not at 15."""
+    second stage's 2 s before; the second stage's update of 3 s starts only then (the output's broadcast), and the
+    step waits for it (the SIGTERM flag's all-reduce), so it ends at 18 s, not at 16 (13 s and its update)."""
     memory = BlockMemory(params=[0, 0], activations=[0.0] * 2, inputs=[0.0] * 2, tensors=[0] * 2)
     options = {"num_stages": 2, "stages_per_process": 1}
     layout = Layout("p", "pipeline", 2, 2, 4, options=options, balance=(1, 1), schedule="gpipe", micro_batches=4)
