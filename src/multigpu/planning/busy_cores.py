@@ -6,6 +6,13 @@ time that passed: on quiet cores its threads hold them all the while (97-100% he
 where another process runs, the kernel shares the cores with it (56-74% with one of the 2 taken, 46-50% with
 both). The best of ``TRIES`` counts, so that a brief burst elsewhere is not a busy machine. On GPUs
 ``plan`` profiles on the device, and does not check.
+
+The same pass's seconds read the machine's pace, which moves on a shared machine even with its cores quiet: on a
+2-core cloud CPU with nothing else running, the whole network's pass on 8 images took 0.45 s on average over one
+15-second span and 0.58 s over another four minutes later, and the convolution's seconds moved with it (their
+correlation over 15-second spans 0.96, over single readings 0.77).
+``plan`` reads it around its profile and around each measured run, so that a forecast meets its measurement at
+the pace the machine then had (``multigpu.planning.ranking.Outcome.pace``).
 """
 
 import statistics
@@ -30,10 +37,12 @@ REPEATS = 7
 
 @dataclass(frozen=True)
 class CoreCheck:
-    """The share of ``threads`` cores that the convolution's threads got while it ran."""
+    """The share of ``threads`` cores that the convolution's threads got while it ran, and the seconds of its
+    pass (the median of the tries): the machine's pace at that moment, the fewer the faster."""
 
     threads: int
     share: float
+    seconds: float
 
     @property
     def busy(self) -> bool:
@@ -63,17 +72,19 @@ def probe_pass(threads: int | None = None) -> float:
     return statistics.median(times[1:])
 
 
-def _share(threads: int) -> float:
+def _share(threads: int) -> tuple[float, float]:
+    """The share of their cores that the probe's threads got, and the probe pass's seconds."""
     cpu, wall = time.process_time(), time.perf_counter()  # the CPU time of all the process's threads
-    probe_pass(threads)
-    return (time.process_time() - cpu) / ((time.perf_counter() - wall) * threads)
+    seconds = probe_pass(threads)
+    return (time.process_time() - cpu) / ((time.perf_counter() - wall) * threads), seconds
 
 
 def check_cores(threads: int | None = None) -> CoreCheck:
     """The share of their cores that ``threads`` threads (default: all of one process's) got, the best of
-    ``TRIES``."""
+    ``TRIES``, and the median of the tries' pass seconds."""
     threads = threads or threads_per_process(1)
-    return CoreCheck(threads, min(1.0, max(_share(threads) for _ in range(TRIES))))
+    shares, seconds = zip(*(_share(threads) for _ in range(TRIES)))
+    return CoreCheck(threads, min(1.0, max(shares)), statistics.median(seconds))
 
 
 def note_if_busy(who: str, moment: str) -> CoreCheck:
@@ -84,22 +95,23 @@ def note_if_busy(who: str, moment: str) -> CoreCheck:
     return check
 
 
-def until_quiet(if_busy: IF_BUSY, who: str, moment: str, remedy: str) -> bool:
+def until_quiet(if_busy: IF_BUSY, who: str, moment: str, remedy: str) -> tuple[bool, CoreCheck]:
     """Check the cores; when busy, say so in one line and, as ``if_busy`` says, go on (``go``), refuse
     (``refuse``), or wait up to ``WAIT_S`` for them to quieten and refuse if they don't (``wait``). Returns
-    whether they were quiet at once (``False``: they were busy, and ``who`` went on or waited)."""
+    whether they were quiet at once (``False``: they were busy, and ``who`` went on or waited), and the last
+    check."""
     if not (check := note_if_busy(who, moment)).busy:
-        return True
+        return True, check
     if if_busy == "go":
         print(f"{who}: going on (if_busy=go): its figures measure that process too.", flush=True)
-        return False
+        return False, check
     if if_busy == "wait":
         deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline:
             time.sleep(5)
             if not (check := check_cores()).busy:
                 print(f"{who}: the cores are quiet again ({check.share:.0%}).", flush=True)
-                return False
+                return False, check
     waited = f" for {WAIT_S:.0f} s" if if_busy == "wait" else ""
     raise UsageError(
         f"the cores stayed busy{waited} ({check}): {who}'s figures would measure the other process too. "
