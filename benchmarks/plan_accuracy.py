@@ -7,18 +7,17 @@
 It runs ``python main.py plan --config configs/smoke.yaml --trainer.accelerator=cpu
 --trainer.devices=N --plan.measure=all --plan.budget_s=null`` ``--runs`` times (every layout profiled,
 forecast and trained in each run), reads the ``plan.json`` each writes, and prints for every layout the
-median over the runs of its forecast images per second (each run's at the machine's pace while the layout ran,
-which ``plan`` reads with a convolution around the profile and each run: ``multigpu.planning.busy_cores``), of
-its measured ones (each run's figure is the median of its windows) and of the forecast's error in each run, with
-the order-statistic interval of each median (``multigpu.planning.intervals``: with 3 runs, the lowest and the
-highest, which hold the true median 3 times in 4; with 5, 15 in 16). Below the table: the largest error of any
-layout in any run, the median error, how many within 10% (and the same three figures for the forecasts at the
-profile's pace, not followed), the rank correlation between the median forecasts and measurements (Spearman's),
-whether the layout forecast fastest measured within the interval of the layout measured fastest, and how much the
-same layout's measurements differed between runs (every pair of runs): the machine's own repeat, which a forecast
-made minutes before its measurement meets too. Writes ``plan_accuracy.json`` (with each run's ``basis``, the
-profile and links its forecasts came from), the table as ``plan_accuracy.md`` and the chart
-``plan_accuracy.png`` (forecast against measured, with the band of ``FORECAST_ERROR``) to ``--out``.
+median over the runs of its forecast images per second, of its measured ones (each run's figure is the median of
+its windows) and of the forecast's error in each run, with the order-statistic interval of each median
+(``multigpu.planning.intervals``: with 3 runs, the lowest and the highest, which hold the true median 3 times in
+4; with 5, 15 in 16). Below the table: the largest error of any layout in any run, the median error, the rank
+correlation between the median forecasts and measurements (Spearman's), whether the layout forecast
+fastest measured within the interval of the layout measured fastest, and how much the same layout's measurements
+differed between runs (every pair of runs): the machine's own repeat, which a forecast made minutes before its
+measurement meets too. Writes ``plan_accuracy.json`` (with each run's ``basis``, the profile and links its
+forecasts came from), the table as
+``plan_accuracy.md`` and the chart ``plan_accuracy.png`` (forecast against measured, with the
+band of ``FORECAST_ERROR``) to ``--out``.
 """
 
 import argparse
@@ -62,12 +61,6 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float:
     return cov / (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
 
 
-def then(row: dict) -> float:
-    """A ``plan.json`` row's forecast at the machine's pace while the layout ran (its forecast where ``plan`` read
-    no pace: on GPUs, or a ``plan.json`` of before it did)."""
-    return row.get("forecast_then") or row["forecast"]
-
-
 def accuracy(runs: list[list[dict]]) -> dict:
     """The figures of the module's docstring, from each run's ``plan.json`` results."""
     measured_in = [
@@ -77,9 +70,9 @@ def accuracy(runs: list[list[dict]]) -> dict:
     rows = []
     for layout in layouts:
         own = [run[layout] for run in measured_in]
-        forecast = median_interval([then(row) for row in own])
+        forecast = median_interval([row["forecast"] for row in own])
         measured = median_interval([row["images_per_s"] for row in own])
-        errors = [then(row) / row["images_per_s"] - 1 for row in own]
+        errors = [row["forecast"] / row["images_per_s"] - 1 for row in own]
         error = median_interval(errors)
         rows.append(
             {
@@ -91,8 +84,6 @@ def accuracy(runs: list[list[dict]]) -> dict:
                 "error": error.median,
                 "error_interval": [error.low, error.high],
                 "errors": errors,
-                "errors_at_profile_pace": [row["forecast"] / row["images_per_s"] - 1 for row in own],
-                "paces": [row.get("pace") for row in own],
                 "measured_runs": [row["images_per_s"] for row in own],
                 "coverage": measured.coverage,
             }
@@ -101,7 +92,6 @@ def accuracy(runs: list[list[dict]]) -> dict:
     fastest = rows[0]
     forecast_best = max(rows, key=lambda row: row["forecast"])
     errors = [abs(error) for row in rows for error in row["errors"]]
-    unpaced = [abs(error) for row in rows for error in row["errors_at_profile_pace"]]
     repeats = [max(pair) / min(pair) - 1 for row in rows for pair in itertools.combinations(row["measured_runs"], 2)]
     return {
         "runs": len(runs),
@@ -109,12 +99,6 @@ def accuracy(runs: list[list[dict]]) -> dict:
         "largest_error": max(errors),
         "median_error": statistics.median(errors),
         "within_band": sum(error <= FORECAST_ERROR for error in errors),
-        "within_10": sum(error <= 0.1 for error in errors),
-        "at_profile_pace": {
-            "largest_error": max(unpaced),
-            "median_error": statistics.median(unpaced),
-            "within_10": sum(error <= 0.1 for error in unpaced),
-        },
         "measurements": len(errors),
         "spearman": spearman([row["forecast"] for row in rows], [row["measured"] for row in rows]),
         "forecast_best": forecast_best["layout"],
@@ -136,18 +120,6 @@ def repeat_line(figures: dict) -> str:
     )
 
 
-def summary_line(figures: dict) -> str:
-    """The errors over every layout in every run, followed and not followed by the machine's pace."""
-    unpaced = figures["at_profile_pace"]
-    return (
-        f"largest error {figures['largest_error']:.0%}, median {figures['median_error']:.1%}, "
-        f"{figures['within_10']} of {figures['measurements']} within 10%, {figures['within_band']} within "
-        f"{FORECAST_ERROR:.0%} (every layout in every run; at the profile's pace, not followed: largest "
-        f"{unpaced['largest_error']:.0%}, median {unpaced['median_error']:.1%}, {unpaced['within_10']} within 10%); "
-        f"rank correlation (Spearman) {figures['spearman']:.2f}"
-    )
-
-
 def _span(low: float, high: float, form: str = ".1f") -> str:
     return f"{low:{form}}..{high:{form}}"
 
@@ -162,7 +134,11 @@ def print_table(figures: dict) -> None:
             f"{row['layout']:<40} {row['forecast']:>9.1f} {row['measured']:>9.1f} {_span(*row['interval']):>11} "
             f"{row['error']:>+6.0%} {_span(*row['error_interval'], '+.0%'):>11}"
         )
-    print(f"\n{summary_line(figures)}")
+    print(
+        f"\nlargest error {figures['largest_error']:.0%}, median {figures['median_error']:.0%} (every layout in every "
+        f"run); {figures['within_band']} of {figures['measurements']} within {FORECAST_ERROR:.0%}; "
+        f"rank correlation (Spearman) {figures['spearman']:.2f}"
+    )
     ties = "within" if figures["forecast_best_ties"] else "outside"
     print(
         f"forecast fastest: {figures['forecast_best']}; measured fastest: {figures['measured_best']}; "
@@ -189,7 +165,9 @@ def markdown(figures: dict) -> str:
     ties = "within" if figures["forecast_best_ties"] else "outside"
     lines += [
         "",
-        f"{summary_line(figures).capitalize()}; forecast fastest: {figures['forecast_best']}, measured fastest: "
+        f"Largest error {figures['largest_error']:.0%}, median {figures['median_error']:.0%} (every layout in every "
+        f"run); {figures['within_band']} of {figures['measurements']} within {FORECAST_ERROR:.0%}; rank correlation "
+        f"(Spearman) {figures['spearman']:.2f}; forecast fastest: {figures['forecast_best']}, measured fastest: "
         f"{figures['measured_best']} (the forecast fastest measured {ties} its interval)."
         + (f" {repeat[0].upper()}{repeat[1:]}." if (repeat := repeat_line(figures)) else ""),
     ]

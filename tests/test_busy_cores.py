@@ -69,7 +69,7 @@ def test_plan_waits_when_the_cores_turn_busy_while_it_profiles_then_profiles_aga
     from multigpu.planning import command
 
     shares = iter([0.99, 0.5, 0.95, 0.5 if busy_again else 0.97])  # before, after, while waiting, after again
-    check = lambda threads=None: busy_cores.CoreCheck(2, next(shares), 0.01)  # noqa: E731
+    check = lambda threads=None: busy_cores.CoreCheck(2, next(shares))  # noqa: E731
     monkeypatch.setattr(busy_cores, "check_cores", check)
     monkeypatch.setattr(command, "check_cores", check)
     monkeypatch.setattr(busy_cores.time, "sleep", lambda seconds: None)

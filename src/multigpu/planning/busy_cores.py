@@ -6,13 +6,6 @@ time that passed: on quiet cores its threads hold them all the while (97-100% he
 where another process runs, the kernel shares the cores with it (56-74% with one of the 2 taken, 46-50% with
 both). The best of ``TRIES`` counts, so that a brief burst elsewhere is not a busy machine. On GPUs
 ``plan`` profiles on the device, and does not check.
-
-The same pass's seconds read the machine's pace, which moves on a shared machine even with its cores quiet: on a
-2-core cloud CPU with nothing else running, the whole network's pass on 8 images took 0.45 s on average over one
-15-second span and 0.58 s over another four minutes later, and the convolution's seconds moved with it (their
-correlation over 15-second spans 0.96, over single readings 0.77).
-``plan`` reads it around its profile and around each measured run, so that a forecast meets its measurement at
-the pace the machine then had (``multigpu.planning.ranking.Outcome.pace``).
 """
 
 import statistics
@@ -37,12 +30,10 @@ REPEATS = 7
 
 @dataclass(frozen=True)
 class CoreCheck:
-    """The share of ``threads`` cores that the convolution's threads got while it ran, and the seconds of its
-    pass (the median of the tries): the machine's pace at that moment, the fewer the faster."""
+    """The share of ``threads`` cores that the convolution's threads got while it ran."""
 
     threads: int
     share: float
-    seconds: float
 
     @property
     def busy(self) -> bool:
@@ -72,19 +63,17 @@ def probe_pass(threads: int | None = None) -> float:
     return statistics.median(times[1:])
 
 
-def _share(threads: int) -> tuple[float, float]:
-    """The share of their cores that the probe's threads got, and the probe pass's seconds."""
+def _share(threads: int) -> float:
     cpu, wall = time.process_time(), time.perf_counter()  # the CPU time of all the process's threads
-    seconds = probe_pass(threads)
-    return (time.process_time() - cpu) / ((time.perf_counter() - wall) * threads), seconds
+    probe_pass(threads)
+    return (time.process_time() - cpu) / ((time.perf_counter() - wall) * threads)
 
 
 def check_cores(threads: int | None = None) -> CoreCheck:
     """The share of their cores that ``threads`` threads (default: all of one process's) got, the best of
-    ``TRIES``, and the median of the tries' pass seconds."""
+    ``TRIES``."""
     threads = threads or threads_per_process(1)
-    shares, seconds = zip(*(_share(threads) for _ in range(TRIES)))
-    return CoreCheck(threads, min(1.0, max(shares)), statistics.median(seconds))
+    return CoreCheck(threads, min(1.0, max(_share(threads) for _ in range(TRIES))))
 
 
 def note_if_busy(who: str, moment: str) -> CoreCheck:
@@ -95,23 +84,22 @@ def note_if_busy(who: str, moment: str) -> CoreCheck:
     return check
 
 
-def until_quiet(if_busy: IF_BUSY, who: str, moment: str, remedy: str) -> tuple[bool, CoreCheck]:
+def until_quiet(if_busy: IF_BUSY, who: str, moment: str, remedy: str) -> bool:
     """Check the cores; when busy, say so in one line and, as ``if_busy`` says, go on (``go``), refuse
     (``refuse``), or wait up to ``WAIT_S`` for them to quieten and refuse if they don't (``wait``). Returns
-    whether they were quiet at once (``False``: they were busy, and ``who`` went on or waited), and the last
-    check."""
+    whether they were quiet at once (``False``: they were busy, and ``who`` went on or waited)."""
     if not (check := note_if_busy(who, moment)).busy:
-        return True, check
+        return True
     if if_busy == "go":
         print(f"{who}: going on (if_busy=go): its figures measure that process too.", flush=True)
-        return False, check
+        return False
     if if_busy == "wait":
         deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline:
             time.sleep(5)
             if not (check := check_cores()).busy:
                 print(f"{who}: the cores are quiet again ({check.share:.0%}).", flush=True)
-                return False, check
+                return False
     waited = f" for {WAIT_S:.0f} s" if if_busy == "wait" else ""
     raise UsageError(
         f"the cores stayed busy{waited} ({check}): {who}'s figures would measure the other process too. "

@@ -21,7 +21,6 @@ make the forecasts measure another process, so it waits for them to quieten and 
 """
 
 import os
-import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -96,13 +95,11 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
         flush=True,
     )
     budget = memory_budget(setting.cuda, setting.device_ids or list(range(setting.devices)), options.memory_per_device)
-    profile_pace_s = None  # the probe's seconds around the profile: the machine's pace the forecasts hold for
     if not setting.cuda:
-        _, before = until_quiet(options.if_busy, "plan", "before profiling", BUSY_REMEDY)
+        until_quiet(options.if_busy, "plan", "before profiling", BUSY_REMEDY)
     outcomes, left_out, basis = _forecasts(config, setting, options, layouts, budget)
-    if not setting.cuda:
-        quiet, after = until_quiet(options.if_busy, "plan", "after profiling", BUSY_REMEDY)
-        if not quiet and options.if_busy != "go":  # it waited for quiet cores: the profile measured the other process
+    if not setting.cuda and not until_quiet(options.if_busy, "plan", "after profiling", BUSY_REMEDY):
+        if options.if_busy != "go":  # it waited for quiet cores: the profile measured the other process
             print("plan: profiling again, on quiet cores", flush=True)
             outcomes, left_out, basis = _forecasts(config, setting, options, layouts, budget)
             if (again := check_cores()).busy:
@@ -110,9 +107,6 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
                     f"the cores were busy again while plan profiled ({again}): its figures would measure another "
                     f"process. Stop it, or {BUSY_REMEDY}."
                 )
-            before, after = after, again
-        profile_pace_s = statistics.mean([before.seconds, after.seconds])
-        basis["profile_pace_s"] = profile_pace_s
     refusals += left_out
     give_back_freed_memory()  # the profiled blocks' memory, for the measured runs
     measured: list[Outcome] = []  # those chosen to be measured, as measured (or left by the budget)
@@ -131,7 +125,6 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
             options.windows,
             accumulate if isinstance(accumulate, int) else 1,
             None if options.budget_s is None else started + options.budget_s,
-            profile_pace_s,
         )
         done = {id(before): after for before, after in zip(selected, measured)}
         outcomes = [done.get(id(outcome), outcome) for outcome in outcomes]

@@ -1,7 +1,6 @@
 """``plan``'s measurements: the split layouts balanced by their blocks' time, then the layouts chosen to measure
 trained in fresh processes through ``main.py fit``, their figures scraped from what the run writes."""
 
-import statistics
 import sys
 import tempfile
 import time
@@ -10,7 +9,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from multigpu.errors import UsageError
-from multigpu.planning.busy_cores import check_cores
 from multigpu.planning.forecast import timed_input
 from multigpu.planning.layouts import Layout, Refusal
 from multigpu.planning.options import without_plan_options
@@ -53,7 +51,6 @@ def measure(
     windows: int,
     accumulate: int,
     deadline: float | None = None,
-    profile_pace_s: float | None = None,
 ) -> list[Outcome]:
     """Train each layout in fresh processes, in the given order, timing ``windows`` windows of ``steps`` steps; its
     figures, or why it failed. With a ``deadline`` (``time.monotonic()``'s clock) a layout is left unmeasured,
@@ -62,9 +59,7 @@ def measure(
     slower, grow with a step's time: about 2.4 times on a 2-core CPU, whatever the layout), and
     ``FORECAST_ERROR`` more, the most a forecast is taken to err when choosing which to measure (the first
     pipeline measured, often the fourth layout, starts slower still, and was forecast up to 18% too fast). The
-    first layout (the reference) and the best forecast are measured whatever the time. With ``profile_pace_s`` (the
-    probe convolution's seconds around the profile, ``multigpu.planning.busy_cores``) each run is bracketed by
-    the same probe, and its outcome keeps the machine's pace then against the profile's (``Outcome.pace``)."""
+    first layout (the reference) and the best forecast are measured whatever the time."""
     entry = Path(sys.argv[0]).resolve()
     if entry.suffix != ".py":
         raise UsageError("run plan as `python main.py plan ...`: it launches main.py fit for each layout.")
@@ -94,12 +89,13 @@ def measure(
                 images,
                 step_timer(warmup, out, steps),
             )
-            before = check_cores().seconds if profile_pace_s else None
             start = time.monotonic()
             try:
                 outcome = replace(
                     outcome, figures=run(command, out, folder / f"layout{index}.log", timeout=LAYOUT_TIMEOUT_S)
                 )
+                low, high = outcome.interval
+                said = f"{outcome.images_per_s:.1f} img/s ({low:.1f}-{high:.1f}), forecast {outcome.forecast or 0:.1f}"
             except RunFailed as failure:
                 log = (folder / f"layout{index}.log").read_text()
                 outcome = replace(
@@ -108,17 +104,9 @@ def measure(
                     if "still running" not in str(failure)
                     else f"still training after {LAYOUT_TIMEOUT_S} s: stopped",
                 )
+                said = f"failed: {outcome.failure}"
             if training_s > 0:
                 stretch = max(stretch, (time.monotonic() - start) / training_s)
-            if outcome.failure:
-                said = f"failed: {outcome.failure}"
-            else:
-                if before:
-                    outcome = replace(outcome, pace=profile_pace_s / statistics.mean([before, check_cores().seconds]))
-                low, high = outcome.interval
-                pace = f" at the machine's pace then ({outcome.pace - 1:+.0%})" if outcome.pace else ""
-                said = f"{outcome.images_per_s:.1f} img/s ({low:.1f}-{high:.1f}), forecast {outcome.forecast_then:.1f}"
-                said += pace
             print(f"  [{index + 1}/{len(outcomes)}] {outcome.layout.label}: {said}", flush=True)
             measured.append(outcome)
     if left:

@@ -34,16 +34,13 @@ REFERENCE = "auto"  # one device: the strategy of the layout every other one is 
 @dataclass(frozen=True)
 class Outcome:
     """A layout's estimated peak per device and forecast images per second, and once it ran, its figures or why
-    it failed, and the machine's pace around its run against the pace at the profile the forecast came from
-    (``multigpu.planning.busy_cores``: the convolution's seconds then over its seconds before and after the run;
-    1.05: the machine ran 5% faster; None where it was not read: on GPUs, or not measured)."""
+    it failed."""
 
     layout: Layout
     estimate: list[int]
     forecast: float | None = None
     figures: dict | None = None
     failure: str | None = None
-    pace: float | None = None
 
     @property
     def windows(self) -> list[float]:
@@ -63,16 +60,11 @@ class Outcome:
         return (min(self.windows), max(self.windows)) if self.figures else (0.0, 0.0)
 
     @property
-    def forecast_then(self) -> float | None:
-        """The forecast at the machine's pace while the layout ran (the forecast itself where it was not read)."""
-        return self.forecast * (self.pace or 1.0) if self.forecast else None
-
-    @property
     def error(self) -> float | None:
-        """The error of the forecast at the machine's pace then, relative to the measured median."""
+        """The forecast's error relative to the measured median."""
         if not (self.figures and self.forecast):
             return None
-        return self.forecast_then / self.images_per_s - 1
+        return self.forecast / self.images_per_s - 1
 
 
 def to_measure(outcomes: Sequence[Outcome], top: int) -> list[Outcome]:

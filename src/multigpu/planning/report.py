@@ -28,10 +28,6 @@ def _efficiency(outcome: Outcome, outcomes: Sequence[Outcome]) -> float | None:
     return outcome.images_per_s / (outcome.layout.devices * reference.images_per_s)
 
 
-def _pace(outcome: Outcome) -> str:
-    return f"{outcome.pace - 1:+.0%}" if outcome.pace else "-"
-
-
 def _mib(values: Sequence[int]) -> str:
     return "/".join(f"{value / MIB:,.0f}" for value in values)
 
@@ -62,15 +58,11 @@ def print_report(
     ordered = _in_order(outcomes)
     ties = {id(o) for o in tied(outcomes)}
     if measured:
-        print(
-            "\n(img/s: the median of the timed windows; range: the slowest and the fastest window; = ties with #1; "
-            "pace: the machine's speed around the run against the profile's, by which the forecast is scaled before "
-            "its error is taken)"
-        )
+        print("\n(img/s: the median of the timed windows; range: the slowest and the fastest window; = ties with #1)")
     else:
         print(f"\n{len(outcomes)} layouts would run (forecast, and memory estimates with {room} available):")
     print(
-        f"\n{'#':>4}  {'layout':<44} {'forecast':>9} {'img/s':>7} {'range':>13} {'pace':>5} {'error':>6} "
+        f"\n{'#':>4}  {'layout':<44} {'forecast':>9} {'img/s':>7} {'range':>13} {'error':>6} "
         f"{'peak MiB':>13} {'estimate MiB':>13} {'efficiency':>10}"
     )
     for place, outcome in enumerate(ordered, 1):
@@ -82,13 +74,13 @@ def print_report(
             peaks = _mib(outcome.figures["peak_memory_bytes"])
             print(
                 f"{place:>3}{mark}  {outcome.layout.label:<44} {forecast:>9} {outcome.images_per_s:>7.1f} "
-                f"{f'{low:.1f}-{high:.1f}':>13} {_pace(outcome):>5} {outcome.error:>+6.0%} {peaks:>13} "
+                f"{f'{low:.1f}-{high:.1f}':>13} {outcome.error:>+6.0%} {peaks:>13} "
                 f"{_mib(outcome.estimate):>13} {'-' if efficiency is None else f'{efficiency:.2f}':>10}"
             )
         else:
             said = "failed" if outcome.failure else "-"
             print(
-                f"{'':>4}  {outcome.layout.label:<44} {forecast:>9} {said:>7} {'':>13} {'':>5} {'':>6} {'':>13} "
+                f"{'':>4}  {outcome.layout.label:<44} {forecast:>9} {said:>7} {'':>13} {'':>6} {'':>13} "
                 f"{_mib(outcome.estimate):>13}"
             )
     chosen = choice(outcomes)
@@ -145,7 +137,6 @@ def write_outputs(
             "layout": outcome.layout.label,
             "images_per_s": outcome.images_per_s if outcome.figures else None,
             "interval": list(outcome.interval) if outcome.figures else None,
-            "forecast_then": outcome.forecast_then if outcome.figures else None,
             "error": outcome.error,
             "tied_with_fastest": id(outcome) in ties,
             "chosen": outcome is chosen,
