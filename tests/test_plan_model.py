@@ -241,16 +241,17 @@ def test_a_choice_that_no_measurement_was_compared_with_says_so(capsys):
 
 def test_the_blocks_add_up_to_the_whole_network_timed_at_once(monkeypatch):
     """Timed one by one, the blocks each pay a call of their own and find their parameters in the caches: the profile
-    scales their passes to the whole network's forward and backward pass, timed at the same size; the update stays."""
+    scales their forward passes to the whole network's forward pass and their backward passes to its backward pass,
+    each timed at the same size; the update stays."""
     factories = [lambda: nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 16)), nn.ReLU, lambda: nn.Linear(16, 10)]
     profile = lambda: BlockProfile(LazyBlocks(factories, seed=0), Precision(), torch.device("cpu"), MOMENTUM)  # noqa: E731
-    (whole,), together = profile()._whole_passes([torch.zeros(2, 3, 32, 32)], [1], [1])
-    assert 0 < whole < 1 and together == {}
+    ((forward, backward),), together = profile()._whole_passes([torch.zeros(2, 3, 32, 32)], [1], [1])
+    assert 0 < forward < 1 and 0 < backward < 1 and together == {}
     whole_passes = lambda seconds: lambda self, examples, threads, copies: ([seconds] * len(examples), {})  # noqa: E731
-    monkeypatch.setattr(BlockProfile, "_whole_passes", whole_passes(0.5))
+    monkeypatch.setattr(BlockProfile, "_whole_passes", whole_passes((0.1, 0.4)))
     scaled_profile = profile()
     scaled = scaled_profile.times(2, 1)
-    assert sum(scaled.forward + scaled.backward) == pytest.approx(0.5)
+    assert sum(scaled.forward) == pytest.approx(0.1) and sum(scaled.backward) == pytest.approx(0.4)
     # the level plan.json records: the whole pass at each size and thread count timed
     assert scaled_profile.passes() == {f"2 images on {threads_per_process(1)} thread(s)": pytest.approx(0.5)}
     assert 0 < sum(scaled.update) < 0.1  # an update is no pass: the whole network's figure leaves it as timed
@@ -265,16 +266,16 @@ def test_the_whole_network_is_timed_in_rounds_of_every_size_and_its_mean_counts(
     steps are, not its fastest."""
     factories = [lambda: nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 16)), nn.ReLU, lambda: nn.Linear(16, 10)]
     profile = BlockProfile(LazyBlocks(factories, seed=0), Precision(), torch.device("cpu"), MOMENTUM)
-    threads, clock = [], iter([9.0, 1.0, 3.0, 2.0, 5.0])  # untimed; round 1: 2 and 4 images; round 2: 2 and 4
+    # forward and backward: untimed; round 1: 2 and 4 images; round 2: 2 and 4
+    threads, clock = [], iter([(9.0, 9.0), (1.0, 2.0), (3.0, 6.0), (2.0, 3.0), (5.0, 8.0)])
 
-    def seconds(self, work) -> float:
+    def seconds(self, net, x) -> tuple[float, float]:
         threads.append(torch.get_num_threads())
-        work()
         return next(clock)
 
-    monkeypatch.setattr(BlockProfile, "_seconds", seconds)
+    monkeypatch.setattr(BlockProfile, "_pass_seconds", seconds)
     small, large = torch.zeros(2, 3, 32, 32), torch.zeros(4, 3, 32, 32)
-    assert profile._whole_passes([small, large], [1, 2], [1, 1]) == ([1.5, 4.0], {})
+    assert profile._whole_passes([small, large], [1, 2], [1, 1]) == ([(1.5, 2.5), (4.0, 7.0)], {})
     assert threads == [2, 1, 2, 1, 2]  # the largest (on its 2 threads) untimed, then the sizes in turn, twice
 
 
@@ -286,10 +287,11 @@ def test_copies_at_once_follow_each_pass_alone_and_give_the_contention(monkeypat
     factories = [lambda: nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 16)), nn.ReLU, lambda: nn.Linear(16, 10)]
     profile = BlockProfile(LazyBlocks(factories, seed=0), Precision(), torch.device("cpu"), MOMENTUM)
     calls = []
-    alone = iter([9.0, 1.0, 1.2, 1.2, 2.4])  # untimed (4 images); round 1: 2 and 4 images; round 2: 2 and 4
+    # forward and backward alone: untimed (4 images); round 1: 2 and 4 images; round 2: 2 and 4
+    alone = iter([(4.0, 5.0), (0.4, 0.6), (0.5, 0.7), (0.5, 0.7), (1.0, 1.4)])
     at_once = iter([[9.0, 9.0], [1.1, 1.3], [1.3, 1.5]])  # untimed; round 1; round 2: 2 images, 2 copies
 
-    def seconds(self, work) -> float:
+    def seconds(self, net, x) -> tuple[float, float]:
         calls.append(f"alone on {torch.get_num_threads()}")
         return next(alone)
 
@@ -297,7 +299,7 @@ def test_copies_at_once_follow_each_pass_alone_and_give_the_contention(monkeypat
         calls.append(f"{len(nets)} at once on {torch.get_num_threads()}, {len(x)} images")
         return next(at_once)
 
-    monkeypatch.setattr(BlockProfile, "_seconds", seconds)
+    monkeypatch.setattr(BlockProfile, "_pass_seconds", seconds)
     monkeypatch.setattr(BlockProfile, "_at_once", copies)
     profile.measure_together([(2, 2), (4, 1)])
     both = "2 at once on 1, 2 images"

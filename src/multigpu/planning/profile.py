@@ -5,11 +5,15 @@ in the run's precision, for every micro-batch size and, on the CPU, thread count
 block by block (``block_pass_times_together``): a process of a layout of ``P`` processes gets
 ``cores / P`` threads, as Lightning's launcher gives it. On the CPU a batch above ``CPU_IMAGES`` images is timed at that
 size and scaled per image (the time per image is flat by then), which keeps a plan of large
-batches short. Then the whole network's forward and backward pass is timed at each size, and the blocks' passes
-are scaled to add up to it: a block timed on its own pays a call of its own and finds its parameters in the
-caches, which a training step does not (on a 2-core CPU the blocks added up to a few percent more than the whole
-network, more at the smallest micro-batches). ``split_backward`` gives how much longer the zero-bubble schedules'
-backward pass, split into its input and its weight gradients, takes than a whole one.
+batches short. Then the whole network's forward pass and its backward pass are timed at each size, and the blocks'
+forward passes are scaled to add up to the first, their backward passes to the second: a block timed on its own
+pays a call of its own and finds its parameters in the caches, which a training step does not (on a 2-core CPU
+the blocks added up to a few percent more than the whole network, more at the smallest micro-batches), and its
+forward comes out shorter and its backward longer than within the network (at 4 images on one thread, the
+blocks' forwards added up to 9% less than the same blocks run as the four stages of a pipeline, their backwards
+to 1% more; scaled as one, a pipeline's forwards were forecast 20 to 30% short and its backwards 10% long).
+``split_backward`` gives how much longer the zero-bubble schedules' backward pass, split into its input and its
+weight gradients, takes than a whole one.
 
 On the CPU the same rounds also run, after each size's pass alone, as many copies of the whole network at once as a
 layout of that size has processes, one per Python thread with the process's threads (``contention``): how much
@@ -71,6 +75,15 @@ class PassTimes:
     def scaled(self, factor: float) -> "PassTimes":
         """The passes ``factor`` times slower (more images, or a slower process); the update stays."""
         return PassTimes([t * factor for t in self.forward], [t * factor for t in self.backward], self.update)
+
+    def scaled_to(self, forward: float, backward: float) -> "PassTimes":
+        """The forward passes scaled to add up to ``forward`` seconds and the backward passes to ``backward``, each
+        on its own; the update stays."""
+        return PassTimes(
+            [t * forward / sum(self.forward) for t in self.forward],
+            [t * backward / sum(self.backward) for t in self.backward],
+            self.update,
+        )
 
     def cost(self, micro_batches: int) -> list[float]:
         """Per block: a forward and a backward pass, and a ``micro_batches``-th of the update (one per step)."""
@@ -232,22 +245,22 @@ class BlockProfile:
                 torch.cuda.empty_cache()
         for key, passes, whole in zip(keys, timed, wholes):
             times = PassTimes(*(list(column) for column in zip(*passes)))
-            self._times[key] = times.scaled(whole / sum(times.forward + times.backward)) if whole else times
+            self._times[key] = times.scaled_to(*whole) if whole else times
         for index, (mean, slowest) in together.items():
-            self._together[keys[index]] = (self._copies[keys[index]], wholes[index], mean, slowest)
+            self._together[keys[index]] = (self._copies[keys[index]], sum(wholes[index]), mean, slowest)
 
     def _whole_passes(
         self, examples: list[torch.Tensor], threads: list[int | None], copies: list[int]
-    ) -> tuple[list[float | None], dict[int, tuple[float, float]]]:
-        """Seconds of the whole network's forward and backward pass on each of ``examples`` with its threads (each
-        pass writing its gradients anew): the mean of ``REPEATS`` rounds, each round one pass of every size in turn,
-        after one untimed pass on the largest alone (the blocks have just run every size: only the largest's memory
-        is new; an untimed pass per size would add about 2 s to a 2-core CPU's plan). These passes set the level of
-        every forecast, so a slow moment falls on every size alike, and the mean, not the fastest, stands for the
-        steps a run takes (on a 2-core CPU, 30 passes in a row took 0.75 to 1.3 s, their median 0.98). None for
-        each where the whole network does not fit on the device (out of memory), whose blocks then stay as timed.
-        Where ``copies`` is above 1 each round also times that many copies of the network at once right after the
-        pass alone, the largest such size first untimed: by index, the copies' mean and slowest, over the rounds."""
+    ) -> tuple[list[tuple[float, float] | None], dict[int, tuple[float, float]]]:
+        """Seconds of the whole network's forward pass and of its backward pass on each of ``examples`` with its threads
+        (each backward pass writing its gradients anew): the means of ``REPEATS`` rounds, each round one pass of every
+        size in turn, after one untimed pass on the largest alone (the blocks have just run every size: only the
+        largest's memory is new; an untimed pass per size would add about 2 s to a 2-core CPU's plan). These passes set
+        the level of every forecast, so a slow moment falls on every size alike, and the mean, not the fastest, stands
+        for the steps a run takes (on a 2-core CPU, 30 passes in a row took 0.75 to 1.3 s, their median 0.98). None for
+        each where the whole network does not fit on the device (out of memory), whose blocks then stay as timed. Where
+        ``copies`` is above 1 each round also times that many copies of the network at once right after the pass alone,
+        the largest such size first untimed: by index, the copies' mean and slowest, over the rounds."""
         try:
             nets = [self._whole_network()]
             nets += [copy.deepcopy(nets[0]) for _ in range(max(copies, default=1) - 1)]
@@ -255,10 +268,10 @@ class BlockProfile:
             return [None] * len(examples), {}
         inputs = [example.to(self.device) for example in examples]
 
-        def seconds(index: int) -> float | None:
+        def seconds(index: int) -> tuple[float, float] | None:
             try:
                 with _threads(threads[index]):
-                    return self._seconds(lambda: self._whole_pass(nets[0], inputs[index]))
+                    return self._pass_seconds(nets[0], inputs[index])
             except RuntimeError:
                 return None
 
@@ -278,8 +291,8 @@ class BlockProfile:
                 rounds[-1].append(seconds(index))
                 if index in together:
                     together[index].append(at_once(index))
-        wholes = [None if None in passes else statistics.mean(passes) for passes in zip(*rounds)]
         mean = statistics.mean
+        wholes = [None if None in passes else tuple(map(mean, zip(*passes))) for passes in zip(*rounds)]
         figures = {
             index: (mean(mean(each) for each in timed), mean(max(each) for each in timed))
             for index, timed in together.items()
@@ -323,6 +336,13 @@ class BlockProfile:
     def _whole_pass(cls, net: nn.Module, x: torch.Tensor) -> None:
         out = cls._forward(net, x)
         torch.autograd.backward([out], [torch.ones_like(out)])
+
+    def _pass_seconds(self, net: nn.Module, x: torch.Tensor) -> tuple[float, float]:
+        """Seconds of ``net``'s forward pass on ``x``, and of its backward pass."""
+        out = []
+        forward = self._seconds(lambda: out.append(self._forward(net, x)))
+        grads = [torch.ones_like(out[0])]  # made before the clock starts
+        return forward, self._seconds(lambda: torch.autograd.backward(out, grads))
 
     def _key(self, images: int, processes: int) -> tuple[int, int | None]:
         """The size the blocks are timed at for ``images`` images in one of ``processes`` processes, and its
