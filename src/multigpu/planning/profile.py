@@ -10,8 +10,8 @@ forward passes are scaled to add up to the first, their backward passes to the s
 pays a call of its own and finds its parameters in the caches, which a training step does not (on a 2-core CPU
 the blocks added up to a few percent more than the whole network, more at the smallest micro-batches), and its
 forward comes out shorter and its backward longer than within the network (at 4 images on one thread, the
-blocks' forwards added up to 9% less than the same blocks run as the four stages of a pipeline, their backwards
-to 1% more; scaled as one, a pipeline's forwards were forecast 20 to 30% short and its backwards 10% long).
+forward passes took 34% of the four stages' passes run as a pipeline's, and 31 to 32% of the same blocks' timed
+one by one; scaled as one, a pipeline's forward passes were forecast 18 to 25% shorter than a trace of its run).
 ``split_backward`` gives how much longer the zero-bubble schedules' backward pass, split into its input and its
 weight gradients, takes than a whole one.
 
