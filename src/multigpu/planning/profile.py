@@ -301,21 +301,20 @@ class BlockProfile:
         return wholes, figures
 
     def _at_once(self, nets: list[nn.Module], x: torch.Tensor) -> list[float] | None:
-        """Seconds of each of ``nets``' whole passes on ``x``, all started at once, one per Python thread (torch
-        lets go of the interpreter in its operators, so they compute side by side as processes would, each with the
-        calling thread's thread count); None where one failed (out of memory)."""
+        """Seconds of each of ``nets``' whole passes on ``x``, timed as ``_pass_seconds`` times a pass alone, all
+        started at once, one per Python thread (torch lets go of the interpreter in its operators, so they compute
+        side by side as processes would, each with the calling thread's thread count); None where one failed (out of
+        memory)."""
         times: list[float | None] = [None] * len(nets)
         count = torch.get_num_threads()
 
         def run(which: int) -> None:
             torch.set_num_threads(count)
             with self.precision.train_step_context():  # autocast holds per thread
-                start = time.perf_counter()
                 try:
-                    self._whole_pass(nets[which], x)
+                    times[which] = sum(self._pass_seconds(nets[which], x))
                 except RuntimeError:
                     return
-                times[which] = time.perf_counter() - start
 
         workers = [threading.Thread(target=run, args=(which,)) for which in range(len(nets))]
         for worker in workers:
@@ -331,11 +330,6 @@ class BlockProfile:
         for param in net.parameters():
             param.grad = None
         return net(x)
-
-    @classmethod
-    def _whole_pass(cls, net: nn.Module, x: torch.Tensor) -> None:
-        out = cls._forward(net, x)
-        torch.autograd.backward([out], [torch.ones_like(out)])
 
     def _pass_seconds(self, net: nn.Module, x: torch.Tensor) -> tuple[float, float]:
         """Seconds of ``net``'s forward pass on ``x``, and of its backward pass."""
