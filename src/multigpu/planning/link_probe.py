@@ -27,20 +27,22 @@ __all__ = ["REPEATS", "SIZES"]
 
 SIZES = (2**12, 2**25)  # bytes: one small and one large tensor
 REPEATS = 7
+SHARDED_ROUNDS = 5  # rounds of the sharded runtime's cost per byte, 0.4 s each on a 2-core CPU
+
+
+def _once(function, device: torch.device) -> float:
+    """Seconds of one run of ``function()``, all ranks starting together, its queued work included."""
+    dist.barrier()
+    start = time.perf_counter()
+    function()
+    synchronize(device)
+    return time.perf_counter() - start
 
 
 def _timed(function, device: torch.device, repeats: int = REPEATS) -> float:
-    """The median of ``repeats`` runs of ``function()`` after one untimed, all ranks starting together: the
-    collectives a training step meets, not the luckiest one (on the CPU, 2 processes' gathers of 32 MiB took from
-    18 to 45 ms in one probe)."""
-    times = []
-    for _ in range(repeats + 1):
-        dist.barrier()
-        start = time.perf_counter()
-        function()
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[1:])
+    """The median of ``repeats`` runs of ``function()`` after one untimed: the collectives a training step meets,
+    not the luckiest one (on the CPU, 2 processes' gathers of 32 MiB took from 18 to 45 ms in one probe)."""
+    return statistics.median([_once(function, device) for _ in range(repeats + 1)][1:])
 
 
 def _pipeline_action_time(device: torch.device) -> float:
@@ -95,12 +97,20 @@ def _sharded_costs(device: torch.device, blocks: int = 8) -> tuple[float, float,
     row = torch.randn(1, width, device=device)
     full = torch.empty(width * width // dist.get_world_size() * dist.get_world_size(), device=device)
     shard = full[: full.numel() // dist.get_world_size()]
-    collectives = 2 * _timed(lambda: dist.all_gather_into_tensor(full, shard), device)  # forward and backward
-    collectives += _timed(lambda: dist.reduce_scatter_tensor(shard, full), device)
-    # The median of 3: the sharded pass gathers and reduce-scatters 64 MiB, 4.4 s for 8 of each on a slow 2-core CPU
-    passes = [_timed(lambda net=net: net(row).sum().backward(), device, repeats=3) for net in (split, whole)]
-    excess = passes[0] - passes[1]
-    per_byte = max(0.0, excess / large - collectives - per_block) / (4 * width * width)
+
+    def excess() -> float:
+        """One round: the sharded pass less the unsharded one, per matrix, less a matrix's collectives timed alone
+        (its gather in the forward and again in the backward pass, its reduce-scatter)."""
+        collectives = 2 * _once(lambda: dist.all_gather_into_tensor(full, shard), device)
+        collectives += _once(lambda: dist.reduce_scatter_tensor(shard, full), device)
+        passes = [_once(lambda net=net: net(row).sum().backward(), device) for net in (split, whole)]
+        return (passes[0] - passes[1]) / large - collectives
+
+    # The excess is a tenth of the sharded pass (about 15 of 150 ms a matrix on a 2-core CPU), so a slow moment on
+    # the sharded passes alone moves it tenfold: with the parts timed apart, one probe of 2 December read 19 ns a
+    # byte where the others read about 1. Each round times every part back to back; the median round counts.
+    rounds = [excess() for _ in range(SHARDED_ROUNDS + 1)][1:]
+    per_byte = max(0.0, statistics.median(rounds) - per_block) / (4 * width * width)
     return per_block, per_byte, per_tensor
 
 
