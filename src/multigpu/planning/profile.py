@@ -149,11 +149,9 @@ class BlockProfile:
             with _threads(threads), self.precision.train_step_context():
                 x = self.precision.convert_input(torch.zeros(images, *IMAGE_SHAPE)).to(self.device).requires_grad_()
                 for _ in range(REPEATS + 1):
+                    whole.append(self._pass_seconds(net, x)[1])
                     out = self._forward(net, x)
-                    grads = [torch.ones_like(out)]  # made before the clock starts, for both passes alike
-                    whole.append(self._seconds(lambda: torch.autograd.backward([out], grads)))
-                    out = self._forward(net, x)
-                    grads = [torch.ones_like(out)]
+                    grads = [torch.ones_like(out)]  # made before the clock starts, as for the whole pass
                     split.append(self._seconds(lambda: split_backward([out], grads, [x], weights)()))
         except RuntimeError:  # out of memory: the network fits only split
             return 1.0
