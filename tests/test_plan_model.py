@@ -1,6 +1,7 @@
 """``plan``'s cost model: the pipeline schedules simulated from their action lists, DDP's overlapped buckets,
 the links' arithmetic, and how measured windows become ranges, ties and a choice."""
 
+import itertools
 import json
 import math
 import subprocess
@@ -261,17 +262,18 @@ def test_a_choice_that_no_measurement_was_compared_with_says_so(capsys):
 
 def test_the_blocks_add_up_to_the_whole_network_timed_at_once(monkeypatch):
     """Timed one by one, the blocks each pay a call of their own and find their parameters in the caches: the profile
-    scales their forward passes to the whole network's forward pass and their backward passes to its backward pass,
-    each timed at the same size; the update stays."""
+    scales the forward passes of each of the whole network's runs of blocks to that run's forward pass and their
+    backward passes to its backward pass, each timed at the same size; the update stays."""
     factories = [lambda: nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 16)), nn.ReLU, lambda: nn.Linear(16, 10)]
     profile = lambda: BlockProfile(LazyBlocks(factories, seed=0), Precision(), torch.device("cpu"), MOMENTUM)  # noqa: E731
-    ((forward, backward),), together = profile()._whole_passes([torch.zeros(2, 3, 32, 32)], [1], [1])
-    assert 0 < forward < 1 and 0 < backward < 1 and together == {}
+    assert profile()._bounds() == [0, 1, 2, 3]  # fewer blocks than SEGMENTS: a run each
+    (runs,), together = profile()._whole_passes([torch.zeros(2, 3, 32, 32)], [1], [1])
+    assert len(runs) == 3 and all(0 < seconds < 1 for run in runs for seconds in run) and together == {}
     whole_passes = lambda seconds: lambda self, examples, threads, copies: ([seconds] * len(examples), {})  # noqa: E731
-    monkeypatch.setattr(BlockProfile, "_whole_passes", whole_passes((0.1, 0.4)))
+    monkeypatch.setattr(BlockProfile, "_whole_passes", whole_passes([(0.05, 0.1), (0.01, 0.1), (0.04, 0.2)]))
     scaled_profile = profile()
     scaled = scaled_profile.times(2, 1)
-    assert sum(scaled.forward) == pytest.approx(0.1) and sum(scaled.backward) == pytest.approx(0.4)
+    assert scaled.forward == pytest.approx([0.05, 0.01, 0.04]) and scaled.backward == pytest.approx([0.1, 0.1, 0.2])
     # the level plan.json records: the whole pass at each size and thread count timed
     assert scaled_profile.passes() == {f"2 images on {threads_per_process(1)} thread(s)": pytest.approx(0.5)}
     assert 0 < sum(scaled.update) < 0.1  # an update is no pass: the whole network's figure leaves it as timed
@@ -287,16 +289,34 @@ def test_the_whole_network_is_timed_in_rounds_of_every_size_and_its_mean_counts(
     factories = [lambda: nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 16)), nn.ReLU, lambda: nn.Linear(16, 10)]
     profile = BlockProfile(LazyBlocks(factories, seed=0), Precision(), torch.device("cpu"), MOMENTUM)
     # forward and backward: untimed; round 1: 2 and 4 images; round 2: 2 and 4
-    threads, clock = [], iter([(9.0, 9.0), (1.0, 2.0), (3.0, 6.0), (2.0, 3.0), (5.0, 8.0)])
+    # each of the runs of blocks: the first and the last two blocks
+    threads, clock = [], iter([[(9.0, 9.0)] * 2, [(1.0, 2.0), (0.0, 1.0)], [(3.0, 6.0)] * 2, [(2.0, 3.0)] * 2])
+    clock = itertools.chain(clock, [[(5.0, 8.0)] * 2])
 
-    def seconds(self, net, x) -> tuple[float, float]:
+    def seconds(self, net, x, bounds) -> list[tuple[float, float]]:
         threads.append(torch.get_num_threads())
         return next(clock)
 
     monkeypatch.setattr(BlockProfile, "_pass_seconds", seconds)
     small, large = torch.zeros(2, 3, 32, 32), torch.zeros(4, 3, 32, 32)
-    assert profile._whole_passes([small, large], [1, 2], [1, 1]) == ([(1.5, 2.5), (4.0, 7.0)], {})
+    expected = [[(1.5, 2.5), (1.0, 2.0)], [(4.0, 7.0), (4.0, 7.0)]]
+    assert profile._whole_passes([small, large], [1, 2], [1, 1]) == (expected, {})
     assert threads == [2, 1, 2, 1, 2]  # the largest (on its 2 threads) untimed, then the sizes in turn, twice
+
+
+def test_the_whole_network_timed_in_runs_of_blocks_computes_the_gradients_of_one_pass():
+    """Each run of blocks is cut from the one before, as a pipeline's stages are, and its backward pass starts from
+    the gradient of the next run's input: every parameter gets the gradient a pass through the whole network gives,
+    and each run its own forward and backward seconds."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 16), nn.Tanh(), nn.Linear(16, 16), nn.Linear(16, 10))
+    profile = BlockProfile(LazyBlocks([nn.ReLU] * 5), Precision(), torch.device("cpu"), MOMENTUM)
+    x = torch.randn(4, 3, 32, 32)
+    net(x).backward(torch.ones(4, 10))
+    whole = [param.grad.clone() for param in net.parameters()]
+    runs = profile._pass_seconds(net, x, [0, 2, 4, 5])
+    assert len(runs) == 3 and all(seconds > 0 for run in runs for seconds in run)
+    assert all(torch.allclose(param.grad, grad) for param, grad in zip(net.parameters(), whole))
 
 
 def test_copies_at_once_follow_each_pass_alone_and_give_the_contention(monkeypatch):
@@ -308,10 +328,10 @@ def test_copies_at_once_follow_each_pass_alone_and_give_the_contention(monkeypat
     profile = BlockProfile(LazyBlocks(factories, seed=0), Precision(), torch.device("cpu"), MOMENTUM)
     calls = []
     # forward and backward alone: untimed (4 images); round 1: 2 and 4 images; round 2: 2 and 4
-    alone = iter([(4.0, 5.0), (0.4, 0.6), (0.5, 0.7), (0.5, 0.7), (1.0, 1.4)])
+    alone = iter([[(4.0, 5.0)], [(0.4, 0.6)], [(0.5, 0.2), (0.0, 0.5)], [(0.5, 0.7)], [(1.0, 1.4)]])
     at_once = iter([[9.0, 9.0], [1.1, 1.3], [1.3, 1.5]])  # untimed; round 1; round 2: 2 images, 2 copies
 
-    def seconds(self, net, x) -> tuple[float, float]:
+    def seconds(self, net, x, bounds) -> list[tuple[float, float]]:
         calls.append(f"alone on {torch.get_num_threads()}")
         return next(alone)
 
@@ -334,8 +354,8 @@ def test_copies_of_the_network_each_run_a_whole_pass_in_a_thread_of_their_own():
     copy's forward pass waits at a barrier for the other's, which a copy run after the other would never reach (how
     fast they go side by side is the machine's: on 2 quiet cores two one-thread copies took 1.03 to 1.25 times one
     alone, in plans of 29 November)."""
-    nets = [nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 8)) for _ in range(2)]
-    profile = BlockProfile(LazyBlocks([lambda: nets[0]]), Precision(), torch.device("cpu"), MOMENTUM)
+    nets = [nn.Sequential(nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 8))) for _ in range(2)]
+    profile = BlockProfile(LazyBlocks([lambda: nets[0][0]]), Precision(), torch.device("cpu"), MOMENTUM)
     meet, threads = threading.Barrier(2, timeout=30), []
 
     def met(module, args, out):
@@ -343,7 +363,7 @@ def test_copies_of_the_network_each_run_a_whole_pass_in_a_thread_of_their_own():
         meet.wait()
 
     for net in nets:
-        net.register_forward_hook(met)
+        net[0].register_forward_hook(met)
     times = profile._at_once(nets, torch.zeros(4, 3, 32, 32))
     assert times is not None and len(times) == 2 and all(seconds > 0 for seconds in times)
     assert all(param.grad is not None for net in nets for param in net.parameters())

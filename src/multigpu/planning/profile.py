@@ -29,9 +29,10 @@ import os
 import statistics
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -52,6 +53,11 @@ REPEATS = 2  # timed passes of the whole network (their mean) and of the split r
 # Timed passes of each block per size, after one untimed: the whole network's passes set the level, the blocks only
 # how it divides among them (a second timed pass cost 7 s of the smoke plan on a slow 2-core CPU)
 BLOCK_REPEATS = 1
+# The whole network's passes are timed in this many runs of consecutive blocks, as a pipeline's stages run them,
+# and the blocks of each run scaled to its own figures: timed one by one, ResNet-50's early blocks' backward passes
+# came out 47% above their run's and the late ones' 11% (at 4 images on one CPU thread), so that scaled to the whole
+# network alone, a 4-stage pipeline's first stage was forecast 16% slow and its others 10 to 13% fast.
+SEGMENTS = 4
 
 
 def cores() -> int:
@@ -76,14 +82,15 @@ class PassTimes:
         """The passes ``factor`` times slower (more images, or a slower process); the update stays."""
         return PassTimes([t * factor for t in self.forward], [t * factor for t in self.backward], self.update)
 
-    def scaled_to(self, forward: float, backward: float) -> "PassTimes":
-        """The forward passes scaled to add up to ``forward`` seconds and the backward passes to ``backward``, each
-        on its own; the update stays."""
-        return PassTimes(
-            [t * forward / sum(self.forward) for t in self.forward],
-            [t * backward / sum(self.backward) for t in self.backward],
-            self.update,
-        )
+    def scaled_to(self, bounds: Sequence[int], passes: Sequence[tuple[float, float]]) -> "PassTimes":
+        """Each run of blocks between consecutive ``bounds`` scaled to its figures in ``passes``: its forward passes to
+        add up to the first, its backward passes to the second; the update stays."""
+        forward, backward = list(self.forward), list(self.backward)
+        for start, end, (run_forward, run_backward) in zip(bounds, bounds[1:], passes):
+            for times, seconds in ((forward, run_forward), (backward, run_backward)):
+                if timed := sum(times[start:end]):
+                    times[start:end] = [t * seconds / timed for t in times[start:end]]
+        return PassTimes(forward, backward, self.update)
 
     def cost(self, micro_batches: int) -> list[float]:
         """Per block: a forward and a backward pass, and a ``micro_batches``-th of the update (one per step)."""
@@ -149,7 +156,8 @@ class BlockProfile:
             with _threads(threads), self.precision.train_step_context():
                 x = self.precision.convert_input(torch.zeros(images, *IMAGE_SHAPE)).to(self.device).requires_grad_()
                 for _ in range(REPEATS + 1):
-                    whole.append(self._pass_seconds(net, x)[1])
+                    ((_, backward),) = self._pass_seconds(net, x, (0, len(net)))
+                    whole.append(backward)
                     out = self._forward(net, x)
                     grads = [torch.ones_like(out)]  # made before the clock starts, as for the whole pass
                     split.append(self._seconds(lambda: split_backward([out], grads, [x], weights)()))
@@ -243,15 +251,17 @@ class BlockProfile:
                 torch.cuda.empty_cache()
         for key, passes, whole in zip(keys, timed, wholes):
             times = PassTimes(*(list(column) for column in zip(*passes)))
-            self._times[key] = times.scaled_to(*whole) if whole else times
+            self._times[key] = times.scaled_to(self._bounds(), whole) if whole else times
         for index, (mean, slowest) in together.items():
-            self._together[keys[index]] = (self._copies[keys[index]], sum(wholes[index]), mean, slowest)
+            alone = sum(map(sum, wholes[index]))
+            self._together[keys[index]] = (self._copies[keys[index]], alone, mean, slowest)
 
     def _whole_passes(
         self, examples: list[torch.Tensor], threads: list[int | None], copies: list[int]
-    ) -> tuple[list[tuple[float, float] | None], dict[int, tuple[float, float]]]:
+    ) -> tuple[list[list[tuple[float, float]] | None], dict[int, tuple[float, float]]]:
         """Seconds of the whole network's forward pass and of its backward pass on each of ``examples`` with its threads
-        (each backward pass writing its gradients anew): the means of ``REPEATS`` rounds, each round one pass of every
+        (each backward pass writing its gradients anew), each of its ``SEGMENTS`` runs of blocks apart
+        (``_pass_seconds``): the means of ``REPEATS`` rounds, each round one pass of every
         size in turn, after one untimed pass on the largest alone (the blocks have just run every size: only the
         largest's memory is new; an untimed pass per size would add about 2 s to a 2-core CPU's plan). These passes set
         the level of every forecast, so a slow moment falls on every size alike, and the mean, not the fastest, stands
@@ -266,10 +276,10 @@ class BlockProfile:
             return [None] * len(examples), {}
         inputs = [example.to(self.device) for example in examples]
 
-        def seconds(index: int) -> tuple[float, float] | None:
+        def seconds(index: int) -> list[tuple[float, float]] | None:
             try:
                 with _threads(threads[index]):
-                    return self._pass_seconds(nets[0], inputs[index])
+                    return self._pass_seconds(nets[0], inputs[index], self._bounds())
             except RuntimeError:
                 return None
 
@@ -290,7 +300,9 @@ class BlockProfile:
                 if index in together:
                     together[index].append(at_once(index))
         mean = statistics.mean
-        wholes = [None if None in passes else tuple(map(mean, zip(*passes))) for passes in zip(*rounds)]
+        wholes = [
+            None if None in passes else [tuple(map(mean, zip(*run))) for run in zip(*passes)] for passes in zip(*rounds)
+        ]
         figures = {
             index: (mean(mean(each) for each in timed), mean(max(each) for each in timed))
             for index, timed in together.items()
@@ -310,7 +322,7 @@ class BlockProfile:
             torch.set_num_threads(count)
             with self.precision.train_step_context():  # autocast holds per thread
                 try:
-                    times[which] = sum(self._pass_seconds(nets[which], x))
+                    times[which] = sum(map(sum, self._pass_seconds(nets[which], x, self._bounds())))
                 except RuntimeError:
                     return
 
@@ -329,12 +341,33 @@ class BlockProfile:
             param.grad = None
         return net(x)
 
-    def _pass_seconds(self, net: nn.Module, x: torch.Tensor) -> tuple[float, float]:
-        """Seconds of ``net``'s forward pass on ``x``, and of its backward pass."""
-        out = []
-        forward = self._seconds(lambda: out.append(self._forward(net, x)))
-        grads = [torch.ones_like(out[0])]  # made before the clock starts
-        return forward, self._seconds(lambda: torch.autograd.backward(out, grads))
+    def _pass_seconds(self, net: nn.Sequential, x: torch.Tensor, bounds: Sequence[int]) -> list[tuple[float, float]]:
+        """Seconds of the forward pass on ``x`` of each run of ``net``'s blocks between consecutive ``bounds``, and of
+        its backward pass: the runs' inputs cut from the autograd graph before them, as a pipeline's stages run
+        them, each backward pass from the gradient of the next run's input."""
+        inputs, outputs, forwards = [], [], []
+        for start, end in zip(bounds, bounds[1:]):
+            run = x if start == 0 else _cut(outputs[-1])
+            inputs.append(run)
+            blocks = net[start:end]
+            forwards.append(self._seconds(lambda run=run, blocks=blocks: outputs.append(self._forward(blocks, run))))
+        backwards = []
+        for index in reversed(range(len(outputs))):
+            if index == len(outputs) - 1:
+                pairs = [(outputs[index], torch.ones_like(outputs[index]))]  # made before the clock starts
+            else:
+                pairs = [
+                    (out, cut.grad)
+                    for out, cut in zip(_tensors(outputs[index]), _tensors(inputs[index + 1]))
+                    if out.requires_grad and cut.grad is not None
+                ]
+            backwards.append(self._seconds(partial(_backward, pairs)))
+        return list(zip(forwards, reversed(backwards)))
+
+    def _bounds(self) -> list[int]:
+        """Where the whole network's ``SEGMENTS`` runs of blocks begin, and its end."""
+        count = len(self.blocks)
+        return sorted({round(index * count / SEGMENTS) for index in range(SEGMENTS + 1)})
 
     def _key(self, images: int, processes: int) -> tuple[int, int | None]:
         """The size the blocks are timed at for ``images`` images in one of ``processes`` processes, and its
@@ -342,6 +375,24 @@ class BlockProfile:
         if self.device.type != "cpu":
             return images, None
         return min(images, CPU_IMAGES), threads_per_process(processes)
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    """The tensors a block passes on: one, or a tuple (the halves of a bottleneck pass two)."""
+    return [value] if isinstance(value, torch.Tensor) else [item for item in value if isinstance(item, torch.Tensor)]
+
+
+def _backward(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """The backward pass from each output with its gradient; none where nothing before needs gradients."""
+    if pairs:
+        torch.autograd.backward(*zip(*pairs))
+
+
+def _cut(value):
+    """``value``'s tensors cut from the autograd graph, the floating-point ones needing gradients again."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().requires_grad_(value.is_floating_point())
+    return type(value)(_cut(item) if isinstance(item, torch.Tensor) else item for item in value)
 
 
 def _label(key: tuple[int, int | None]) -> str:
