@@ -5,13 +5,14 @@ in the run's precision, for every micro-batch size and, on the CPU, thread count
 block by block (``block_pass_times_together``): a process of a layout of ``P`` processes gets
 ``cores / P`` threads, as Lightning's launcher gives it. On the CPU a batch above ``CPU_IMAGES`` images is timed at that
 size and scaled per image (the time per image is flat by then), which keeps a plan of large
-batches short. Then the whole network's forward pass and its backward pass are timed at each size, and the blocks'
-forward passes are scaled to add up to the first, their backward passes to the second: a block timed on its own
-pays a call of its own and finds its parameters in the caches, which a training step does not (on a 2-core CPU
-the blocks added up to a few percent more than the whole network, more at the smallest micro-batches), and its
-forward comes out shorter and its backward longer than within the network (at 4 images on one thread, the
-forward passes took 34% of the four stages' passes run as a pipeline's, and 31 to 32% of the same blocks' timed
-one by one; scaled as one, a pipeline's forward passes were forecast 18 to 25% shorter than a trace of its run).
+batches short. Then the whole network's forward pass and its backward pass are timed at each size, in ``SEGMENTS``
+runs of consecutive blocks cut apart as a pipeline's stages are, and each run's blocks' forward passes are scaled
+to add up to its forward pass, their backward passes to its backward pass: a block timed on its own pays a call of
+its own and finds its parameters in the caches, which a training step does not (on a 2-core CPU the blocks added up
+to a few percent more than the whole network, more at the smallest micro-batches), and the blocks do not divide a
+pass as the network does (at 4 images on one thread, the first of four stages' blocks' backward passes came to 47%
+above the stage's own, the last's to 11%; scaled to the whole network as one, the first stage's backward pass was
+forecast 16% long and the others' 10 to 13% short, and a 4-stage pipeline of 4 micro-batches 12 to 18% fast).
 ``split_backward`` gives how much longer the zero-bubble schedules' backward pass, split into its input and its
 weight gradients, takes than a whole one.
 
