@@ -309,14 +309,25 @@ def test_the_whole_network_timed_in_runs_of_blocks_computes_the_gradients_of_one
     the gradient of the next run's input: every parameter gets the gradient a pass through the whole network gives,
     and each run its own forward and backward seconds."""
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 16), nn.Tanh(), nn.Linear(16, 16), nn.Linear(16, 10))
+    net = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 16), _Halves(), _Joined(), nn.Linear(16, 10))
     profile = BlockProfile(LazyBlocks([nn.ReLU] * 5), Precision(), torch.device("cpu"), MOMENTUM)
-    x = torch.randn(4, 3, 32, 32)
+    x = torch.randn(4, 3, 32, 32, requires_grad=True)
     net(x).backward(torch.ones(4, 10))
-    whole = [param.grad.clone() for param in net.parameters()]
-    runs = profile._pass_seconds(net, x, [0, 2, 4, 5])
+    whole = [param.grad.clone() for param in [x, *net.parameters()]]
+    x.grad = None
+    runs = profile._pass_seconds(net, x, [0, 2, 3, 5])  # the second run passes a tuple, as a bottleneck's halves do
     assert len(runs) == 3 and all(seconds > 0 for run in runs for seconds in run)
-    assert all(torch.allclose(param.grad, grad) for param, grad in zip(net.parameters(), whole))
+    assert all(torch.allclose(param.grad, grad) for param, grad in zip([x, *net.parameters()], whole))
+
+
+class _Halves(nn.Module):
+    def forward(self, x):
+        return torch.tanh(x), x
+
+
+class _Joined(nn.Module):
+    def forward(self, halves):
+        return halves[0] * halves[1]
 
 
 def test_copies_at_once_follow_each_pass_alone_and_give_the_contention(monkeypatch):
@@ -328,7 +339,9 @@ def test_copies_at_once_follow_each_pass_alone_and_give_the_contention(monkeypat
     profile = BlockProfile(LazyBlocks(factories, seed=0), Precision(), torch.device("cpu"), MOMENTUM)
     calls = []
     # forward and backward alone: untimed (4 images); round 1: 2 and 4 images; round 2: 2 and 4
-    alone = iter([[(4.0, 5.0)], [(0.4, 0.6)], [(0.5, 0.2), (0.0, 0.5)], [(0.5, 0.7)], [(1.0, 1.4)]])
+    # in two runs of blocks each, their sums as the copies' figures count them: 1.0 and 1.2 s at 2 images
+    alone = iter([[(4.0, 5.0)] * 2, [(0.3, 0.2), (0.1, 0.4)], [(0.5, 0.2), (0.0, 0.5)], [(0.2, 0.3), (0.3, 0.4)]])
+    alone = itertools.chain(alone, [[(0.6, 0.8), (0.4, 0.6)]])
     at_once = iter([[9.0, 9.0], [1.1, 1.3], [1.3, 1.5]])  # untimed; round 1; round 2: 2 images, 2 copies
 
     def seconds(self, net, x, bounds) -> list[tuple[float, float]]:

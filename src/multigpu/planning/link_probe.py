@@ -39,10 +39,10 @@ def _once(function, device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def _timed(function, device: torch.device, repeats: int = REPEATS) -> float:
-    """The median of ``repeats`` runs of ``function()`` after one untimed: the collectives a training step meets,
+def _timed(function, device: torch.device) -> float:
+    """The median of ``REPEATS`` runs of ``function()`` after one untimed: the collectives a training step meets,
     not the luckiest one (on the CPU, 2 processes' gathers of 32 MiB took from 18 to 45 ms in one probe)."""
-    return statistics.median([_once(function, device) for _ in range(repeats + 1)][1:])
+    return statistics.median([_once(function, device) for _ in range(REPEATS + 1)][1:])
 
 
 def _pipeline_action_time(device: torch.device) -> float:

@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+from lightning_utilities.core.apply_func import apply_to_collection
 from torch import nn
 
 from multigpu.compat import split_backward
@@ -54,10 +55,11 @@ REPEATS = 2  # timed passes of the whole network (their mean) and of the split r
 # Timed passes of each block per size, after one untimed: the whole network's passes set the level, the blocks only
 # how it divides among them (a second timed pass cost 7 s of the smoke plan on a slow 2-core CPU)
 BLOCK_REPEATS = 1
-# The whole network's passes are timed in this many runs of consecutive blocks, as a pipeline's stages run them,
-# and the blocks of each run scaled to its own figures: timed one by one, ResNet-50's early blocks' backward passes
-# came out 47% above their run's and the late ones' 11% (at 4 images on one CPU thread), so that scaled to the whole
-# network alone, a 4-stage pipeline's first stage was forecast 16% slow and its others 10 to 13% fast.
+# The whole network's passes are timed in this many runs of about as many consecutive blocks each, cut apart as a
+# pipeline's stages are, and the blocks of each run scaled to its own figures: timed one by one, ResNet-50's early
+# blocks' backward passes came out 47% above their stage's and the late ones' 11% (the four stages of [8,8,11,7], at 4
+# images on one CPU thread), so that scaled to the whole network as one, the first stage's backward pass was
+# forecast 16% long and the others' 10 to 13% short.
 SEGMENTS = 4
 
 
@@ -302,7 +304,8 @@ class BlockProfile:
                     together[index].append(at_once(index))
         mean = statistics.mean
         wholes = [
-            None if None in passes else [tuple(map(mean, zip(*run))) for run in zip(*passes)] for passes in zip(*rounds)
+            None if None in passes else [tuple(map(mean, zip(*run))) for run in zip(*passes, strict=True)]
+            for passes in zip(*rounds)
         ]
         figures = {
             index: (mean(mean(each) for each in timed), mean(max(each) for each in timed))
@@ -336,8 +339,8 @@ class BlockProfile:
 
     @staticmethod
     def _forward(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """The whole network's forward pass, its gradients cleared first: each backward pass writes them anew
-        (adding to them costs more)."""
+        """The forward pass of ``net`` (the whole network, or a run of its blocks), its gradients cleared first: each
+        backward pass writes them anew (adding to them costs more)."""
         for param in net.parameters():
             param.grad = None
         return net(x)
@@ -379,8 +382,10 @@ class BlockProfile:
 
 
 def _tensors(value) -> list[torch.Tensor]:
-    """The tensors a block passes on: one, or a tuple (the halves of a bottleneck pass two)."""
-    return [value] if isinstance(value, torch.Tensor) else [item for item in value if isinstance(item, torch.Tensor)]
+    """The tensors a block passes on, in order: one, or a collection (the halves of a bottleneck pass two)."""
+    found: list[torch.Tensor] = []
+    apply_to_collection(value, torch.Tensor, found.append)
+    return found
 
 
 def _backward(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -391,9 +396,7 @@ def _backward(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
 
 def _cut(value):
     """``value``'s tensors cut from the autograd graph, the floating-point ones needing gradients again."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().requires_grad_(value.is_floating_point())
-    return type(value)(_cut(item) if isinstance(item, torch.Tensor) else item for item in value)
+    return apply_to_collection(value, torch.Tensor, lambda t: t.detach().requires_grad_(t.is_floating_point()))
 
 
 def _label(key: tuple[int, int | None]) -> str:
