@@ -25,10 +25,11 @@ the benchmark with the reason. The table shows, for each configuration:
 Each figure is that of the configuration's median round, and each interval the rounds' order-statistic
 interval of the median (``multigpu.planning.intervals``): with 5 rounds, the slowest and the fastest, which
 enclose the true median 15 times in 16 whatever the noise. On the CPU it checks the cores before and after
-the rounds (``multigpu.planning.busy_cores``) and says so when another process keeps them busy; the share
-of the cores its check got is in ``throughput.json``'s ``machine``, with ``busy``. On a 2-core CPU a round of
-``--configs plain app ddp`` takes 3.6 to 5.7 minutes (docs/speed.md), so the defaults take 20 minutes to 2 hours:
-54 minutes (15 rounds) to within ±3% on a quiet machine; ``--within 0`` runs exactly ``--rounds``.
+the rounds (``multigpu.planning.busy_cores``) and says so when another process keeps them busy, or a virtual
+machine's host stole more than a tenth of its CPU time during the rounds; the share of the cores its check got,
+and the share stolen (``stolen_share``), are in ``throughput.json``'s ``machine``, with ``busy``. On a 2-core
+CPU a round of ``--configs plain app ddp`` takes 3.6 to 5.7 minutes (docs/speed.md), so the defaults take 20
+minutes to 2 hours: 54 minutes (15 rounds) to within ±3% on a quiet machine; ``--within 0`` runs exactly ``--rounds``.
 
 and writes the figures to ``<out>/throughput.json`` and a chart to ``<out>/throughput.png``.
 """
@@ -47,7 +48,7 @@ import torch
 from machine import machine
 
 from multigpu.planning.bar_chart import write_bar_chart
-from multigpu.planning.busy_cores import note_if_busy
+from multigpu.planning.busy_cores import note_if_busy, read_cpu_clock
 from multigpu.planning.intervals import median_interval
 from multigpu.planning.measurement import last_error
 from multigpu.planning.step_timer import step_timer
@@ -465,9 +466,10 @@ def main() -> None:
     # On the CPU, the cores before and after the rounds: another process on them is measured too, so it is said.
     start = time.monotonic()
     before = None if args.cuda else note_if_busy("throughput", "before the rounds")
+    clock = read_cpu_clock()
     enough = claims_within(args.within) if args.within else None
     rows = measure(names, args, enough=enough)
-    after = None if args.cuda else note_if_busy("throughput", "after the rounds")
+    after = None if args.cuda else note_if_busy("throughput", "after the rounds", since=clock)
     minutes = (time.monotonic() - start) / 60
     print_table(rows)
     rounds = len(rows[0]["rounds_images_per_s"])
@@ -484,6 +486,7 @@ def main() -> None:
     if before and after:
         where_it_ran["cores_share"] = {"before": round(before.share, 3), "after": round(after.share, 3)}
         where_it_ran["busy"] = before.busy or after.busy
+        where_it_ran["stolen_share"] = None if after.stolen is None else round(after.stolen, 3)
     (args.out / "throughput.json").write_text(
         json.dumps(
             {"machine": where_it_ran, "settings": settings, "rounds": rounds, "minutes": minutes, "results": rows},

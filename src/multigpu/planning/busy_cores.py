@@ -6,11 +6,20 @@ time that passed: on quiet cores its threads hold them all the while (97-100% he
 where another process runs, the kernel shares the cores with it (56-74% with one of the 2 taken, 46-50% with
 both). The best of ``TRIES`` counts, so that a brief burst elsewhere is not a busy machine. On GPUs
 ``plan`` profiles on the device, and does not check.
+
+A virtual machine's cores can be busy with what the check cannot see: other virtual machines on the same host,
+which run while a virtual core waits to run ("steal" time, which Linux counts in ``/proc/stat``). Such a host gave
+this one back its cores when quiet (a convolution got 99-100% of them) and held back 20-49% of their time under a
+sustained load of both (``vmstat`` every 3 s, 2 December), and a 4 KiB all-reduce between 2 processes then took
+10-12 ms where it took 2-4 ms minutes later: ``fsdp``, which waits on the other process about 100 times a step,
+measured 3.97 s a step where it measured 1.95 s with none stolen. So the check after a measurement also counts the
+share of the machine's CPU time stolen since it began (``since``).
 """
 
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -19,9 +28,21 @@ import torch.nn.functional as F
 from multigpu.errors import UsageError
 from multigpu.planning.profile import threads_per_process
 
-__all__ = ["IF_BUSY", "QUIET_SHARE", "WAIT_S", "CoreCheck", "check_cores", "note_if_busy", "until_quiet"]
+__all__ = [
+    "IF_BUSY",
+    "QUIET_SHARE",
+    "STOLEN_SHARE",
+    "WAIT_S",
+    "CoreCheck",
+    "CpuClock",
+    "check_cores",
+    "note_if_busy",
+    "read_cpu_clock",
+    "until_quiet",
+]
 
 QUIET_SHARE = 0.85  # the share of their cores below which the threads found them busy
+STOLEN_SHARE = 0.10  # the share of the machine's CPU time stolen by its host above which its cores were busy
 TRIES = 3
 WAIT_S = 60.0  # how long ``until_quiet`` waits for busy cores
 IF_BUSY = Literal["wait", "refuse", "go"]
@@ -29,21 +50,70 @@ REPEATS = 7
 
 
 @dataclass(frozen=True)
+class CpuClock:
+    """The machine's CPU time since it started, in clock ticks (``/proc/stat``'s first line): all of it, and what
+    its host stole (the time its virtual cores waited to run while the host ran other virtual machines)."""
+
+    total: int
+    stolen: int
+
+    def stolen_share_since(self, before: "CpuClock") -> float:
+        """The share of the machine's CPU time stolen from ``before`` to this reading."""
+        return (self.stolen - before.stolen) / max(1, self.total - before.total)
+
+
+def read_cpu_clock(stat: Path = Path("/proc/stat")) -> CpuClock | None:
+    """The machine's CPU time now, or None where ``stat`` does not say (not Linux)."""
+    try:
+        fields = stat.read_text().split("\n", 1)[0].split()
+        ticks = [int(field) for field in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    except (OSError, ValueError):
+        return None
+    if fields[0] != "cpu" or len(ticks) < 8:
+        return None
+    return CpuClock(total=sum(ticks), stolen=ticks[7])
+
+
+@dataclass(frozen=True)
 class CoreCheck:
-    """The share of ``threads`` cores that the convolution's threads got while it ran."""
+    """The share of ``threads`` cores that the convolution's threads got while it ran, and the share of the
+    machine's CPU time its host stole over the measurement before it (``stolen``; None when not asked or not
+    known)."""
 
     threads: int
     share: float
+    stolen: float | None = None
 
     @property
     def busy(self) -> bool:
-        return self.share < QUIET_SHARE
+        return self.share < QUIET_SHARE or self.stolen_busy
+
+    @property
+    def stolen_busy(self) -> bool:
+        return self.stolen is not None and self.stolen > STOLEN_SHARE
+
+    @property
+    def cause(self) -> str:
+        if self.share < QUIET_SHARE:
+            return "another process is running on them"
+        return "the host runs other virtual machines on them"
+
+    @property
+    def other(self) -> str:
+        """What a measurement on these cores measures besides itself."""
+        return "the other process" if self.share < QUIET_SHARE else "the host's other virtual machines"
 
     def __str__(self) -> str:
-        return (
+        text = (
             f"a convolution on {self.threads} thread(s) got {self.share:.0%} of their cores "
             f"(quiet cores: {QUIET_SHARE:.0%} or more)"
         )
+        if self.stolen_busy:
+            text += (
+                f", and the host stole {self.stolen:.0%} of the machine's CPU time while it measured "
+                f"(steal in /proc/stat; quiet: {STOLEN_SHARE:.0%} or less)"
+            )
+        return text
 
 
 def probe_pass(threads: int | None = None) -> float:
@@ -69,29 +139,33 @@ def _share(threads: int) -> float:
     return (time.process_time() - cpu) / ((time.perf_counter() - wall) * threads)
 
 
-def check_cores(threads: int | None = None) -> CoreCheck:
+def check_cores(threads: int | None = None, since: CpuClock | None = None) -> CoreCheck:
     """The share of their cores that ``threads`` threads (default: all of one process's) got, the best of
-    ``TRIES``."""
+    ``TRIES``; with ``since`` (a reading taken as a measurement began), the share of the machine's CPU time stolen
+    since then."""
     threads = threads or threads_per_process(1)
-    return CoreCheck(threads, min(1.0, max(_share(threads) for _ in range(TRIES))))
+    now = read_cpu_clock() if since is not None else None
+    stolen = now.stolen_share_since(since) if now is not None and since is not None else None
+    return CoreCheck(threads, min(1.0, max(_share(threads) for _ in range(TRIES))), stolen)
 
 
-def note_if_busy(who: str, moment: str) -> CoreCheck:
-    """Check the cores, and say in one line when they are busy."""
-    check = check_cores()
+def note_if_busy(who: str, moment: str, since: CpuClock | None = None) -> CoreCheck:
+    """Check the cores (and the time stolen ``since``), and say in one line when they are busy."""
+    check = check_cores(since=since)
     if check.busy:
-        print(f"{who}: the cores are busy {moment}: {check}; another process is running on them.", flush=True)
+        print(f"{who}: the cores are busy {moment}: {check}; {check.cause}.", flush=True)
     return check
 
 
-def until_quiet(if_busy: IF_BUSY, who: str, moment: str, remedy: str) -> bool:
-    """Check the cores; when busy, say so in one line and, as ``if_busy`` says, go on (``go``), refuse
-    (``refuse``), or wait up to ``WAIT_S`` for them to quieten and refuse if they don't (``wait``). Returns
-    whether they were quiet at once (``False``: they were busy, and ``who`` went on or waited)."""
-    if not (check := note_if_busy(who, moment)).busy:
+def until_quiet(if_busy: IF_BUSY, who: str, moment: str, remedy: str, since: CpuClock | None = None) -> bool:
+    """Check the cores (and the time stolen ``since``); when busy, say so in one line and, as ``if_busy`` says,
+    go on (``go``), refuse (``refuse``), or wait up to ``WAIT_S`` for them to quieten and refuse if they don't
+    (``wait``). Returns whether they were quiet at once (``False``: they were busy, and ``who`` went on or
+    waited)."""
+    if not (check := note_if_busy(who, moment, since)).busy:
         return True
     if if_busy == "go":
-        print(f"{who}: going on (if_busy=go): its figures measure that process too.", flush=True)
+        print(f"{who}: going on (if_busy=go): its figures measure {check.other} too.", flush=True)
         return False
     if if_busy == "wait":
         deadline = time.monotonic() + WAIT_S
@@ -102,6 +176,6 @@ def until_quiet(if_busy: IF_BUSY, who: str, moment: str, remedy: str) -> bool:
                 return False
     waited = f" for {WAIT_S:.0f} s" if if_busy == "wait" else ""
     raise UsageError(
-        f"the cores stayed busy{waited} ({check}): {who}'s figures would measure the other process too. "
+        f"the cores stayed busy{waited} ({check}): {who}'s figures would measure {check.other} too. "
         f"Stop it, or {remedy}."
     )

@@ -16,8 +16,9 @@ the benchmarks do), and picks the simplest of the layouts tied with the fastest 
 
 The measurements stop when the time budget (``--plan.budget_s``, counted from the start of the process, Python's
 own start-up and imports included) would run out before the next layout ends; the reference and the forecast best
-are always measured. On the CPU it checks the cores before and after profiling (``busy_cores``): busy cores would
-make the forecasts measure another process, so it waits for them to quieten and profiles again, or refuses.
+are always measured. On the CPU it checks the cores before and after profiling (``busy_cores``), and after it the
+time a virtual machine's host stole while it profiled: busy cores would make the forecasts measure another process
+(or the host's other virtual machines), so it waits for them to quieten and profiles again, or refuses.
 """
 
 import os
@@ -31,7 +32,7 @@ from typing_extensions import override
 
 from multigpu.cli.lightning_cli import MultiGPUCLI
 from multigpu.errors import UsageError
-from multigpu.planning.busy_cores import check_cores, until_quiet
+from multigpu.planning.busy_cores import check_cores, read_cpu_clock, until_quiet
 from multigpu.planning.forecast import forecast, timed_input
 from multigpu.planning.layouts import Layout, Refusal, candidate_layouts
 from multigpu.planning.links import measure_links
@@ -97,15 +98,17 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
     budget = memory_budget(setting.cuda, setting.device_ids or list(range(setting.devices)), options.memory_per_device)
     if not setting.cuda:
         until_quiet(options.if_busy, "plan", "before profiling", BUSY_REMEDY)
+    clock = read_cpu_clock()
     outcomes, left_out, basis = _forecasts(config, setting, options, layouts, budget)
-    if not setting.cuda and not until_quiet(options.if_busy, "plan", "after profiling", BUSY_REMEDY):
+    if not setting.cuda and not until_quiet(options.if_busy, "plan", "after profiling", BUSY_REMEDY, clock):
         if options.if_busy != "go":  # it waited for quiet cores: the profile measured the other process
             print("plan: profiling again, on quiet cores", flush=True)
+            clock = read_cpu_clock()
             outcomes, left_out, basis = _forecasts(config, setting, options, layouts, budget)
-            if (again := check_cores()).busy:
+            if (again := check_cores(since=clock)).busy:
                 raise UsageError(
-                    f"the cores were busy again while plan profiled ({again}): its figures would measure another "
-                    f"process. Stop it, or {BUSY_REMEDY}."
+                    f"the cores were busy again while plan profiled ({again}): its figures would measure "
+                    f"{again.other} too. Stop it, or {BUSY_REMEDY}."
                 )
     refusals += left_out
     give_back_freed_memory()  # the profiled blocks' memory, for the measured runs
