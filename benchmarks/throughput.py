@@ -26,7 +26,7 @@ Each figure is that of the configuration's median round, and each interval the r
 interval of the median (``multigpu.planning.intervals``): with 5 rounds, the slowest and the fastest, which
 enclose the true median 15 times in 16 whatever the noise. On the CPU it checks the cores before and after
 the rounds (``multigpu.planning.busy_cores``) and says so when another process keeps them busy, or a virtual
-machine's host stole more than a tenth of its CPU time during the rounds; the share of the cores its check got,
+machine's host stole more than a tenth of its cores' time during the rounds; the share of the cores its check got,
 and the share stolen (``stolen_share``), are in ``throughput.json``'s ``machine``, with ``busy``. On a 2-core
 CPU a round of ``--configs plain app ddp`` takes 3.6 to 5.7 minutes (docs/speed.md), so the defaults take 20
 minutes to 2 hours: 54 minutes (15 rounds) to within ±3% on a quiet machine; ``--within 0`` runs exactly ``--rounds``.

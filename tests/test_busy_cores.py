@@ -94,9 +94,9 @@ def test_the_time_a_host_stole_is_read_from_proc_stat(tmp_path):
     stat = tmp_path / "stat"
     stat.write_text("cpu  600 10 200 3000 40 0 10 140 0 0\ncpu0 300 5 100 1500 20 0 5 70 0 0\n")
     before = busy_cores.read_cpu_clock(stat)
-    assert before == busy_cores.CpuClock(total=4000, stolen=140)
-    stat.write_text("cpu  1400 10 300 3300 40 0 10 440 0 0\n")  # 1,500 ticks later, 300 of them stolen
-    assert busy_cores.read_cpu_clock(stat).stolen_share_since(before) == pytest.approx(0.2)
+    assert before == busy_cores.CpuClock(wanted=960, stolen=140)  # idle and waiting on the disk left out
+    stat.write_text("cpu  1400 10 300 3300 40 0 10 440 0 0\n")  # 1,500 ticks later: 300 idle, 300 stolen
+    assert busy_cores.read_cpu_clock(stat).stolen_share_since(before) == pytest.approx(0.25)
     stat.write_text("cpu  600 10 200 3000 40 0 10\n")  # a kernel that does not count stolen time
     assert busy_cores.read_cpu_clock(stat) is None
     assert busy_cores.read_cpu_clock(tmp_path / "absent") is None  # not Linux
@@ -105,7 +105,7 @@ def test_the_time_a_host_stole_is_read_from_proc_stat(tmp_path):
 @pytest.mark.parametrize("if_busy", ["go", "wait"])
 def test_plan_says_when_the_host_stole_the_cores_while_it_profiled(if_busy, monkeypatch, capsys, tmp_path):
     """A virtual machine whose host ran other machines on its cores while plan profiled: the convolution finds
-    the cores quiet before and after, but 30% of the time was stolen meanwhile. plan says so; told to go on, it
+    the cores quiet before and after, but 30% of their time was stolen meanwhile. plan says so; told to go on, it
     goes on; told to wait, it profiles again, and refuses when the host steals as much again."""
     from multigpu.planning import command
 
@@ -125,8 +125,8 @@ def test_plan_says_when_the_host_stole_the_cores_while_it_profiled(if_busy, monk
     out, err = capsys.readouterr()
     stolen = (
         "plan: the cores are busy after profiling: a convolution on 2 thread(s) got 99% of their cores (quiet "
-        "cores: 85% or more), and the host stole 30% of the machine's CPU time while it measured (steal in "
-        "/proc/stat; quiet: 10% or less); the host runs other virtual machines on them."
+        "cores: 85% or more), and the host stole 30% of the cores' time while it measured (steal in /proc/stat, of "
+        "the time they ran or waited to run; quiet: 10% or less); the host runs other virtual machines on them."
     )
     assert stolen in out
     if if_busy == "go":
@@ -136,7 +136,7 @@ def test_plan_says_when_the_host_stole_the_cores_while_it_profiled(if_busy, monk
         assert len(profiled) == 2 and "plan: profiling again, on quiet cores" in out
         line = err.strip().splitlines()[-1]
         assert line.startswith("error: the cores were busy again while plan profiled (a convolution on 2 thread(s)")
-        assert "the host stole 30% of the machine's CPU time" in line and line.endswith(
+        assert "the host stole 30% of the cores' time" in line and line.endswith(
             "its figures would measure the host's other virtual machines too. Stop it, or pass --plan.if_busy=go "
             "to plan anyway."
         )

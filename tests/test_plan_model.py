@@ -260,6 +260,18 @@ def test_a_choice_that_no_measurement_was_compared_with_says_so(capsys):
     assert "chosen: 1 device: the fastest, and no other layout's range overlaps its range." in capsys.readouterr().out
 
 
+def test_each_run_of_blocks_is_scaled_to_its_own_figures_in_its_blocks_proportions():
+    """Two runs of two blocks each, unequal within each run: every run's blocks add up to that run's own forward and
+    backward figures, each block keeping its share of its run; a run whose blocks took no time keeps them at 0."""
+    times = PassTimes([1.0, 3.0, 2.0, 0.0], [2.0, 2.0, 4.0, 0.0], [0.5] * 4)
+    scaled = times.scaled_to([0, 2, 4], [(8.0, 2.0), (1.0, 6.0)])
+    assert scaled.forward == pytest.approx([2.0, 6.0, 1.0, 0.0])
+    assert scaled.backward == pytest.approx([1.0, 1.0, 6.0, 0.0])
+    assert scaled.update == [0.5] * 4
+    untimed = PassTimes([0.0, 0.0, 1.0], [0.0, 0.0, 1.0], [0.0] * 3).scaled_to([0, 2, 3], [(0.5, 0.5), (2.0, 3.0)])
+    assert (untimed.forward, untimed.backward) == ([0.0, 0.0, 2.0], [0.0, 0.0, 3.0])
+
+
 def test_the_blocks_add_up_to_the_whole_network_timed_at_once(monkeypatch):
     """Timed one by one, the blocks each pay a call of their own and find their parameters in the caches: the profile
     scales the forward passes of each of the whole network's runs of blocks to that run's forward pass and their

@@ -13,7 +13,7 @@ this one back its cores when quiet (a convolution got 99-100% of them) and held 
 sustained load of both (``vmstat`` every 3 s, 2 December), and a 4 KiB all-reduce between 2 processes then took
 10-12 ms where it took 2-4 ms minutes later: ``fsdp``, which waits on the other process about 100 times a step,
 measured 3.97 s a step where it measured 1.95 s with none stolen. So the check after a measurement also counts the
-share of the machine's CPU time stolen since it began (``since``).
+share of the cores' time stolen since it began (``since``), of the time they ran or waited to run.
 """
 
 import statistics
@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 QUIET_SHARE = 0.85  # the share of their cores below which the threads found them busy
-STOLEN_SHARE = 0.10  # the share of the machine's CPU time stolen by its host above which its cores were busy
+STOLEN_SHARE = 0.10  # the share of the cores' time stolen by a virtual machine's host above which they were busy
 TRIES = 3
 WAIT_S = 60.0  # how long ``until_quiet`` waits for busy cores
 IF_BUSY = Literal["wait", "refuse", "go"]
@@ -51,34 +51,36 @@ REPEATS = 7
 
 @dataclass(frozen=True)
 class CpuClock:
-    """The machine's CPU time since it started, in clock ticks (``/proc/stat``'s first line): all of it, and what
-    its host stole (the time its virtual cores waited to run while the host ran other virtual machines)."""
+    """The machine's CPU time since it started, in clock ticks (``/proc/stat``'s first line): the time its cores ran
+    or waited to run (idle time left out), and of that what its host stole (the time they waited while the host ran
+    other virtual machines)."""
 
-    total: int
+    wanted: int
     stolen: int
 
     def stolen_share_since(self, before: "CpuClock") -> float:
-        """The share of the machine's CPU time stolen from ``before`` to this reading."""
-        return (self.stolen - before.stolen) / max(1, self.total - before.total)
+        """The share of the time the cores ran or waited to run, from ``before`` to this reading, that was stolen:
+        on cores that half idle (one process of one thread on 2), as much as on busy ones."""
+        return (self.stolen - before.stolen) / max(1, self.wanted - before.wanted)
 
 
 def read_cpu_clock(stat: Path = Path("/proc/stat")) -> CpuClock | None:
-    """The machine's CPU time now, or None where ``stat`` does not say (not Linux)."""
+    """The machine's CPU time now, or None where ``stat`` does not say (not Linux, or no count of stolen time)."""
     try:
         fields = stat.read_text().split("\n", 1)[0].split()
-        ticks = [int(field) for field in fields[1:9]]  # user nice system idle iowait irq softirq steal
+        user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[1:9])
     except (OSError, ValueError):
         return None
-    if fields[0] != "cpu" or len(ticks) < 8:
+    if fields[0] != "cpu":
         return None
-    return CpuClock(total=sum(ticks), stolen=ticks[7])
+    return CpuClock(wanted=user + nice + system + irq + softirq + steal, stolen=steal)
 
 
 @dataclass(frozen=True)
 class CoreCheck:
     """The share of ``threads`` cores that the convolution's threads got while it ran, and the share of the
-    machine's CPU time its host stole over the measurement before it (``stolen``; None when not asked or not
-    known)."""
+    cores' time a virtual machine's host stole over the measurement before it (``stolen``; None when not asked or
+    not known)."""
 
     threads: int
     share: float
@@ -110,8 +112,8 @@ class CoreCheck:
         )
         if self.stolen_busy:
             text += (
-                f", and the host stole {self.stolen:.0%} of the machine's CPU time while it measured "
-                f"(steal in /proc/stat; quiet: {STOLEN_SHARE:.0%} or less)"
+                f", and the host stole {self.stolen:.0%} of the cores' time while it measured (steal in "
+                f"/proc/stat, of the time they ran or waited to run; quiet: {STOLEN_SHARE:.0%} or less)"
             )
         return text
 
@@ -141,8 +143,8 @@ def _share(threads: int) -> float:
 
 def check_cores(threads: int | None = None, since: CpuClock | None = None) -> CoreCheck:
     """The share of their cores that ``threads`` threads (default: all of one process's) got, the best of
-    ``TRIES``; with ``since`` (a reading taken as a measurement began), the share of the machine's CPU time stolen
-    since then."""
+    ``TRIES``; with ``since`` (a reading taken as a measurement began), the share of the cores' time stolen since
+    then."""
     threads = threads or threads_per_process(1)
     now = read_cpu_clock() if since is not None else None
     stolen = now.stolen_share_since(since) if now is not None and since is not None else None
