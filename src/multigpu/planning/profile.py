@@ -45,7 +45,7 @@ from multigpu.compat import split_backward
 from multigpu.model.classifier import IMAGE_SHAPE
 from multigpu.model.lazy_blocks import LazyBlocks
 from multigpu.run.device_sync import synchronize
-from multigpu.strategies.block_timing import block_pass_times_together
+from multigpu.strategies.block_timing import block_pass_times_together, cut_from_graph
 from multigpu.strategies.micro_batch_check import micro_batch_refusal
 
 __all__ = ["CPU_IMAGES", "BlockProfile", "PassTimes", "cores", "precision_plugin", "threads_per_process"]
@@ -351,7 +351,7 @@ class BlockProfile:
         them, each backward pass from the gradient of the next run's input."""
         inputs, outputs, forwards = [], [], []
         for start, end in zip(bounds, bounds[1:]):
-            run = x if start == 0 else _cut(outputs[-1])
+            run = x if start == 0 else cut_from_graph(outputs[-1])
             inputs.append(run)
             blocks = net[start:end]
             forwards.append(self._seconds(lambda run=run, blocks=blocks: outputs.append(self._forward(blocks, run))))
@@ -392,11 +392,6 @@ def _backward(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     """The backward pass from each output with its gradient; none where nothing before needs gradients."""
     if pairs:
         torch.autograd.backward(*zip(*pairs))
-
-
-def _cut(value):
-    """``value``'s tensors cut from the autograd graph, the floating-point ones needing gradients again."""
-    return apply_to_collection(value, torch.Tensor, lambda t: t.detach().requires_grad_(t.is_floating_point()))
 
 
 def _label(key: tuple[int, int | None]) -> str:

@@ -21,9 +21,17 @@ __all__ = [
     "block_pass_times_together",
     "block_times",
     "block_times_in",
+    "cut_from_graph",
     "sgd_options",
     "time_blocks",
 ]
+
+
+def cut_from_graph(value: Any, needs_grad: bool = True) -> Any:
+    """``value``'s tensors (one, or a collection: the halves of a bottleneck pass two) cut from the autograd graph,
+    the floating-point ones needing gradients again when ``needs_grad``: a block's or a run of blocks' input, timed
+    apart from what came before it."""
+    return apply_to_collection(value, Tensor, lambda t: t.detach().requires_grad_(needs_grad and t.is_floating_point()))
 
 
 def sgd_options(settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -107,10 +115,7 @@ def _pass_times(
             params = [param for param in block.parameters() if param.requires_grad]
             update = torch.optim.SGD(params, lr=0.0, **sgd) if params else None
             # A block's input may be a tuple of tensors (the halves of a bottleneck pass two).
-            inputs = [
-                apply_to_collection(x, Tensor, lambda t: t.detach().requires_grad_(index > 0 and t.is_floating_point()))
-                for x in inputs
-            ]
+            inputs = [cut_from_graph(x, needs_grad=index > 0) for x in inputs]
             passes, outputs = [([], [], []) for _ in examples], list(inputs)
             for which, x in enumerate(inputs):  # each after its own untimed pass: another thread count, say
                 torch.set_num_threads(threads[which] or before)
