@@ -466,7 +466,7 @@ def main() -> None:
     # On the CPU, the cores before and after the rounds: another process on them is measured too, so it is said.
     start = time.monotonic()
     before = None if args.cuda else note_if_busy("throughput", "before the rounds")
-    clock = read_cpu_clock()
+    clock = None if args.cuda else read_cpu_clock()
     enough = claims_within(args.within) if args.within else None
     rows = measure(names, args, enough=enough)
     after = None if args.cuda else note_if_busy("throughput", "after the rounds", since=clock)

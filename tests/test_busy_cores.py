@@ -23,7 +23,8 @@ def busy_machine():
         spinner.wait()
 
 
-def test_busy_cores_are_measured_as_busy(busy_machine):
+def test_busy_cores_are_measured_as_busy(busy_machine, monkeypatch):
+    monkeypatch.setattr(busy_cores, "read_cpu_clock", lambda: None)  # another process, not a host's other machines
     check = busy_cores.check_cores()
     assert check.busy, check
     assert str(check).startswith(f"a convolution on {cores()} thread(s) got ")
@@ -40,6 +41,7 @@ def test_plan_on_busy_cores_says_so_and_refuses_before_profiling(
     if_busy, refusal, busy_machine, monkeypatch, capsys, tmp_path
 ):
     monkeypatch.setattr(busy_cores, "WAIT_S", 0.0)
+    monkeypatch.setattr(busy_cores, "read_cpu_clock", lambda: None)  # another process, not a host's other machines
     with pytest.raises(SystemExit) as exit_info:
         cli_main(
             "plan",
@@ -102,41 +104,98 @@ def test_the_time_a_host_stole_is_read_from_proc_stat(tmp_path):
     assert busy_cores.read_cpu_clock(tmp_path / "absent") is None  # not Linux
 
 
-@pytest.mark.parametrize("if_busy", ["go", "wait"])
-def test_plan_says_when_the_host_stole_the_cores_while_it_profiled(if_busy, monkeypatch, capsys, tmp_path):
-    """A virtual machine whose host ran other machines on its cores while plan profiled: the convolution finds
-    the cores quiet before and after, but 30% of their time was stolen meanwhile. plan says so; told to go on, it
-    goes on; told to wait, it profiles again, and refuses when the host steals as much again."""
+@pytest.fixture
+def virtual_machine(monkeypatch):
+    """A virtual machine's /proc/stat, whose host steals what the test says: ``steal(wanted, stolen)`` moves its
+    clock on by that many ticks; the convolution finds its 2 cores quiet (99%)."""
     from multigpu.planning import command
 
-    clocks = iter([busy_cores.CpuClock(1000 * n, 300 * n) for n in range(4)])  # 30% stolen between readings
-    monkeypatch.setattr(busy_cores, "read_cpu_clock", lambda: next(clocks))
-    monkeypatch.setattr(command, "read_cpu_clock", lambda: next(clocks))
+    clock = {"wanted": 0, "stolen": 0}
+
+    def steal(wanted: int, stolen: int) -> None:
+        clock["wanted"] += wanted
+        clock["stolen"] += stolen
+
+    read = lambda: busy_cores.CpuClock(**clock)  # noqa: E731
+    monkeypatch.setattr(busy_cores, "read_cpu_clock", read)
+    monkeypatch.setattr(command, "read_cpu_clock", read)
+    monkeypatch.setattr(busy_cores, "threads_per_process", lambda processes: 2)
     monkeypatch.setattr(busy_cores, "_share", lambda threads: 0.99)
     monkeypatch.setattr(busy_cores.time, "sleep", lambda seconds: None)
+    return steal
+
+
+@pytest.mark.parametrize("if_busy", ["go", "wait"])
+def test_plan_says_when_the_host_stole_the_cores_while_it_profiled(
+    if_busy, virtual_machine, monkeypatch, capsys, tmp_path
+):
+    """A virtual machine whose host ran other machines on its cores while plan profiled: the convolution finds
+    the cores quiet before and after, but 30% of their time was stolen meanwhile. plan says so; told to go on, it
+    goes on; told to wait, it finds them quiet, profiles again, and refuses when the host steals as much again."""
+    from multigpu.planning import command
+
     profiled = []
-    monkeypatch.setattr(command, "_forecasts", lambda *args: profiled.append(args) or ([], [], {}))
+    monkeypatch.setattr(
+        command, "_forecasts", lambda *args: profiled.append(args) or virtual_machine(1000, 300) or ([], [], {})
+    )
     plan = ["plan", "--config", SMOKE, "--trainer.accelerator=cpu", "--trainer.devices=2", *run_args(tmp_path)]
     if if_busy == "go":
         cli_main(*plan, "--plan.dry_run=true", "--plan.if_busy=go")
     else:
-        with pytest.raises(SystemExit):
+        with pytest.raises(SystemExit) as exit_info:
             cli_main(*plan, "--plan.dry_run=true", "--plan.if_busy=wait")
+        assert exit_info.value.code == 2
     out, err = capsys.readouterr()
     stolen = (
         "plan: the cores are busy after profiling: a convolution on 2 thread(s) got 99% of their cores (quiet "
         "cores: 85% or more), and the host stole 30% of the cores' time while it measured (steal in /proc/stat, of "
         "the time they ran or waited to run; quiet: 10% or less); the host runs other virtual machines on them."
     )
-    assert stolen in out
+    assert stolen in out and "busy before profiling" not in out
     if if_busy == "go":
         assert len(profiled) == 1
         assert "plan: going on (if_busy=go): its figures measure the host's other virtual machines too." in out
     else:
-        assert len(profiled) == 2 and "plan: profiling again, on quiet cores" in out
+        assert len(profiled) == 2
+        assert "plan: the cores are quiet again (99%)." in out and "plan: profiling again, on quiet cores" in out
         line = err.strip().splitlines()[-1]
         assert line.startswith("error: the cores were busy again while plan profiled (a convolution on 2 thread(s)")
         assert "the host stole 30% of the cores' time" in line and line.endswith(
-            "its figures would measure the host's other virtual machines too. Stop it, or pass --plan.if_busy=go "
-            "to plan anyway."
+            "its figures would measure the host's other virtual machines too. Try again when the host is quieter, "
+            "or pass --plan.if_busy=go to plan anyway."
         )
+
+
+def test_plan_says_when_the_host_steals_the_cores_as_it_checks_them(virtual_machine, monkeypatch, capsys, tmp_path):
+    """The host stealing a third of the cores' time in every try of the convolution before profiling: busy, though
+    the convolution got 99% of the time it ran; refused at once, with what the user can do."""
+    monkeypatch.setattr(busy_cores, "_share", lambda threads: virtual_machine(90, 30) or 0.99)
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(
+            "plan",
+            "--config",
+            SMOKE,
+            "--trainer.accelerator=cpu",
+            "--trainer.devices=2",
+            *run_args(tmp_path),
+            "--plan.if_busy=refuse",
+        )
+    assert exit_info.value.code == 2
+    out, err = capsys.readouterr()
+    assert "plan: the cores are busy before profiling: a convolution on 2 thread(s) got 99% of their cores" in out
+    assert "and the host stole 33% of the cores' time" in out and "timing the blocks" not in out
+    refusal = err.strip().splitlines()[-1]
+    assert refusal.endswith(
+        "plan's figures would measure the host's other virtual machines too. Try again when the host is quieter, "
+        "or pass --plan.if_busy=go to plan anyway."
+    )
+
+
+def test_a_check_busy_both_ways_names_both():
+    check = busy_cores.CoreCheck(2, 0.5, 0.3)
+    assert check.busy and check.first_remedy == "Stop it"
+    assert check.cause == "another process is running on them, and the host runs other virtual machines on them"
+    assert check.other == "the other process and the host's other virtual machines"
+    assert not busy_cores.CoreCheck(2, 0.9, 0.1).busy  # 10% stolen is still quiet
+    jumped = busy_cores.CpuClock(100, 500).stolen_share_since(busy_cores.CpuClock(0, 0))
+    assert jumped == 1.0  # a counter that jumped is no share above 1

@@ -61,7 +61,8 @@ class CpuClock:
     def stolen_share_since(self, before: "CpuClock") -> float:
         """The share of the time the cores ran or waited to run, from ``before`` to this reading, that was stolen:
         on cores that half idle (one process of one thread on 2), as much as on busy ones."""
-        return (self.stolen - before.stolen) / max(1, self.wanted - before.wanted)
+        share = (self.stolen - before.stolen) / max(1, self.wanted - before.wanted)
+        return min(1.0, max(0.0, share))  # a counter that jumped (a migrated virtual machine) is not a share
 
 
 def read_cpu_clock(stat: Path = Path("/proc/stat")) -> CpuClock | None:
@@ -79,8 +80,8 @@ def read_cpu_clock(stat: Path = Path("/proc/stat")) -> CpuClock | None:
 @dataclass(frozen=True)
 class CoreCheck:
     """The share of ``threads`` cores that the convolution's threads got while it ran, and the share of the
-    cores' time a virtual machine's host stole over the measurement before it (``stolen``; None when not asked or
-    not known)."""
+    cores' time a virtual machine's host stole while it ran or over the measurement before it, the larger
+    (``stolen``; None where not known)."""
 
     threads: int
     share: float
@@ -88,7 +89,11 @@ class CoreCheck:
 
     @property
     def busy(self) -> bool:
-        return self.share < QUIET_SHARE or self.stolen_busy
+        return self.process_busy or self.stolen_busy
+
+    @property
+    def process_busy(self) -> bool:
+        return self.share < QUIET_SHARE
 
     @property
     def stolen_busy(self) -> bool:
@@ -96,14 +101,22 @@ class CoreCheck:
 
     @property
     def cause(self) -> str:
-        if self.share < QUIET_SHARE:
-            return "another process is running on them"
-        return "the host runs other virtual machines on them"
+        """Why the cores are busy."""
+        causes = ["another process is running on them"] if self.process_busy else []
+        causes += ["the host runs other virtual machines on them"] if self.stolen_busy else []
+        return ", and ".join(causes)
 
     @property
     def other(self) -> str:
         """What a measurement on these cores measures besides itself."""
-        return "the other process" if self.share < QUIET_SHARE else "the host's other virtual machines"
+        others = ["the other process"] if self.process_busy else []
+        others += ["the host's other virtual machines"] if self.stolen_busy else []
+        return " and ".join(others)
+
+    @property
+    def first_remedy(self) -> str:
+        """What the user can do about it: stop another process; not the host's other virtual machines."""
+        return "Stop it" if self.process_busy else "Try again when the host is quieter"
 
     def __str__(self) -> str:
         text = (
@@ -143,12 +156,20 @@ def _share(threads: int) -> float:
 
 def check_cores(threads: int | None = None, since: CpuClock | None = None) -> CoreCheck:
     """The share of their cores that ``threads`` threads (default: all of one process's) got, the best of
-    ``TRIES``; with ``since`` (a reading taken as a measurement began), the share of the cores' time stolen since
-    then."""
+    ``TRIES``, and the share of the cores' time stolen while they ran (the least of the tries, as a brief burst on
+    one is not a busy machine) or, with ``since`` (a reading taken as a measurement began), since then: the
+    larger."""
     threads = threads or threads_per_process(1)
-    now = read_cpu_clock() if since is not None else None
-    stolen = now.stolen_share_since(since) if now is not None and since is not None else None
-    return CoreCheck(threads, min(1.0, max(_share(threads) for _ in range(TRIES))), stolen)
+    shares, stolen, now = [], [], None
+    for _ in range(TRIES):
+        before = read_cpu_clock()
+        shares.append(_share(threads))
+        now = read_cpu_clock()
+        if before is not None and now is not None:
+            stolen.append(now.stolen_share_since(before))
+    known = [min(stolen)] if stolen else []
+    known += [now.stolen_share_since(since)] if since is not None and now is not None else []
+    return CoreCheck(threads, min(1.0, max(shares)), max(known, default=None))
 
 
 def note_if_busy(who: str, moment: str, since: CpuClock | None = None) -> CoreCheck:
@@ -179,5 +200,5 @@ def until_quiet(if_busy: IF_BUSY, who: str, moment: str, remedy: str, since: Cpu
     waited = f" for {WAIT_S:.0f} s" if if_busy == "wait" else ""
     raise UsageError(
         f"the cores stayed busy{waited} ({check}): {who}'s figures would measure {check.other} too. "
-        f"Stop it, or {remedy}."
+        f"{check.first_remedy}, or {remedy}."
     )

@@ -98,17 +98,17 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
     budget = memory_budget(setting.cuda, setting.device_ids or list(range(setting.devices)), options.memory_per_device)
     if not setting.cuda:
         until_quiet(options.if_busy, "plan", "before profiling", BUSY_REMEDY)
-    clock = read_cpu_clock()
+    clock = None if setting.cuda else read_cpu_clock()
     outcomes, left_out, basis = _forecasts(config, setting, options, layouts, budget)
     if not setting.cuda and not until_quiet(options.if_busy, "plan", "after profiling", BUSY_REMEDY, clock):
-        if options.if_busy != "go":  # it waited for quiet cores: the profile measured the other process
+        if options.if_busy != "go":  # it waited for quiet cores: the profile measured another process or machine
             print("plan: profiling again, on quiet cores", flush=True)
             clock = read_cpu_clock()
             outcomes, left_out, basis = _forecasts(config, setting, options, layouts, budget)
             if (again := check_cores(since=clock)).busy:
                 raise UsageError(
                     f"the cores were busy again while plan profiled ({again}): its figures would measure "
-                    f"{again.other} too. Stop it, or {BUSY_REMEDY}."
+                    f"{again.other} too. {again.first_remedy}, or {BUSY_REMEDY}."
                 )
     refusals += left_out
     give_back_freed_memory()  # the profiled blocks' memory, for the measured runs

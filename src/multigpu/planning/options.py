@@ -34,9 +34,10 @@ class PlanOptions:
         budget_s: seconds the whole plan may take: it measures the layouts in the order of their forecasts
             (the reference and the forecast best first, always) while the next one would end within it, and
             says which it left unmeasured; ``null`` measures them all.
-        if_busy: on the CPU, what to do when other processes keep the cores busy before or after profiling
-            (the forecasts would measure them too): ``wait`` up to a minute for quiet cores, then profile again
-            or refuse; ``refuse`` at once; ``go`` on, saying so.
+        if_busy: on the CPU, what to do when other processes keep the cores busy before or after profiling,
+            or a virtual machine's host takes more than a tenth of their time while it profiles (the forecasts
+            would measure them too): ``wait`` up to a minute for quiet cores, then profile again and refuse if
+            they were busy again; ``refuse`` at once; ``go`` on, saying so.
     """
 
     def __init__(

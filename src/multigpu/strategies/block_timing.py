@@ -114,7 +114,6 @@ def _pass_times(
             block = fresh(index).to(device).train()
             params = [param for param in block.parameters() if param.requires_grad]
             update = torch.optim.SGD(params, lr=0.0, **sgd) if params else None
-            # A block's input may be a tuple of tensors (the halves of a bottleneck pass two).
             inputs = [cut_from_graph(x, needs_grad=index > 0) for x in inputs]
             passes, outputs = [([], [], []) for _ in examples], list(inputs)
             for which, x in enumerate(inputs):  # each after its own untimed pass: another thread count, say
