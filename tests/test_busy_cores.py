@@ -12,6 +12,19 @@ from multigpu.planning import busy_cores
 from multigpu.planning.profile import cores
 
 
+def plan_on_2_cpus(tmp_path, *options: str) -> list[str]:
+    """``main.py plan``'s arguments for the smoke recipe on 2 CPU devices, its outputs under ``tmp_path``."""
+    return [
+        "plan",
+        "--config",
+        SMOKE,
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=2",
+        *run_args(tmp_path),
+        *options,
+    ]
+
+
 @pytest.fixture
 def busy_machine():
     """A process spinning on every core, as another training run would keep them."""
@@ -43,15 +56,7 @@ def test_plan_on_busy_cores_says_so_and_refuses_before_profiling(
     monkeypatch.setattr(busy_cores, "WAIT_S", 0.0)
     monkeypatch.setattr(busy_cores, "read_cpu_clock", lambda: None)  # another process, not a host's other machines
     with pytest.raises(SystemExit) as exit_info:
-        cli_main(
-            "plan",
-            "--config",
-            SMOKE,
-            "--trainer.accelerator=cpu",
-            "--trainer.devices=2",
-            *run_args(tmp_path),
-            f"--plan.if_busy={if_busy}",
-        )
+        cli_main(*plan_on_2_cpus(tmp_path, f"--plan.if_busy={if_busy}"))
     assert exit_info.value.code == 2
     out, err = capsys.readouterr()
     assert "plan: the cores are busy before profiling: a convolution on " in out
@@ -77,7 +82,7 @@ def test_plan_waits_when_the_cores_turn_busy_while_it_profiles_then_profiles_aga
     monkeypatch.setattr(busy_cores.time, "sleep", lambda seconds: None)
     profiled = []
     monkeypatch.setattr(command, "_forecasts", lambda *args: profiled.append(args) or ([], [], {}))
-    plan = ["plan", "--config", SMOKE, "--trainer.accelerator=cpu", "--trainer.devices=2", *run_args(tmp_path)]
+    plan = plan_on_2_cpus(tmp_path)
     if busy_again:
         with pytest.raises(SystemExit):
             cli_main(*plan, "--plan.dry_run=true")
@@ -138,7 +143,7 @@ def test_plan_says_when_the_host_stole_the_cores_while_it_profiled(
     monkeypatch.setattr(
         command, "_forecasts", lambda *args: profiled.append(args) or virtual_machine(1000, 300) or ([], [], {})
     )
-    plan = ["plan", "--config", SMOKE, "--trainer.accelerator=cpu", "--trainer.devices=2", *run_args(tmp_path)]
+    plan = plan_on_2_cpus(tmp_path)
     if if_busy == "go":
         cli_main(*plan, "--plan.dry_run=true", "--plan.if_busy=go")
     else:
@@ -171,15 +176,7 @@ def test_plan_says_when_the_host_steals_the_cores_as_it_checks_them(virtual_mach
     the convolution got 99% of the time it ran; refused at once, with what the user can do."""
     monkeypatch.setattr(busy_cores, "_share", lambda threads: virtual_machine(90, 30) or 0.99)
     with pytest.raises(SystemExit) as exit_info:
-        cli_main(
-            "plan",
-            "--config",
-            SMOKE,
-            "--trainer.accelerator=cpu",
-            "--trainer.devices=2",
-            *run_args(tmp_path),
-            "--plan.if_busy=refuse",
-        )
+        cli_main(*plan_on_2_cpus(tmp_path, "--plan.if_busy=refuse"))
     assert exit_info.value.code == 2
     out, err = capsys.readouterr()
     assert "plan: the cores are busy before profiling: a convolution on 2 thread(s) got 99% of their cores" in out
