@@ -12,8 +12,9 @@ which run while a virtual core waits to run ("steal" time, which Linux counts in
 this one back its cores when quiet (a convolution got 99-100% of them) and held back 20-49% of their time under a
 sustained load of both (``vmstat`` every 3 s, 2 December), and a 4 KiB all-reduce between 2 processes then took
 10-12 ms where it took 2-4 ms minutes later: ``fsdp``, which waits on the other process about 100 times a step,
-measured 3.97 s a step where it measured 1.95 s with none stolen. So the check after a measurement also counts the
-share of the cores' time stolen since it began (``since``), of the time they ran or waited to run.
+measured 3.97 s a step where it measured 1.95 s with none stolen. So every check also counts the share of the cores'
+time stolen while its convolution ran, and a check after a measurement the share stolen since it began (``since``),
+each of the time the cores ran or waited to run.
 """
 
 import statistics
@@ -118,6 +119,10 @@ class CoreCheck:
         """What the user can do about it: stop another process; not the host's other virtual machines."""
         return "Stop it" if self.process_busy else "Try again when the host is quieter"
 
+    def measures_too(self, whose: str, remedy: str) -> str:
+        """The end of a refusal on these cores: what ``whose`` figures would measure, and what to do."""
+        return f"{whose} figures would measure {self.other} too. {self.first_remedy}, or {remedy}."
+
     def __str__(self) -> str:
         text = (
             f"a convolution on {self.threads} thread(s) got {self.share:.0%} of their cores "
@@ -160,15 +165,13 @@ def check_cores(threads: int | None = None, since: CpuClock | None = None) -> Co
     one is not a busy machine) or, with ``since`` (a reading taken as a measurement began), since then: the
     larger."""
     threads = threads or threads_per_process(1)
-    shares, stolen, now = [], [], None
+    clocks, shares = [read_cpu_clock()], []
     for _ in range(TRIES):
-        before = read_cpu_clock()
         shares.append(_share(threads))
-        now = read_cpu_clock()
-        if before is not None and now is not None:
-            stolen.append(now.stolen_share_since(before))
-    known = [min(stolen)] if stolen else []
-    known += [now.stolen_share_since(since)] if since is not None and now is not None else []
+        clocks.append(read_cpu_clock())
+    tries = [after.stolen_share_since(before) for before, after in zip(clocks, clocks[1:]) if before and after]
+    known = [min(tries)] if tries else []  # none where /proc/stat does not say (not Linux)
+    known += [now.stolen_share_since(since)] if since is not None and (now := clocks[-1]) is not None else []
     return CoreCheck(threads, min(1.0, max(shares)), max(known, default=None))
 
 
@@ -198,7 +201,5 @@ def until_quiet(if_busy: IF_BUSY, who: str, moment: str, remedy: str, since: Cpu
                 print(f"{who}: the cores are quiet again ({check.share:.0%}).", flush=True)
                 return False
     waited = f" for {WAIT_S:.0f} s" if if_busy == "wait" else ""
-    raise UsageError(
-        f"the cores stayed busy{waited} ({check}): {who}'s figures would measure {check.other} too. "
-        f"{check.first_remedy}, or {remedy}."
-    )
+    whose = f"{who}'s"
+    raise UsageError(f"the cores stayed busy{waited} ({check}): {check.measures_too(whose, remedy)}")

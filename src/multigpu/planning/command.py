@@ -107,8 +107,7 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
             outcomes, left_out, basis = _forecasts(config, setting, options, layouts, budget)
             if (again := check_cores(since=clock)).busy:
                 raise UsageError(
-                    f"the cores were busy again while plan profiled ({again}): its figures would measure "
-                    f"{again.other} too. {again.first_remedy}, or {BUSY_REMEDY}."
+                    f"the cores were busy again while plan profiled ({again}): {again.measures_too('its', BUSY_REMEDY)}"
                 )
     refusals += left_out
     give_back_freed_memory()  # the profiled blocks' memory, for the measured runs
