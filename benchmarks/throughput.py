@@ -36,7 +36,6 @@ and writes the figures to ``<out>/throughput.json`` and a chart to ``<out>/throu
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -45,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from machine import machine
+from machine import machine, this_cpu
 
 from multigpu.planning.bar_chart import write_bar_chart
 from multigpu.planning.busy_cores import note_if_busy, read_cpu_clock
@@ -399,7 +398,7 @@ def check_rounds(args: argparse.Namespace) -> None:
 def where(args: argparse.Namespace) -> str:
     """Set ``args.cuda`` from ``--accelerator``; the device in words."""
     args.cuda = args.accelerator == "cuda" or (args.accelerator == "auto" and torch.cuda.is_available())
-    return torch.cuda.get_device_name(0) if args.cuda else f"CPU, {os.cpu_count()} cores"
+    return torch.cuda.get_device_name(0) if args.cuda else this_cpu()
 
 
 def main() -> None:

@@ -165,6 +165,20 @@ def test_plan_accuracy_sets_each_forecast_against_its_measurement_over_runs(tmp_
     assert (tmp_path / "plan_accuracy.png").read_bytes().startswith(b"\x89PNG")
 
 
+def test_the_machine_a_figure_came_from_names_its_cpu(monkeypatch, tmp_path):
+    """Two 2-core machines compute a third apart: the docs say which CPU, from /proc/cpuinfo where there is one."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    machine = importlib.import_module("machine")
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\nflags\t: fpu\n")
+    assert machine.cpu_model(cpuinfo) == "AMD EPYC 7B13"
+    monkeypatch.setattr(machine.platform, "processor", lambda: "arm")
+    assert machine.cpu_model(tmp_path / "missing") == "arm"  # not Linux: what platform says
+    monkeypatch.setattr(machine, "cores", lambda: 2)
+    assert machine.this_cpu("AMD EPYC 7B13") == "CPU (AMD EPYC 7B13), 2 cores"
+    assert machine.this_cpu("") == "CPU, 2 cores"  # nothing known: no empty brackets
+
+
 def test_smoke_plan_describes_its_runs_and_abridges_the_first_printout(monkeypatch):
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     smoke_plan = importlib.import_module("smoke_plan")
