@@ -9,13 +9,14 @@ from multigpu.planning.profile import cores
 
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """The CPU's model as the kernel names it ("AMD EPYC", "Intel(R) Xeon(R) ..."), or what ``platform`` says
-    where there is no ``/proc/cpuinfo``: two 2-core machines compute at paces a third apart, so the docs say which."""
+    """The CPU's model as the kernel names it ("AMD EPYC", "Intel(R) Xeon(R) ..."), or what ``platform`` says where
+    ``/proc/cpuinfo`` does not name it (not Linux; most ARM kernels; often only the architecture): two 2-core
+    machines compute at paces a third apart, so the docs say which."""
     try:
         for line in cpuinfo.read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
-    except OSError:
+    except (OSError, ValueError):  # unreadable, or not text
         pass
     return platform.processor()
 
