@@ -176,8 +176,8 @@ def test_the_machine_a_figure_came_from_names_its_cpu(monkeypatch, tmp_path):
     assert machine.cpu_model(tmp_path / "missing") == "arm"  # not Linux: what platform says
     cpuinfo.write_text("processor\t: 0\nBogoMIPS\t: 50.00\nCPU implementer\t: 0x41\n")  # an ARM kernel's
     assert machine.cpu_model(cpuinfo) == "arm"
+    monkeypatch.setattr(machine, "cores", lambda: 2)  # any machine's core count
     assert machine.machine()["device"] == f"CPU ({machine.cpu_model()}), 2 cores"
-    monkeypatch.setattr(machine, "cores", lambda: 2)
     assert machine.this_cpu("AMD EPYC 7B13") == "CPU (AMD EPYC 7B13), 2 cores"
     assert machine.this_cpu("") == "CPU, 2 cores"  # nothing known: no empty brackets
 
