@@ -360,7 +360,7 @@ def test_plan_forecasts_measures_the_best_marks_ties_and_writes_a_config_that_fi
 def test_a_time_budget_measures_the_reference_and_the_best_forecast_then_what_fits(monkeypatch, capsys, tmp_path):
     """``--plan.budget_s``: the layouts in measuring order, the reference and the best forecast whatever the time,
     then each one whose forecast training time still ends before the deadline; the rest are named, unmeasured,
-    and ``plan.json`` says which."""
+    and ``plan.json`` says which. Where the first two end past the deadline, a line says by how much."""
     from multigpu.planning import measurement
     from multigpu.planning.layouts import Layout
     from multigpu.planning.ranking import Outcome, in_measuring_order
@@ -407,7 +407,14 @@ def test_a_time_budget_measures_the_reference_and_the_best_forecast_then_what_fi
     }
     trained.clear()
     measurement.measure(order, [], setting, 1, 1, 2, 1, deadline=time.monotonic() + 60.0)
-    assert len(trained) == 4
+    assert len(trained) == 4 and "past the time budget" not in capsys.readouterr().out
+    trained.clear()  # a slow machine: the budget spent before measuring began
+    measurement.measure(order, [], setting, 1, 1, 2, 1, deadline=time.monotonic() - 30.0)
+    assert trained == ["--trainer.strategy=auto", "--trainer.strategy=manual_model_parallel"]
+    assert (
+        "  past the time budget by 30 s: the reference and the best forecast are measured whatever the time; "
+        "--plan.budget_s bounds the others" in capsys.readouterr().out
+    )
 
 
 @pytest.mark.parametrize("deadline, measured", [(20.6, ["ddp"]), (20.2, [])])

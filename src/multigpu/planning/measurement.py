@@ -59,7 +59,8 @@ def measure(
     slower, grow with a step's time: about 2.4 times on a 2-core CPU, whatever the layout), and
     ``FORECAST_ERROR`` more, the most a forecast is taken to err when choosing which to measure (the first
     pipeline measured, often the fourth layout, starts slower still, and was forecast up to 18% too fast). The
-    first layout (the reference) and the best forecast are measured whatever the time."""
+    first layout (the reference) and the best forecast are measured whatever the time, and a line says by how much
+    they ran past the deadline."""
     entry = Path(sys.argv[0]).resolve()
     if entry.suffix != ".py":
         raise UsageError("run plan as `python main.py plan ...`: it launches main.py fit for each layout.")
@@ -113,6 +114,12 @@ def measure(
         print(
             f"  not measured, the time budget spent: {', '.join(o.layout.label for o in left)} "
             f"(raise --plan.budget_s to measure them)",
+            flush=True,
+        )
+    if deadline is not None and (over := time.monotonic() - deadline) >= 1.0:
+        print(
+            f"  past the time budget by {over:.0f} s: the reference and the best forecast are measured whatever the "
+            f"time; --plan.budget_s bounds the others",
             flush=True,
         )
     return measured
