@@ -119,7 +119,7 @@ def measure(
     if deadline is not None and (over := time.monotonic() - deadline) >= 1.0:
         print(
             f"  past the time budget by {over:.0f} s: the reference and the best forecast are measured whatever the "
-            f"time; --plan.budget_s bounds the others",
+            f"time, the others while their forecast run ends within it",
             flush=True,
         )
     return measured
