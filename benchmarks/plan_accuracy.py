@@ -106,7 +106,19 @@ def accuracy(runs: list[list[dict]]) -> dict:
         "forecast_best_ties": forecast_best["interval"][1] >= fastest["interval"][0],
         "repeat_median": statistics.median(repeats) if repeats else None,
         "repeat_largest": max(repeats, default=None),
+        "busy_measurements": sum(bool(run[layout].get("busy")) for run in measured_in for layout in layouts),
     }
+
+
+def busy_line(figures: dict) -> str:
+    """How many measurements ran on busy cores (``plan`` measures such a run again once, then marks it), or
+    nothing."""
+    if not (busy := figures.get("busy_measurements")):
+        return ""
+    return (
+        f"{busy} of the {figures['measurements']} measurements ran on busy cores twice (another process, or a "
+        "virtual machine's host stealing their time; `busy` in its plan.json) and measured that too"
+    )
 
 
 def repeat_line(figures: dict) -> str:
@@ -144,8 +156,9 @@ def print_table(figures: dict) -> None:
         f"forecast fastest: {figures['forecast_best']}; measured fastest: {figures['measured_best']}; "
         f"the forecast fastest measured {ties} the fastest one's interval"
     )
-    if repeat := repeat_line(figures):
-        print(repeat)
+    for line in (repeat_line(figures), busy_line(figures)):
+        if line:
+            print(line)
 
 
 def markdown(figures: dict) -> str:
@@ -169,7 +182,7 @@ def markdown(figures: dict) -> str:
         f"run); {figures['within_band']} of {figures['measurements']} within {FORECAST_ERROR:.0%}; rank correlation "
         f"(Spearman) {figures['spearman']:.2f}; forecast fastest: {figures['forecast_best']}, measured fastest: "
         f"{figures['measured_best']} (the forecast fastest measured {ties} its interval)."
-        + (f" {repeat[0].upper()}{repeat[1:]}." if (repeat := repeat_line(figures)) else ""),
+        + "".join(f" {line[0].upper()}{line[1:]}." for line in (repeat_line(figures), busy_line(figures)) if line),
     ]
     return "\n".join(lines) + "\n"
 

@@ -136,6 +136,7 @@ def test_plan_accuracy_sets_each_forecast_against_its_measurement_over_runs(tmp_
         [row("1 device", 29.0, 27.0), row("ddp", 22.0, 22.0), row("fsdp", 13.0, 15.0), row("dp", 5.0, 5.0)],
         [row("1 device", 31.0, 30.0), row("ddp", 20.0, 21.0), row("fsdp", 12.0, 14.0)],
     ]
+    runs[2][1]["busy"] = "the host stole 23% of the cores' time"  # measured again on busy cores, and kept, marked
     paths = []
     for index, results in enumerate(runs):
         paths.append(tmp_path / f"plan{index}.json")
@@ -161,7 +162,10 @@ def test_plan_accuracy_sets_each_forecast_against_its_measurement_over_runs(tmp_
     markdown = (tmp_path / "plan_accuracy.md").read_text().splitlines()
     assert markdown[4] == "| 1 device | 30.0 | 30.0 | 27.0..31.0 | +3% | -3%..+7% |"
     repeat = "The same layout measured in two runs differed by median 7%, largest 15%: the machine's own repeat"
-    assert markdown[-1].endswith(f"{repeat}, which a forecast made minutes before its measurement meets too.")
+    assert f"{repeat}, which a forecast made minutes before its measurement meets too." in markdown[-1]
+    busy = "1 of the 9 measurements ran on busy cores twice (another process, or a virtual machine's host stealing"
+    assert figures["busy_measurements"] == 1 and busy in result.stdout
+    assert markdown[-1].endswith(" and measured that too.")
     assert (tmp_path / "plan_accuracy.png").read_bytes().startswith(b"\x89PNG")
 
 

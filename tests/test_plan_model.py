@@ -4,11 +4,13 @@ the links' arithmetic, and how measured windows become ranges, ties and a choice
 import itertools
 import json
 import math
+import os
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -404,3 +406,23 @@ def test_the_split_backward_factor_is_timed_once_per_thread_count_and_recorded_b
     assert factor > 0 and profile.split_backward(processes=2) == factor  # timed once, then kept
     threads = profile._key(1, 2)[1]
     assert profile.splits() == {f"on {threads} thread(s)": factor}
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="process groups (POSIX)")
+def test_a_timed_run_leaves_no_process_behind(tmp_path):
+    """What a timed run leaves running when it ends is stopped, so that the next run, or the check of the cores
+    after it, finds them as they were: here a child that would sleep a minute (in a real run, a short run's loader
+    workers' fork server, still importing its modules on one core for 5-8 s)."""
+    from multigpu.planning.timed_runs import launch
+
+    out, pid = tmp_path / "figures.json", tmp_path / "pid"
+    leaves = (
+        "import subprocess, sys; child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"open({str(pid)!r}, 'w').write(str(child.pid)); open({str(out)!r}, 'w').write('{{}}')"
+    )
+    launch([sys.executable, "-c", leaves], out, tmp_path / "log")
+    child = Path(f"/proc/{pid.read_text()}/stat")
+    deadline = time.monotonic() + 10
+    while child.exists() and child.read_text().rsplit(")", 1)[1].split()[0] != "Z" and time.monotonic() < deadline:
+        time.sleep(0.1)  # a kill is delivered at once, its end seen an instant later; a zombie has ended
+    assert not child.exists() or child.read_text().rsplit(")", 1)[1].split()[0] == "Z"

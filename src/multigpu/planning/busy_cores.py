@@ -40,6 +40,7 @@ __all__ = [
     "note_if_busy",
     "read_cpu_clock",
     "until_quiet",
+    "wait_for_quiet",
 ]
 
 QUIET_SHARE = 0.85  # the share of their cores below which the threads found them busy
@@ -183,6 +184,17 @@ def note_if_busy(who: str, moment: str, since: CpuClock | None = None) -> CoreCh
     return check
 
 
+def wait_for_quiet(who: str, check: CoreCheck) -> CoreCheck:
+    """After ``check`` found the cores busy, check them every 5 s for up to ``WAIT_S``; once quiet, say so in one
+    line. The last check."""
+    deadline = time.monotonic() + WAIT_S
+    while check.busy and time.monotonic() < deadline:
+        time.sleep(5)
+        if not (check := check_cores()).busy:
+            print(f"{who}: the cores are quiet again ({check.share:.0%}).", flush=True)
+    return check
+
+
 def until_quiet(if_busy: IF_BUSY, who: str, moment: str, remedy: str, since: CpuClock | None = None) -> bool:
     """Check the cores (and the time stolen ``since``); when busy, say so in one line and, as ``if_busy`` says,
     go on (``go``), refuse (``refuse``), or wait up to ``WAIT_S`` for them to quieten and refuse if they don't
@@ -193,13 +205,8 @@ def until_quiet(if_busy: IF_BUSY, who: str, moment: str, remedy: str, since: Cpu
     if if_busy == "go":
         print(f"{who}: going on (if_busy=go): its figures measure {check.other} too.", flush=True)
         return False
-    if if_busy == "wait":
-        deadline = time.monotonic() + WAIT_S
-        while time.monotonic() < deadline:
-            time.sleep(5)
-            if not (check := check_cores()).busy:
-                print(f"{who}: the cores are quiet again ({check.share:.0%}).", flush=True)
-                return False
+    if if_busy == "wait" and not (check := wait_for_quiet(who, check)).busy:
+        return False
     waited = f" for {WAIT_S:.0f} s" if if_busy == "wait" else ""
     whose = f"{who}'s"
     raise UsageError(f"the cores stayed busy{waited} ({check}): {check.measures_too(whose, remedy)}")

@@ -18,7 +18,9 @@ The measurements stop when the time budget (``--plan.budget_s``, counted from th
 own start-up and imports included) would run out before the next layout ends; the reference and the forecast best
 are always measured. On the CPU it checks the cores before and after profiling (``busy_cores``), and after it the
 time a virtual machine's host stole while it profiled: busy cores would make the forecasts measure another process
-(or the host's other virtual machines), so it waits for them to quieten and profiles again, or refuses.
+(or the host's other virtual machines), so it waits for them to quieten and profiles again, or refuses. It checks
+them after each measured run too, and the time stolen while it trained: a run on busy cores is measured again once
+they are quiet, or marked as such in the table and ``plan.json``.
 """
 
 import os
@@ -37,7 +39,7 @@ from multigpu.planning.forecast import forecast, timed_input
 from multigpu.planning.layouts import Layout, Refusal, candidate_layouts
 from multigpu.planning.links import measure_links
 from multigpu.planning.measurement import balanced, measure
-from multigpu.planning.options import PlanOptions, check_no_plan_section
+from multigpu.planning.options import BUSY_REMEDY, PlanOptions, check_no_plan_section
 from multigpu.planning.ranking import Outcome, in_measuring_order, to_measure
 from multigpu.planning.report import dry_run_line, print_report, write_outputs
 from multigpu.planning.resources import budget as memory_budget
@@ -46,8 +48,6 @@ from multigpu.renamed_options import add_old_names
 from multigpu.run.host_memory import give_back_freed_memory
 
 __all__ = ["PlanCLI", "plan", "process_age_s"]
-
-BUSY_REMEDY = "pass --plan.if_busy=go to plan anyway"
 
 
 class PlanCLI(MultiGPUCLI):
@@ -127,6 +127,7 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
             options.windows,
             accumulate if isinstance(accumulate, int) else 1,
             None if options.budget_s is None else started + options.budget_s,
+            None if setting.cuda else options.if_busy,
         )
         done = {id(before): after for before, after in zip(selected, measured)}
         outcomes = [done.get(id(outcome), outcome) for outcome in outcomes]

@@ -9,9 +9,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from multigpu.errors import UsageError
+from multigpu.planning.busy_cores import IF_BUSY, check_cores, read_cpu_clock, wait_for_quiet
 from multigpu.planning.forecast import timed_input
 from multigpu.planning.layouts import Layout, Refusal
-from multigpu.planning.options import without_plan_options
+from multigpu.planning.options import BUSY_REMEDY, without_plan_options
 from multigpu.planning.profile import BlockProfile
 from multigpu.planning.ranking import FORECAST_ERROR, Outcome
 from multigpu.planning.selection import Setting
@@ -51,6 +52,7 @@ def measure(
     windows: int,
     accumulate: int,
     deadline: float | None = None,
+    if_busy: IF_BUSY | None = None,
 ) -> list[Outcome]:
     """Train each layout in fresh processes, in the given order, timing ``windows`` windows of ``steps`` steps; its
     figures, or why it failed. With a ``deadline`` (``time.monotonic()``'s clock) a layout is left unmeasured,
@@ -60,7 +62,12 @@ def measure(
     ``FORECAST_ERROR`` more, the most a forecast is taken to err when choosing which to measure (the first
     pipeline measured, often the fourth layout, starts slower still, and was forecast up to 18% too fast). The
     first layout (the reference) and the best forecast are measured whatever the time, and a line says by how much
-    they ran past the deadline."""
+    they ran past the deadline.
+
+    With ``if_busy`` (on the CPU) the cores are checked after each run, and the time a virtual machine's host
+    stole since it began (``busy_cores``): a run on busy cores measured them too, so it is said in one line and,
+    as ``if_busy`` says, measured again once they are quiet (``wait``: once, where the deadline allows; still
+    busy, its figures are kept and marked), refused (``refuse``), or kept and marked (``go``)."""
     entry = Path(sys.argv[0]).resolve()
     if entry.suffix != ".py":
         raise UsageError("run plan as `python main.py plan ...`: it launches main.py fit for each layout.")
@@ -74,12 +81,11 @@ def measure(
         for index, outcome in enumerate(outcomes):
             layout_images = outcome.layout.batch_size * outcome.layout.replicas * accumulate
             training_s = layout_images * (warmup + steps * windows) / (outcome.forecast or float("inf"))
-            if deadline is not None and index not in always:
-                if left or time.monotonic() + training_s * stretch * (1 + FORECAST_ERROR) > deadline:
-                    left.append(outcome)
-                    measured.append(outcome)
-                    continue
-            out = folder / f"layout{index}.json"
+            bounded = deadline is not None and index not in always
+            if bounded and (left or not _ends_by(deadline, training_s * stretch)):
+                left.append(outcome)
+                measured.append(outcome)
+                continue
             options = [*user_args, *outcome.layout.fit_options(setting.device_ids)]
             command = fit_command(
                 entry,
@@ -88,28 +94,35 @@ def measure(
                 f"plan-{index}",
                 warmup + steps * windows,
                 images,
-                step_timer(warmup, out, steps),
+                step_timer(warmup, folder / f"layout{index}.json", steps),
             )
-            start = time.monotonic()
-            try:
-                outcome = replace(
-                    outcome, figures=run(command, out, folder / f"layout{index}.log", timeout=LAYOUT_TIMEOUT_S)
-                )
-                low, high = outcome.interval
-                said = f"{outcome.images_per_s:.1f} img/s ({low:.1f}-{high:.1f}), forecast {outcome.forecast or 0:.1f}"
-            except RunFailed as failure:
-                log = (folder / f"layout{index}.log").read_text()
-                outcome = replace(
-                    outcome,
-                    failure=last_error(log)
-                    if "still running" not in str(failure)
-                    else f"still training after {LAYOUT_TIMEOUT_S} s: stopped",
-                )
-                said = f"failed: {outcome.failure}"
-            if training_s > 0:
-                stretch = max(stretch, (time.monotonic() - start) / training_s)
-            print(f"  [{index + 1}/{len(outcomes)}] {outcome.layout.label}: {said}", flush=True)
-            measured.append(outcome)
+            for again in (False, True):
+                start, clock = time.monotonic(), read_cpu_clock() if if_busy else None
+                trained = _trained(outcome, command, folder / f"layout{index}")
+                if training_s > 0:
+                    stretch = max(stretch, (time.monotonic() - start) / training_s)
+                if not if_busy or trained.failure or not (check := check_cores(since=clock)).busy:
+                    break
+                label = trained.layout.label
+                trained = replace(trained, busy=f"{check}; {check.cause}")
+                print(f"plan: the cores are busy after measuring {label}: {trained.busy}.", flush=True)
+                if if_busy == "refuse":
+                    raise UsageError(
+                        f"the cores were busy while {label} trained ({check}): {check.measures_too('its', BUSY_REMEDY)}"
+                    )
+                if if_busy == "go" or again or (bounded and not _ends_by(deadline, training_s * stretch)):
+                    break
+                if (check := wait_for_quiet("plan", check)).busy:
+                    break
+                print(f"plan: measuring {label} again, on quiet cores", flush=True)
+            if trained.failure:
+                said = f"failed: {trained.failure}"
+            else:
+                low, high = trained.interval
+                said = f"{trained.images_per_s:.1f} img/s ({low:.1f}-{high:.1f}), forecast {trained.forecast or 0:.1f}"
+                said += ", on busy cores" if trained.busy else ""
+            print(f"  [{index + 1}/{len(outcomes)}] {trained.layout.label}: {said}", flush=True)
+            measured.append(trained)
     if left:
         print(
             f"  not measured, the time budget spent: {', '.join(o.layout.label for o in left)} "
@@ -123,6 +136,25 @@ def measure(
             flush=True,
         )
     return measured
+
+
+def _ends_by(deadline: float, run_s: float) -> bool:
+    """Whether a run forecast to take ``run_s`` seconds, and ``FORECAST_ERROR`` more, would end by ``deadline``."""
+    return time.monotonic() + run_s * (1 + FORECAST_ERROR) <= deadline
+
+
+def _trained(outcome: Outcome, command: list[str], stem: Path) -> Outcome:
+    """``outcome`` with the figures of a run of ``command``, which writes them to ``stem``.json and its output to
+    ``stem``.log, or with why it failed."""
+    log = stem.with_suffix(".log")
+    for earlier in stem.parent.glob(f"{stem.name}.json*"):  # a run measured again: the first one's figures
+        earlier.unlink()
+    try:
+        return replace(outcome, figures=run(command, stem.with_suffix(".json"), log, timeout=LAYOUT_TIMEOUT_S))
+    except RunFailed as failure:
+        if "still running" in str(failure):
+            return replace(outcome, failure=f"still training after {LAYOUT_TIMEOUT_S} s: stopped")
+        return replace(outcome, failure=last_error(log.read_text()))
 
 
 def last_error(log: str) -> str:

@@ -11,7 +11,9 @@ from multigpu.planning.busy_cores import IF_BUSY
 from multigpu.planning.layouts import PLANNED_STRATEGIES
 from multigpu.strategies.pipeline.stage_placement import SCHEDULES
 
-__all__ = ["PlanOptions", "check_no_plan_section", "without_plan_options"]
+__all__ = ["BUSY_REMEDY", "PlanOptions", "check_no_plan_section", "without_plan_options"]
+
+BUSY_REMEDY = "pass --plan.if_busy=go to plan anyway"
 
 
 class PlanOptions:
@@ -37,7 +39,9 @@ class PlanOptions:
         if_busy: on the CPU, what to do when other processes keep the cores busy before or after profiling,
             or a virtual machine's host takes more than a tenth of their time while it profiles (the forecasts
             would measure them too): ``wait`` up to a minute for quiet cores, then profile again and refuse if
-            they were busy again; ``refuse`` at once; ``go`` on, saying so.
+            they were busy again; ``refuse`` at once; ``go`` on, saying so. The same after each measured run:
+            ``wait`` measures it again once on quiet cores (where the budget allows), and marks its figures if
+            they were busy again; ``refuse`` at once; ``go`` marks them.
     """
 
     def __init__(

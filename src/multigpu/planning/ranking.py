@@ -34,13 +34,15 @@ REFERENCE = "auto"  # one device: the strategy of the layout every other one is 
 @dataclass(frozen=True)
 class Outcome:
     """A layout's estimated peak per device and forecast images per second, and once it ran, its figures or why
-    it failed."""
+    it failed, and why its cores were busy while it trained (``busy``; None when they were quiet or not
+    checked): its figures then measure that too."""
 
     layout: Layout
     estimate: list[int]
     forecast: float | None = None
     figures: dict | None = None
     failure: str | None = None
+    busy: str | None = None
 
     @property
     def windows(self) -> list[float]:

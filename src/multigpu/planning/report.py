@@ -72,8 +72,9 @@ def print_report(
             mark = "=" if id(outcome) in ties and len(ties) > 1 else " "
             efficiency = _efficiency(outcome, outcomes)
             peaks = _mib(outcome.figures["peak_memory_bytes"])
+            label = f"{outcome.layout.label} (busy)" if outcome.busy else outcome.layout.label
             print(
-                f"{place:>3}{mark}  {outcome.layout.label:<44} {forecast:>9} {outcome.images_per_s:>7.1f} "
+                f"{place:>3}{mark}  {label:<44} {forecast:>9} {outcome.images_per_s:>7.1f} "
                 f"{f'{low:.1f}-{high:.1f}':>13} {outcome.error:>+6.0%} {peaks:>13} "
                 f"{_mib(outcome.estimate):>13} {'-' if efficiency is None else f'{efficiency:.2f}':>10}"
             )
@@ -83,6 +84,9 @@ def print_report(
                 f"{'':>4}  {outcome.layout.label:<44} {forecast:>9} {said:>7} {'':>13} {'':>6} {'':>13} "
                 f"{_mib(outcome.estimate):>13}"
             )
+    for outcome in outcomes:
+        if outcome.busy:
+            print(f"  (busy) {outcome.layout.label} trained on busy cores, and measured them too: {outcome.busy}.")
     chosen = choice(outcomes)
     if chosen is not None:
         others = [o.layout.label for o in tied(outcomes) if o is not chosen]

@@ -57,7 +57,9 @@ def launch(
 ) -> list:
     """Run ``command`` (``pythonpath`` importable; ``threads`` threads per process when given), its output
     in ``log``; return what its ranks wrote to ``out.rankN``, in rank order. A ``RunFailed`` says why not,
-    a run still going after ``timeout`` seconds included (its processes are killed)."""
+    a run still going after ``timeout`` seconds included (its processes are killed). What the run leaves behind
+    when it ends is stopped, so that the next run or check finds the cores as they were: a short run's loader
+    workers' fork server may still be importing its modules (on a 2-core CPU, one core for 5-8 s past its end)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, pythonpath), os.environ.get("PYTHONPATH", "")])}
     if threads is not None:  # the CPU
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
@@ -68,15 +70,24 @@ def launch(
         try:
             returncode = process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+            _stop_group(process.pid)
             process.wait()
             raise RunFailed(f"{' '.join(command)} was still running after {timeout:.0f} s, and was stopped") from None
+        _stop_group(process.pid)
     ranks = sorted(out.parent.glob(out.name + ".rank*"), key=lambda path: int(path.name.rsplit("rank", 1)[1]))
     if returncode or not (ranks or out.exists()):
         raise RunFailed(
             f"{' '.join(command)} failed (exit {returncode}); the end of its output:\n{log.read_text()[-3000:]}"
         )
     return [json.loads(path.read_text()) for path in ranks]
+
+
+def _stop_group(group: int) -> None:
+    """Kill the processes left in the process group ``group``, if any."""
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except ProcessLookupError:  # none left
+        pass
 
 
 def run(
