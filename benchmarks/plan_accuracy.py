@@ -111,13 +111,13 @@ def accuracy(runs: list[list[dict]]) -> dict:
 
 
 def busy_line(figures: dict) -> str:
-    """How many measurements ran on busy cores (``plan`` measures such a run again once, then marks it), or
-    nothing."""
+    """How many measurements ran on busy cores (``plan`` measures such a run again once where it can, then marks
+    it), or nothing."""
     if not (busy := figures.get("busy_measurements")):
         return ""
     return (
-        f"{busy} of the {figures['measurements']} measurements ran on busy cores twice (another process, or a "
-        "virtual machine's host stealing their time; `busy` in its plan.json) and measured that too"
+        f"{busy} of the {figures['measurements']} measurements ran on busy cores (another process, or a virtual "
+        "machine's host stealing their time; `busy` in its plan.json) and measured that too"
     )
 
 

@@ -163,7 +163,7 @@ def test_plan_accuracy_sets_each_forecast_against_its_measurement_over_runs(tmp_
     assert markdown[4] == "| 1 device | 30.0 | 30.0 | 27.0..31.0 | +3% | -3%..+7% |"
     repeat = "The same layout measured in two runs differed by median 7%, largest 15%: the machine's own repeat"
     assert f"{repeat}, which a forecast made minutes before its measurement meets too." in markdown[-1]
-    busy = "1 of the 9 measurements ran on busy cores twice (another process, or a virtual machine's host stealing"
+    busy = "1 of the 9 measurements ran on busy cores (another process, or a virtual machine's host stealing their"
     assert figures["busy_measurements"] == 1 and busy in result.stdout
     assert markdown[-1].endswith(" and measured that too.")
     assert (tmp_path / "plan_accuracy.png").read_bytes().startswith(b"\x89PNG")

@@ -199,20 +199,22 @@ def test_a_check_busy_both_ways_names_both():
 
 
 @pytest.mark.parametrize(
-    ("if_busy", "stolen", "trained", "marked"),
+    ("if_busy", "stolen", "deadline", "trained", "marked"),
     [
-        ("wait", [300, 0], ["auto", "ddp", "ddp"], False),  # measured again on quiet cores
-        ("wait", [300, 300], ["auto", "ddp", "ddp"], True),  # busy again: kept, marked
-        ("go", [300], ["auto", "ddp"], True),
-        ("refuse", [300], ["auto", "ddp"], None),  # refused, with the reason
+        ("wait", [300, 0], None, ["auto", "ddp", "ddp"], False),  # measured again on quiet cores
+        ("wait", [300, 300], None, ["auto", "ddp", "ddp"], True),  # busy again: kept, marked
+        ("wait", [300], 7.5, ["auto", "ddp"], True),  # no time left to measure it again: kept, marked
+        ("go", [300], None, ["auto", "ddp"], True),
+        ("refuse", [300], None, ["auto", "ddp"], None),  # refused, with the reason
     ],
 )
 def test_a_layout_measured_while_the_host_stole_the_cores_is_measured_again_or_marked(
-    if_busy, stolen, trained, marked, virtual_machine, monkeypatch, capsys
+    if_busy, stolen, deadline, trained, marked, virtual_machine, monkeypatch, capsys
 ):
     """The host steals 30% of the cores' time while ``ddp`` trains (the reference trains on quiet cores): plan
     checks the cores after each measured run and says so; as ``--plan.if_busy`` says, it measures ddp again once
-    the cores are quiet, keeps its figures marked (in the table and ``plan.json``), or refuses."""
+    the cores are quiet (where the time budget allows), keeps its figures marked (in the table and ``plan.json``),
+    or refuses. Each run takes a second of the test's clock."""
     from types import SimpleNamespace
 
     from multigpu.errors import UsageError
@@ -223,22 +225,29 @@ def test_a_layout_measured_while_the_host_stole_the_cores_is_measured_again_or_m
 
     runs, steals = [], iter(stolen)
 
+    clock = [0.0]
+
     def fake_run(command, out, log, timeout):
         strategy = next(arg for arg in command if arg.startswith("--trainer.strategy=")).split("=")[1]
         runs.append(strategy)
         virtual_machine(1000, next(steals) if strategy == "ddp" else 0)
+        clock[0] += 1.0
         return {"window_images_per_s": [10.0, 11.0], "images_per_s": 10.5, "peak_memory_bytes": [1]}
 
     monkeypatch.setattr(measurement, "run", fake_run)
+    monkeypatch.setattr(measurement, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     monkeypatch.setattr(measurement, "read_cpu_clock", busy_cores.read_cpu_clock)  # the fixture's /proc/stat
     monkeypatch.setattr("sys.argv", ["main.py"])
+    # The reference first (always measured), then ddp, forecast as fast (the first of the best is the reference):
+    # ddp trains 2 x 8 images for 1 + 1 x 2 steps, 4.8 s at 10 img/s, 5.76 s with the forecast's 20%; it starts at
+    # 1 s and would end by 6.76 s, within a deadline of 7.5 s; measured again from 2 s, it would end past it.
     order = [
         Outcome(Layout(name, strategy, 2, 2, 8), [1], 10.0) for name, strategy in (("1 device", "auto"), ("ddp", "ddp"))
     ]
     setting = SimpleNamespace(batch_size=8, devices=2, device_ids=None)
     if marked is None:
         with pytest.raises(UsageError) as refusal:
-            measurement.measure(order, [], setting, 1, 1, 2, 1, if_busy=if_busy)
+            measurement.measure(order, [], setting, 1, 1, 2, 1, deadline, if_busy)
         assert str(refusal.value).startswith("the cores were busy while ddp trained (a convolution on 2 thread(s)")
         assert str(refusal.value).endswith(
             "its figures would measure the host's other virtual machines too. Try again when the host is quieter, "
@@ -246,12 +255,12 @@ def test_a_layout_measured_while_the_host_stole_the_cores_is_measured_again_or_m
         )
         assert runs == trained
         return
-    measured = measurement.measure(order, [], setting, 1, 1, 2, 1, if_busy=if_busy)
+    measured = measurement.measure(order, [], setting, 1, 1, 2, 1, deadline, if_busy)
     out = capsys.readouterr().out
     assert runs == trained and measured[0].busy is None
     assert "plan: the cores are busy after measuring ddp: a convolution on 2 thread(s) got 99% of their cores" in out
     assert "and the host stole 30% of the cores' time" in out
-    assert ("plan: measuring ddp again, on quiet cores" in out) == (if_busy == "wait")
+    assert ("plan: measuring ddp again, on quiet cores" in out) == (len(trained) == 3)
     assert (measured[1].busy is not None) == marked
     assert out.rstrip().endswith("ddp: 10.5 img/s (10.0-11.0), forecast 10.0" + (", on busy cores" if marked else ""))
     print_report(measured, [], None, (2**30, True), measured=True)

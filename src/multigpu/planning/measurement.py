@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from multigpu.errors import UsageError
-from multigpu.planning.busy_cores import IF_BUSY, check_cores, read_cpu_clock, wait_for_quiet
+from multigpu.planning.busy_cores import IF_BUSY, note_if_busy, read_cpu_clock, wait_for_quiet
 from multigpu.planning.forecast import timed_input
 from multigpu.planning.layouts import Layout, Refusal
 from multigpu.planning.options import BUSY_REMEDY, without_plan_options
@@ -98,23 +98,26 @@ def measure(
             )
             for again in (False, True):
                 start, clock = time.monotonic(), read_cpu_clock() if if_busy else None
-                trained = _trained(outcome, command, folder / f"layout{index}")
-                if training_s > 0:
-                    stretch = max(stretch, (time.monotonic() - start) / training_s)
-                if not if_busy or trained.failure or not (check := check_cores(since=clock)).busy:
+                attempt = _trained(outcome, command, folder / f"layout{index}")
+                if again and attempt.failure:  # measured again, and failed: the first figures stay, marked
                     break
-                label = trained.layout.label
+                trained = attempt
+                check = note_if_busy("plan", f"after measuring {outcome.layout.label}", clock) if if_busy else None
+                if check is None or trained.failure or not check.busy:
+                    if training_s > 0:  # a run on busy cores says nothing of how long the next one takes
+                        stretch = max(stretch, (time.monotonic() - start) / training_s)
+                    break
                 trained = replace(trained, busy=f"{check}; {check.cause}")
-                print(f"plan: the cores are busy after measuring {label}: {trained.busy}.", flush=True)
                 if if_busy == "refuse":
                     raise UsageError(
-                        f"the cores were busy while {label} trained ({check}): {check.measures_too('its', BUSY_REMEDY)}"
+                        f"the cores were busy while {outcome.layout.label} trained ({check}): "
+                        f"{check.measures_too('its', BUSY_REMEDY)}"
                     )
                 if if_busy == "go" or again or (bounded and not _ends_by(deadline, training_s * stretch)):
                     break
-                if (check := wait_for_quiet("plan", check)).busy:
-                    break
-                print(f"plan: measuring {label} again, on quiet cores", flush=True)
+                if wait_for_quiet("plan", check).busy or (bounded and not _ends_by(deadline, training_s * stretch)):
+                    break  # the wait spent what the budget had left
+                print(f"plan: measuring {outcome.layout.label} again, on quiet cores", flush=True)
             if trained.failure:
                 said = f"failed: {trained.failure}"
             else:

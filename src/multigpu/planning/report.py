@@ -84,9 +84,10 @@ def print_report(
                 f"{'':>4}  {outcome.layout.label:<44} {forecast:>9} {said:>7} {'':>13} {'':>6} {'':>13} "
                 f"{_mib(outcome.estimate):>13}"
             )
-    for outcome in outcomes:
-        if outcome.busy:
-            print(f"  (busy) {outcome.layout.label} trained on busy cores, and measured them too: {outcome.busy}.")
+    if busy := [outcome for outcome in outcomes if outcome.busy]:
+        print()
+    for outcome in busy:
+        print(f"  (busy) {outcome.layout.label} trained on busy cores, and measured them too: {outcome.busy}.")
     chosen = choice(outcomes)
     if chosen is not None:
         others = [o.layout.label for o in tied(outcomes) if o is not chosen]

@@ -70,10 +70,10 @@ def launch(
         try:
             returncode = process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            _stop_group(process.pid)
-            process.wait()
             raise RunFailed(f"{' '.join(command)} was still running after {timeout:.0f} s, and was stopped") from None
-        _stop_group(process.pid)
+        finally:
+            _stop_group(process.pid)  # what the run left behind; all of it after a timeout or an interrupt
+            process.wait()
     ranks = sorted(out.parent.glob(out.name + ".rank*"), key=lambda path: int(path.name.rsplit("rank", 1)[1]))
     if returncode or not (ranks or out.exists()):
         raise RunFailed(
@@ -86,7 +86,7 @@ def _stop_group(group: int) -> None:
     """Kill the processes left in the process group ``group``, if any."""
     try:
         os.killpg(group, signal.SIGKILL)
-    except ProcessLookupError:  # none left
+    except (ProcessLookupError, PermissionError):  # none left
         pass
 
 
