@@ -203,6 +203,7 @@ def test_a_check_busy_both_ways_names_both():
     [
         ("wait", [300, 0], None, ["auto", "ddp", "ddp"], False),  # measured again on quiet cores
         ("wait", [300, 300], None, ["auto", "ddp", "ddp"], True),  # busy again: kept, marked
+        ("wait", [300, None], None, ["auto", "ddp", "ddp"], True),  # failed when measured again: kept, marked
         ("wait", [300], 7.5, ["auto", "ddp"], True),  # no time left to measure it again: kept, marked
         ("go", [300], None, ["auto", "ddp"], True),
         ("refuse", [300], None, ["auto", "ddp"], None),  # refused, with the reason
@@ -230,8 +231,11 @@ def test_a_layout_measured_while_the_host_stole_the_cores_is_measured_again_or_m
     def fake_run(command, out, log, timeout):
         strategy = next(arg for arg in command if arg.startswith("--trainer.strategy=")).split("=")[1]
         runs.append(strategy)
-        virtual_machine(1000, next(steals) if strategy == "ddp" else 0)
         clock[0] += 1.0
+        if (steal := next(steals) if strategy == "ddp" else 0) is None:
+            log.write_text("RuntimeError: the second run broke\n")
+            raise measurement.RunFailed("ended with an error")
+        virtual_machine(1000, steal)
         return {"window_images_per_s": [10.0, 11.0], "images_per_s": 10.5, "peak_memory_bytes": [1]}
 
     monkeypatch.setattr(measurement, "run", fake_run)
@@ -262,6 +266,8 @@ def test_a_layout_measured_while_the_host_stole_the_cores_is_measured_again_or_m
     assert "and the host stole 30% of the cores' time" in out
     assert ("plan: measuring ddp again, on quiet cores" in out) == (len(trained) == 3)
     assert (measured[1].busy is not None) == marked
+    failed_again = "plan: ddp failed when measured again (RuntimeError: the second run broke); its first figures stay"
+    assert (failed_again in out) == (None in stolen)
     assert out.rstrip().endswith("ddp: 10.5 img/s (10.0-11.0), forecast 10.0" + (", on busy cores" if marked else ""))
     print_report(measured, [], None, (2**30, True), measured=True)
     table = capsys.readouterr().out

@@ -109,6 +109,11 @@ class CoreCheck:
         return ", and ".join(causes)
 
     @property
+    def reason(self) -> str:
+        """What was measured, and why the cores are busy: the text a busy line and a busy mark share."""
+        return f"{self}; {self.cause}"
+
+    @property
     def other(self) -> str:
         """What a measurement on these cores measures besides itself."""
         others = ["the other process"] if self.process_busy else []
@@ -180,7 +185,7 @@ def note_if_busy(who: str, moment: str, since: CpuClock | None = None) -> CoreCh
     """Check the cores (and the time stolen ``since``), and say in one line when they are busy."""
     check = check_cores(since=since)
     if check.busy:
-        print(f"{who}: the cores are busy {moment}: {check}; {check.cause}.", flush=True)
+        print(f"{who}: the cores are busy {moment}: {check.reason}.", flush=True)
     return check
 
 

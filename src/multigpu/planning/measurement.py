@@ -100,6 +100,11 @@ def measure(
                 start, clock = time.monotonic(), read_cpu_clock() if if_busy else None
                 attempt = _trained(outcome, command, folder / f"layout{index}")
                 if again and attempt.failure:  # measured again, and failed: the first figures stay, marked
+                    print(
+                        f"plan: {outcome.layout.label} failed when measured again ({attempt.failure}); "
+                        "its first figures stay, marked busy",
+                        flush=True,
+                    )
                     break
                 trained = attempt
                 check = note_if_busy("plan", f"after measuring {outcome.layout.label}", clock) if if_busy else None
@@ -107,7 +112,7 @@ def measure(
                     if training_s > 0:  # a run on busy cores says nothing of how long the next one takes
                         stretch = max(stretch, (time.monotonic() - start) / training_s)
                     break
-                trained = replace(trained, busy=f"{check}; {check.cause}")
+                trained = replace(trained, busy=check.reason)
                 if if_busy == "refuse":
                     raise UsageError(
                         f"the cores were busy while {outcome.layout.label} trained ({check}): "
