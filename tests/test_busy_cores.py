@@ -205,6 +205,7 @@ def test_a_check_busy_both_ways_names_both():
         ("wait", [300, 300], None, ["auto", "ddp", "ddp"], True),  # busy again: kept, marked
         ("wait", [300, None], None, ["auto", "ddp", "ddp"], True),  # failed when measured again: kept, marked
         ("wait", [300], 7.5, ["auto", "ddp"], True),  # no time left to measure it again: kept, marked
+        ("wait", [300], 3.0, ["auto", "ddp"], True),  # past the budget: measured once, as the best forecast
         ("go", [300], None, ["auto", "ddp"], True),
         ("refuse", [300], None, ["auto", "ddp"], None),  # refused, with the reason
     ],
@@ -242,11 +243,12 @@ def test_a_layout_measured_while_the_host_stole_the_cores_is_measured_again_or_m
     monkeypatch.setattr(measurement, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     monkeypatch.setattr(measurement, "read_cpu_clock", busy_cores.read_cpu_clock)  # the fixture's /proc/stat
     monkeypatch.setattr("sys.argv", ["main.py"])
-    # The reference first (always measured), then ddp, forecast as fast (the first of the best is the reference):
-    # ddp trains 2 x 8 images for 1 + 1 x 2 steps, 4.8 s at 10 img/s, 5.76 s with the forecast's 20%; it starts at
-    # 1 s and would end by 6.76 s, within a deadline of 7.5 s; measured again from 2 s, it would end past it.
+    # The reference first, then ddp, the best forecast (both measured whatever the time): ddp trains 2 x 8 images for
+    # 1 + 1 x 2 steps, 4.8 s at 10 img/s, 5.76 s with the forecast's 20%; it starts at 1 s and would end by 6.76 s,
+    # within a deadline of 7.5 s, past one of 3 s; measured again from 2 s, it would end past either.
     order = [
-        Outcome(Layout(name, strategy, 2, 2, 8), [1], 10.0) for name, strategy in (("1 device", "auto"), ("ddp", "ddp"))
+        Outcome(Layout(name, strategy, 2, 2, 8), [1], forecast)
+        for name, strategy, forecast in (("1 device", "auto", 9.0), ("ddp", "ddp", 10.0))
     ]
     setting = SimpleNamespace(batch_size=8, devices=2, device_ids=None)
     if marked is None:

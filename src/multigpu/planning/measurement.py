@@ -66,8 +66,9 @@ def measure(
 
     With ``if_busy`` (on the CPU) the cores are checked after each run, and the time a virtual machine's host
     stole since it began (``busy_cores``): a run on busy cores measured them too, so it is said in one line and,
-    as ``if_busy`` says, measured again once they are quiet (``wait``: once, where the deadline allows; still
-    busy, its figures are kept and marked), refused (``refuse``), or kept and marked (``go``)."""
+    as ``if_busy`` says, measured again once they are quiet (``wait``: once, where the deadline allows, for the
+    reference and the best forecast too; still busy, or no time left, its figures are kept and marked), refused
+    (``refuse``), or kept and marked (``go``)."""
     entry = Path(sys.argv[0]).resolve()
     if entry.suffix != ".py":
         raise UsageError("run plan as `python main.py plan ...`: it launches main.py fit for each layout.")
@@ -81,8 +82,7 @@ def measure(
         for index, outcome in enumerate(outcomes):
             layout_images = outcome.layout.batch_size * outcome.layout.replicas * accumulate
             training_s = layout_images * (warmup + steps * windows) / (outcome.forecast or float("inf"))
-            bounded = deadline is not None and index not in always
-            if bounded and (left or not _ends_by(deadline, training_s * stretch)):
+            if index not in always and (left or not _ends_by(deadline, training_s * stretch)):
                 left.append(outcome)
                 measured.append(outcome)
                 continue
@@ -118,9 +118,10 @@ def measure(
                         f"the cores were busy while {outcome.layout.label} trained ({check}): "
                         f"{check.measures_too('its', BUSY_REMEDY)}"
                     )
-                if if_busy == "go" or again or (bounded and not _ends_by(deadline, training_s * stretch)):
+                # the budget allows the reference and the best forecast one run whatever the time, not a second
+                if if_busy == "go" or again or not _ends_by(deadline, training_s * stretch):
                     break
-                if wait_for_quiet("plan", check).busy or (bounded and not _ends_by(deadline, training_s * stretch)):
+                if wait_for_quiet("plan", check).busy or not _ends_by(deadline, training_s * stretch):
                     break  # the wait spent what the budget had left
                 print(f"plan: measuring {outcome.layout.label} again, on quiet cores", flush=True)
             if trained.failure:
@@ -146,9 +147,10 @@ def measure(
     return measured
 
 
-def _ends_by(deadline: float, run_s: float) -> bool:
-    """Whether a run forecast to take ``run_s`` seconds, and ``FORECAST_ERROR`` more, would end by ``deadline``."""
-    return time.monotonic() + run_s * (1 + FORECAST_ERROR) <= deadline
+def _ends_by(deadline: float | None, run_s: float) -> bool:
+    """Whether a run forecast to take ``run_s`` seconds, and ``FORECAST_ERROR`` more, would end by ``deadline``
+    (always, with none)."""
+    return deadline is None or time.monotonic() + run_s * (1 + FORECAST_ERROR) <= deadline
 
 
 def _trained(outcome: Outcome, command: list[str], stem: Path) -> Outcome:
