@@ -82,6 +82,7 @@ def test_plan_waits_when_the_cores_turn_busy_while_it_profiles_then_profiles_aga
     monkeypatch.setattr(busy_cores.time, "sleep", lambda seconds: None)
     profiled = []
     monkeypatch.setattr(command, "_forecasts", lambda *args: profiled.append(args) or ([], [], {}))
+    monkeypatch.setattr(command, "process_age_s", lambda: 0.0)  # the budget's clock starts now, not with pytest
     plan = plan_on_2_cpus(tmp_path)
     if busy_again:
         with pytest.raises(SystemExit):
@@ -143,6 +144,7 @@ def test_plan_says_when_the_host_stole_the_cores_while_it_profiled(
     monkeypatch.setattr(
         command, "_forecasts", lambda *args: profiled.append(args) or virtual_machine(1000, 300) or ([], [], {})
     )
+    monkeypatch.setattr(command, "process_age_s", lambda: 0.0)  # the budget's clock starts now, not with pytest
     plan = plan_on_2_cpus(tmp_path)
     if if_busy == "go":
         cli_main(*plan, "--plan.dry_run=true", "--plan.if_busy=go")
@@ -169,6 +171,42 @@ def test_plan_says_when_the_host_stole_the_cores_while_it_profiled(
             "its figures would measure the host's other virtual machines too. Try again when the host is quieter, "
             "or pass --plan.if_busy=go to plan anyway."
         )
+
+
+@pytest.mark.parametrize("if_busy", ["go", "wait"])
+def test_a_busy_profile_stands_marked_where_it_goes_on_or_the_budget_has_no_room_for_another(
+    if_busy, virtual_machine, monkeypatch, capsys, tmp_path
+):
+    """The host stole 30% of the cores' time while plan profiled, which took 40 s of the test's clock: with a
+    budget of 90 s a second profile (from 40 s, 48 s with the forecasts' 20%) would end past it, so told to wait
+    plan does not profile again, says why, and its forecasts stand, marked busy in what ``plan.json`` records;
+    told to go on, the same mark."""
+    from types import SimpleNamespace
+
+    from multigpu.planning import command
+
+    clock, profiled, basis = [0.0], [], {}
+
+    def profile(*args):
+        profiled.append(args)
+        virtual_machine(1000, 300)
+        clock[0] += 40.0
+        return [], [], basis
+
+    monkeypatch.setattr(command, "_forecasts", profile)
+    monkeypatch.setattr(command, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(command, "process_age_s", lambda: 0.0)
+    cli_main(*plan_on_2_cpus(tmp_path, "--plan.dry_run=true", f"--plan.if_busy={if_busy}"))
+    out = capsys.readouterr().out
+    assert len(profiled) == 1 and "profiling again" not in out
+    assert basis["busy"].startswith("a convolution on 2 thread(s) got 99% of their cores")
+    assert basis["busy"].endswith("the host runs other virtual machines on them")
+    no_room = (
+        "plan: no time to profile again within --plan.budget_s=90 (the profile took 40 s): its forecasts stand, "
+        "marked busy in plan.json, and the runs it measures are checked as they train; --plan.budget_s=null "
+        "profiles again"
+    )
+    assert (no_room in out) == (if_busy == "wait")
 
 
 def test_plan_says_when_the_host_steals_the_cores_as_it_checks_them(virtual_machine, monkeypatch, capsys, tmp_path):

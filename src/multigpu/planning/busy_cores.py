@@ -200,18 +200,20 @@ def wait_for_quiet(who: str, check: CoreCheck) -> CoreCheck:
     return check
 
 
-def until_quiet(if_busy: IF_BUSY, who: str, moment: str, remedy: str, since: CpuClock | None = None) -> bool:
+def until_quiet(
+    if_busy: IF_BUSY, who: str, moment: str, remedy: str, since: CpuClock | None = None
+) -> CoreCheck | None:
     """Check the cores (and the time stolen ``since``); when busy, say so in one line and, as ``if_busy`` says,
     go on (``go``), refuse (``refuse``), or wait up to ``WAIT_S`` for them to quieten and refuse if they don't
-    (``wait``). Returns whether they were quiet at once (``False``: they were busy, and ``who`` went on or
-    waited)."""
-    if not (check := note_if_busy(who, moment, since)).busy:
-        return True
+    (``wait``). Returns the check that found them busy, where ``who`` went on or waited; None where they were
+    quiet at once."""
+    if not (busy := note_if_busy(who, moment, since)).busy:
+        return None
     if if_busy == "go":
-        print(f"{who}: going on (if_busy=go): its figures measure {check.other} too.", flush=True)
-        return False
-    if if_busy == "wait" and not (check := wait_for_quiet(who, check)).busy:
-        return False
+        print(f"{who}: going on (if_busy=go): its figures measure {busy.other} too.", flush=True)
+        return busy
+    if not (check := wait_for_quiet(who, busy) if if_busy == "wait" else busy).busy:
+        return busy
     waited = f" for {WAIT_S:.0f} s" if if_busy == "wait" else ""
     whose = f"{who}'s"
     raise UsageError(f"the cores stayed busy{waited} ({check}): {check.measures_too(whose, remedy)}")

@@ -18,7 +18,8 @@ The measurements stop when the time budget (``--plan.budget_s``, counted from th
 own start-up and imports included) would run out before the next layout ends; the reference and the forecast best
 are always measured. On the CPU it checks the cores before and after profiling (``busy_cores``), and after it the
 time a virtual machine's host stole while it profiled: busy cores would make the forecasts measure another process
-(or the host's other virtual machines), so it waits for them to quieten and profiles again, or refuses. It checks
+(or the host's other virtual machines), so it waits for them to quieten and profiles again (where the time
+budget has room for it; else the forecasts stand, marked busy, for the measured runs to check), or refuses. It checks
 them after each measured run too, and the time stolen while it trained: a run on busy cores is measured again once
 they are quiet, or marked as such in the table and ``plan.json``.
 """
@@ -38,7 +39,7 @@ from multigpu.planning.busy_cores import check_cores, read_cpu_clock, until_quie
 from multigpu.planning.forecast import forecast, timed_input
 from multigpu.planning.layouts import Layout, Refusal, candidate_layouts
 from multigpu.planning.links import measure_links
-from multigpu.planning.measurement import balanced, measure
+from multigpu.planning.measurement import balanced, ends_by, measure
 from multigpu.planning.options import BUSY_REMEDY, PlanOptions, check_no_plan_section
 from multigpu.planning.ranking import Outcome, in_measuring_order, to_measure
 from multigpu.planning.report import dry_run_line, print_report, write_outputs
@@ -98,17 +99,29 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
     budget = memory_budget(setting.cuda, setting.device_ids or list(range(setting.devices)), options.memory_per_device)
     if not setting.cuda:
         until_quiet(options.if_busy, "plan", "before profiling", BUSY_REMEDY)
-    clock = None if setting.cuda else read_cpu_clock()
+    deadline = None if options.budget_s is None else started + options.budget_s
+    clock, profiling = None if setting.cuda else read_cpu_clock(), time.monotonic()
     outcomes, left_out, basis = _forecasts(config, setting, options, layouts, budget)
-    if not setting.cuda and not until_quiet(options.if_busy, "plan", "after profiling", BUSY_REMEDY, clock):
-        if options.if_busy != "go":  # it waited for quiet cores: the profile measured another process or machine
-            print("plan: profiling again, on quiet cores", flush=True)
-            clock = read_cpu_clock()
-            outcomes, left_out, basis = _forecasts(config, setting, options, layouts, budget)
-            if (again := check_cores(since=clock)).busy:
-                raise UsageError(
-                    f"the cores were busy again while plan profiled ({again}): {again.measures_too('its', BUSY_REMEDY)}"
-                )
+    profiled_s = time.monotonic() - profiling
+    busy = None if setting.cuda else until_quiet(options.if_busy, "plan", "after profiling", BUSY_REMEDY, clock)
+    if busy and options.if_busy == "wait" and not ends_by(deadline, profiled_s):
+        print(
+            f"plan: no time to profile again within --plan.budget_s={options.budget_s:g} (the profile took "
+            f"{profiled_s:.0f} s): its forecasts stand, marked busy in plan.json, and the runs it measures are "
+            "checked as they train; --plan.budget_s=null profiles again",
+            flush=True,
+        )
+    elif busy and options.if_busy == "wait":  # the profile measured another process or machine: once more
+        print("plan: profiling again, on quiet cores", flush=True)
+        clock = read_cpu_clock()
+        outcomes, left_out, basis = _forecasts(config, setting, options, layouts, budget)
+        if (again := check_cores(since=clock)).busy:
+            raise UsageError(
+                f"the cores were busy again while plan profiled ({again}): {again.measures_too('its', BUSY_REMEDY)}"
+            )
+        busy = None
+    if busy:  # kept: with if_busy=go, or no time to profile again
+        basis["busy"] = busy.reason
     refusals += left_out
     give_back_freed_memory()  # the profiled blocks' memory, for the measured runs
     measured: list[Outcome] = []  # those chosen to be measured, as measured (or left by the budget)
@@ -126,7 +139,7 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
             steps,
             options.windows,
             accumulate if isinstance(accumulate, int) else 1,
-            None if options.budget_s is None else started + options.budget_s,
+            deadline,
             None if setting.cuda else options.if_busy,
         )
         done = {id(before): after for before, after in zip(selected, measured)}

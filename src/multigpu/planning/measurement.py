@@ -20,7 +20,7 @@ from multigpu.planning.step_timer import step_timer
 from multigpu.planning.timed_runs import RunFailed, fit_command, run
 from multigpu.strategies.partition import balance_by_cost
 
-__all__ = ["LAYOUT_TIMEOUT_S", "balanced", "last_error", "measure"]
+__all__ = ["LAYOUT_TIMEOUT_S", "balanced", "ends_by", "last_error", "measure"]
 
 LAYOUT_TIMEOUT_S = 1200  # a layout still training after 20 minutes has hung (a deadlock, say): it is stopped
 
@@ -82,7 +82,7 @@ def measure(
         for index, outcome in enumerate(outcomes):
             layout_images = outcome.layout.batch_size * outcome.layout.replicas * accumulate
             training_s = layout_images * (warmup + steps * windows) / (outcome.forecast or float("inf"))
-            if index not in always and (left or not _ends_by(deadline, training_s * stretch)):
+            if index not in always and (left or not ends_by(deadline, training_s * stretch)):
                 left.append(outcome)
                 measured.append(outcome)
                 continue
@@ -119,9 +119,9 @@ def measure(
                         f"{check.measures_too('its', BUSY_REMEDY)}"
                     )
                 # the budget allows the reference and the best forecast one run whatever the time, not a second
-                if if_busy == "go" or again or not _ends_by(deadline, training_s * stretch):
+                if if_busy == "go" or again or not ends_by(deadline, training_s * stretch):
                     break
-                if wait_for_quiet("plan", check).busy or not _ends_by(deadline, training_s * stretch):
+                if wait_for_quiet("plan", check).busy or not ends_by(deadline, training_s * stretch):
                     break  # the wait spent what the budget had left
                 print(f"plan: measuring {outcome.layout.label} again, on quiet cores", flush=True)
             if trained.failure:
@@ -147,7 +147,7 @@ def measure(
     return measured
 
 
-def _ends_by(deadline: float | None, run_s: float) -> bool:
+def ends_by(deadline: float | None, run_s: float) -> bool:
     """Whether a run forecast to take ``run_s`` seconds, and ``FORECAST_ERROR`` more, would end by ``deadline``
     (always, with none)."""
     return deadline is None or time.monotonic() + run_s * (1 + FORECAST_ERROR) <= deadline

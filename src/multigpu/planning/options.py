@@ -39,7 +39,8 @@ class PlanOptions:
         if_busy: on the CPU, what to do when other processes keep the cores busy before or after profiling,
             or a virtual machine's host takes more than a tenth of their time while it profiles (the forecasts
             would measure them too): ``wait`` up to a minute for quiet cores, then profile again and refuse if
-            they were busy again; ``refuse`` at once; ``go`` on, saying so. The same after each measured run:
+            they were busy again (where the time budget has no room for a second profile, its forecasts stand,
+            marked busy in ``plan.json``); ``refuse`` at once; ``go`` on, saying so. The same after each measured run:
             ``wait`` measures it again once on quiet cores (where the budget allows), and keeps its figures,
             marked, where they were busy again, the cores stayed busy or the budget is spent; ``refuse`` at once;
             ``go`` marks them.
