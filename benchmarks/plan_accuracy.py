@@ -112,13 +112,17 @@ def accuracy(runs: list[list[dict]]) -> dict:
 
 def busy_line(figures: dict) -> str:
     """How many measurements ran on busy cores (``plan`` measures such a run again once where it can, then marks
-    it), or nothing."""
-    if not (busy := figures.get("busy_measurements")):
-        return ""
-    return (
-        f"{busy} of the {figures['measurements']} measurements ran on busy cores (another process, or a virtual "
-        "machine's host stealing their time; `busy` in its plan.json) and measured that too"
-    )
+    it), and how many plans forecast from a profile on busy cores (with ``--plan.if_busy=go``, or no time to
+    profile again), or nothing."""
+    said = []
+    if busy := figures.get("busy_measurements"):
+        said.append(
+            f"{busy} of the {figures['measurements']} measurements ran on busy cores (another process, or a virtual "
+            "machine's host stealing their time; `busy` in its plan.json) and measured that too"
+        )
+    if profiles := figures.get("busy_profiles"):
+        said.append(f"{profiles} plan(s) forecast from a profile on busy cores (`basis.busy` in its plan.json)")
+    return "; ".join(said)
 
 
 def repeat_line(figures: dict) -> str:
@@ -264,6 +268,7 @@ def main() -> None:
     paths = args.plan_json or plan_runs(args.devices, args.runs)
     plans = [json.loads(path.read_text()) for path in paths]
     figures = accuracy([plan["results"] for plan in plans])
+    figures["busy_profiles"] = sum(bool((plan.get("basis") or {}).get("busy")) for plan in plans)
     print()
     print_table(figures)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -141,6 +141,7 @@ def test_plan_accuracy_sets_each_forecast_against_its_measurement_over_runs(tmp_
     for index, results in enumerate(runs):
         paths.append(tmp_path / f"plan{index}.json")
         basis = {"passes_s": {"8 images on 2 thread(s)": 1.0 + index}}
+        basis |= {"busy": "the host stole 20% of the cores' time"} if index == 1 else {}  # forecast on busy cores
         paths[-1].write_text(json.dumps({"title": "2 CPU device(s)", "results": results, "basis": basis}))
     command = [sys.executable, str(REPO / "benchmarks" / "plan_accuracy.py"), "--plan-json", *map(str, paths)]
     result = subprocess.run([*command, f"--out={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -165,7 +166,8 @@ def test_plan_accuracy_sets_each_forecast_against_its_measurement_over_runs(tmp_
     assert f"{repeat}, which a forecast made minutes before its measurement meets too." in markdown[-1]
     busy = "1 of the 9 measurements ran on busy cores (another process, or a virtual machine's host stealing their"
     assert figures["busy_measurements"] == 1 and busy in result.stdout
-    assert markdown[-1].endswith(" and measured that too.")
+    profiles = "and measured that too; 1 plan(s) forecast from a profile on busy cores (`basis.busy` in its plan.json)"
+    assert figures["busy_profiles"] == 1 and markdown[-1].endswith(f"{profiles}.")
     assert (tmp_path / "plan_accuracy.png").read_bytes().startswith(b"\x89PNG")
 
 

@@ -35,7 +35,7 @@ from typing_extensions import override
 
 from multigpu.cli.lightning_cli import MultiGPUCLI
 from multigpu.errors import UsageError
-from multigpu.planning.busy_cores import check_cores, read_cpu_clock, until_quiet
+from multigpu.planning.busy_cores import CoreCheck, check_cores, note_if_busy, read_cpu_clock, until_quiet
 from multigpu.planning.forecast import forecast, timed_input
 from multigpu.planning.layouts import Layout, Refusal, candidate_layouts
 from multigpu.planning.links import measure_links
@@ -97,31 +97,9 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
         flush=True,
     )
     budget = memory_budget(setting.cuda, setting.device_ids or list(range(setting.devices)), options.memory_per_device)
-    if not setting.cuda:
-        until_quiet(options.if_busy, "plan", "before profiling", BUSY_REMEDY)
+    before = None if setting.cuda else until_quiet(options.if_busy, "plan", "before profiling", BUSY_REMEDY)
     deadline = None if options.budget_s is None else started + options.budget_s
-    clock, profiling = None if setting.cuda else read_cpu_clock(), time.monotonic()
-    outcomes, left_out, basis = _forecasts(config, setting, options, layouts, budget)
-    profiled_s = time.monotonic() - profiling
-    busy = None if setting.cuda else until_quiet(options.if_busy, "plan", "after profiling", BUSY_REMEDY, clock)
-    if busy and options.if_busy == "wait" and not ends_by(deadline, profiled_s):
-        print(
-            f"plan: no time to profile again within --plan.budget_s={options.budget_s:g} (the profile took "
-            f"{profiled_s:.0f} s): its forecasts stand, marked busy in plan.json, and the runs it measures are "
-            "checked as they train; --plan.budget_s=null profiles again",
-            flush=True,
-        )
-    elif busy and options.if_busy == "wait":  # the profile measured another process or machine: once more
-        print("plan: profiling again, on quiet cores", flush=True)
-        clock = read_cpu_clock()
-        outcomes, left_out, basis = _forecasts(config, setting, options, layouts, budget)
-        if (again := check_cores(since=clock)).busy:
-            raise UsageError(
-                f"the cores were busy again while plan profiled ({again}): {again.measures_too('its', BUSY_REMEDY)}"
-            )
-        busy = None
-    if busy:  # kept: with if_busy=go, or no time to profile again
-        basis["busy"] = busy.reason
+    outcomes, left_out, basis = _profiled(config, setting, options, layouts, budget, deadline, before)
     refusals += left_out
     give_back_freed_memory()  # the profiled blocks' memory, for the measured runs
     measured: list[Outcome] = []  # those chosen to be measured, as measured (or left by the budget)
@@ -174,6 +152,51 @@ def process_age_s() -> float:
         return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))  # field 22: the start, in clock ticks
     except (OSError, ValueError, IndexError):
         return 0.0
+
+
+def _profiled(
+    config,
+    setting: Setting,
+    options: PlanOptions,
+    layouts: list[Layout],
+    budget: tuple[int, bool],
+    deadline: float | None,
+    before: CoreCheck | None,
+) -> tuple[list[Outcome], list[Refusal], dict]:
+    """``_forecasts``, with the cores checked after profiling on the CPU (``busy_cores``): where they were busy, as
+    ``--plan.if_busy`` says, profiled again once they are quiet (``wait``, where a second profile would end within
+    the time budget ``deadline``), refused (``refuse``), or kept (``go``, or no room for a second profile), saying
+    why under ``busy`` in what the forecasts were built from. ``before``: the check before profiling that found the
+    cores busy, where plan went on."""
+    if setting.cuda:
+        return _forecasts(config, setting, options, layouts, budget)
+    clock, start = read_cpu_clock(), time.monotonic()
+    outcomes, left_out, basis = _forecasts(config, setting, options, layouts, budget)
+    profiled_s = time.monotonic() - start
+    if options.if_busy == "wait" and not ends_by(deadline, profiled_s):  # no room to profile again: no wait either
+        busy = check if (check := note_if_busy("plan", "after profiling", clock)).busy else None
+        if busy is not None:
+            print(
+                f"plan: no time to profile again within --plan.budget_s={options.budget_s:g} (the profile took "
+                f"{profiled_s:.0f} s): its forecasts stand, marked busy in plan.json, and each run it measures is "
+                "checked as it trains (pass a larger --plan.budget_s, or null, to profile again)",
+                flush=True,
+            )
+    elif (busy := until_quiet(options.if_busy, "plan", "after profiling", BUSY_REMEDY, clock)) is not None:
+        if options.if_busy == "wait":  # the profile measured another process or machine: once more, on quiet cores
+            print("plan: profiling again, on quiet cores", flush=True)
+            clock = read_cpu_clock()
+            outcomes, left_out, basis = _forecasts(config, setting, options, layouts, budget)
+            if (again := check_cores(since=clock)).busy:
+                raise UsageError(
+                    f"the cores were busy again while plan profiled ({again}): {again.measures_too('its', BUSY_REMEDY)}"
+                )
+            return outcomes, left_out, basis
+    if busy is None and options.if_busy == "go":
+        busy = before  # profiled on the cores found busy before
+    if busy is not None:
+        basis["busy"] = busy.reason
+    return outcomes, left_out, basis
 
 
 def _forecasts(

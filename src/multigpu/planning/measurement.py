@@ -118,10 +118,12 @@ def measure(
                         f"the cores were busy while {outcome.layout.label} trained ({check}): "
                         f"{check.measures_too('its', BUSY_REMEDY)}"
                     )
-                # the budget allows the reference and the best forecast one run whatever the time, not a second
-                if if_busy == "go" or again or not ends_by(deadline, training_s * stretch):
+                # The budget allows the reference and the best forecast one run whatever the time, not a second,
+                # taken to last as long as the first did (on busy cores), or as its forecast, the longer
+                again_s = max(training_s * stretch, time.monotonic() - start)
+                if if_busy == "go" or again or not ends_by(deadline, again_s):
                     break
-                if wait_for_quiet("plan", check).busy or not ends_by(deadline, training_s * stretch):
+                if wait_for_quiet("plan", check).busy or not ends_by(deadline, again_s):
                     break  # the wait spent what the budget had left
                 print(f"plan: measuring {outcome.layout.label} again, on quiet cores", flush=True)
             if trained.failure:
