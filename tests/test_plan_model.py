@@ -271,28 +271,42 @@ def test_each_run_of_blocks_is_scaled_to_its_own_figures_in_its_blocks_proportio
     assert scaled.update == [0.5] * 4
     untimed = PassTimes([0.0, 0.0, 1.0], [0.0, 0.0, 1.0], [0.0] * 3).scaled_to([0, 2, 3], [(0.5, 0.5), (2.0, 3.0)])
     assert (untimed.forward, untimed.backward) == ([0.0, 0.0, 2.0], [0.0, 0.0, 3.0])
+    # the updates, to the whole network's one step, each block keeping its share; the passes as they were
+    updated = times.with_update(1.0)
+    assert updated.update == pytest.approx([0.25] * 4) and updated.forward == times.forward
+    assert untimed.with_update(1.0).update == [0.0] * 3
 
 
 def test_the_blocks_add_up_to_the_whole_network_timed_at_once(monkeypatch):
     """Timed one by one, the blocks each pay a call of their own and find their parameters in the caches: the profile
     scales the forward passes of each of the whole network's runs of blocks to that run's forward pass and their
-    backward passes to its backward pass, each timed at the same size; the update stays."""
+    backward passes to its backward pass, each timed at the same size, and the blocks' updates to the whole
+    network's one update at the same thread count."""
     factories = [lambda: nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 16)), nn.ReLU, lambda: nn.Linear(16, 10)]
     profile = lambda: BlockProfile(LazyBlocks(factories, seed=0), Precision(), torch.device("cpu"), MOMENTUM)  # noqa: E731
     assert profile()._bounds() == [0, 1, 2, 3]  # fewer blocks than SEGMENTS: a run each
-    (runs,), together = profile()._whole_passes([torch.zeros(2, 3, 32, 32)], [1], [1])
+    (runs,), together, updates = profile()._whole_passes([torch.zeros(2, 3, 32, 32)], [1], [1])
     assert len(runs) == 3 and all(0 < seconds < 1 for run in runs for seconds in run) and together == {}
-    whole_passes = lambda seconds: lambda self, examples, threads, copies: ([seconds] * len(examples), {})  # noqa: E731
-    monkeypatch.setattr(BlockProfile, "_whole_passes", whole_passes([(0.05, 0.1), (0.01, 0.1), (0.04, 0.2)]))
+    assert list(updates) == [1] and 0 < updates[1] < 1
+
+    def whole_passes(seconds, update):
+        return lambda self, examples, threads, copies: (
+            [seconds] * len(examples),
+            {},
+            {count: update for count in threads} if update else {},
+        )
+
+    monkeypatch.setattr(BlockProfile, "_whole_passes", whole_passes([(0.05, 0.1), (0.01, 0.1), (0.04, 0.2)], 0.3))
     scaled_profile = profile()
     scaled = scaled_profile.times(2, 1)
     assert scaled.forward == pytest.approx([0.05, 0.01, 0.04]) and scaled.backward == pytest.approx([0.1, 0.1, 0.2])
-    # the level plan.json records: the whole pass at each size and thread count timed
+    assert sum(scaled.update) == pytest.approx(0.3) and scaled.update[1] == 0.0  # the ReLU has nothing to update
+    # the level plan.json records: the whole pass at each size and thread count timed, the update at each count
     assert scaled_profile.passes() == {f"2 images on {threads_per_process(1)} thread(s)": pytest.approx(0.5)}
-    assert 0 < sum(scaled.update) < 0.1  # an update is no pass: the whole network's figure leaves it as timed
-    monkeypatch.setattr(BlockProfile, "_whole_passes", whole_passes(None))
+    assert scaled_profile.updates() == {f"on {threads_per_process(1)} thread(s)": 0.3}
+    monkeypatch.setattr(BlockProfile, "_whole_passes", whole_passes(None, None))
     as_timed = profile().times(2, 1)  # the whole network did not fit: the blocks stay as timed
-    assert sum(as_timed.forward + as_timed.backward) < 0.1
+    assert sum(as_timed.forward + as_timed.backward) < 0.1 and 0 < sum(as_timed.update) < 0.1
 
 
 def test_the_whole_network_is_timed_in_rounds_of_every_size_and_its_mean_counts(monkeypatch):
@@ -313,8 +327,27 @@ def test_the_whole_network_is_timed_in_rounds_of_every_size_and_its_mean_counts(
     monkeypatch.setattr(BlockProfile, "_pass_seconds", seconds)
     small, large = torch.zeros(2, 3, 32, 32), torch.zeros(4, 3, 32, 32)
     expected = [[(1.5, 2.5), (1.0, 2.0)], [(4.0, 7.0), (4.0, 7.0)]]
-    assert profile._whole_passes([small, large], [1, 2], [1, 1]) == (expected, {})
+    monkeypatch.setattr(BlockProfile, "_update_seconds", lambda self, net, count: count / 10)
+    assert profile._whole_passes([small, large], [1, 2], [1, 1]) == (expected, {}, {1: 0.1, 2: 0.2})
     assert threads == [2, 1, 2, 1, 2]  # the largest (on its 2 threads) untimed, then the sizes in turn, twice
+
+
+def test_the_whole_networks_update_is_one_step_over_all_its_parameters_the_mean_after_one_untimed(monkeypatch):
+    """A layout's process updates all its parameters in one optimizer step: the profile times that step (the
+    recipe's SGD, changing no parameter) with the thread count asked for, its mean after one untimed."""
+    net = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    before = [param.clone() for param in net.parameters()]
+    profile = BlockProfile(LazyBlocks([nn.ReLU]), Precision(), torch.device("cpu"), MOMENTUM)
+    steps, clock = [], iter([9.0, 1.0, 3.0])
+
+    def seconds(self, work) -> float:
+        work()
+        steps.append(torch.get_num_threads())
+        return next(clock)
+
+    monkeypatch.setattr(BlockProfile, "_seconds", seconds)
+    assert profile._update_seconds(net, 1) == 2.0 and steps == [1, 1, 1]
+    assert all(torch.equal(param, old) for param, old in zip(net.parameters(), before))
 
 
 def test_the_whole_network_timed_in_runs_of_blocks_computes_the_gradients_of_one_pass():

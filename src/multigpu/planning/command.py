@@ -221,5 +221,10 @@ def _forecasts(
             refusals.append(Refusal(layout.label, expected))
         else:
             outcomes.append(Outcome(layout, setting.estimated_peaks(layout), expected))
-    basis = {"passes_s": profile.passes(), "split_backward": profile.splits(), "links": links.figures()}
+    basis = {
+        "passes_s": profile.passes(),
+        "update_s": profile.updates(),
+        "split_backward": profile.splits(),
+        "links": links.figures(),
+    }
     return outcomes, refusals, basis

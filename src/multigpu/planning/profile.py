@@ -13,6 +13,8 @@ to a few percent more than the whole network, more at the smallest micro-batches
 pass as the network does (at 4 images on one thread, the first of four stages' blocks' backward passes came to 47%
 above the stage's own, the last's to 11%; scaled to the whole network as one, the first stage's backward pass was
 forecast 16% long and the others' 10 to 13% short, and a 4-stage pipeline of 4 micro-batches 12 to 18% fast).
+Likewise the blocks' updates are scaled to add up to the whole network's, one optimizer step at each thread count, as
+a layout's process takes it.
 ``split_backward`` gives how much longer the zero-bubble schedules' backward pass, split into its input and its
 weight gradients, takes than a whole one.
 
@@ -51,7 +53,8 @@ from multigpu.strategies.micro_batch_check import micro_batch_refusal
 __all__ = ["CPU_IMAGES", "BlockProfile", "PassTimes", "cores", "precision_plugin", "threads_per_process"]
 
 CPU_IMAGES = 32
-REPEATS = 2  # timed passes of the whole network (their mean) and of the split ratio's (the fastest), after one untimed
+REPEATS = 2  # timed passes of the whole network and its updates (their mean) and of the split ratio's (the fastest),
+# after one untimed
 # Timed passes of each block per size, after one untimed: the whole network's passes set the level, the blocks only
 # how it divides among them (a second timed pass cost 7 s of the smoke plan on a slow 2-core CPU)
 BLOCK_REPEATS = 1
@@ -84,6 +87,11 @@ class PassTimes:
     def scaled(self, factor: float) -> "PassTimes":
         """The passes ``factor`` times slower (more images, or a slower process); the update stays."""
         return PassTimes([t * factor for t in self.forward], [t * factor for t in self.backward], self.update)
+
+    def with_update(self, seconds: float) -> "PassTimes":
+        """The blocks' updates scaled to add up to ``seconds``, the whole network's update timed as one."""
+        timed = sum(self.update)
+        return PassTimes(self.forward, self.backward, [t * seconds / timed for t in self.update]) if timed else self
 
     def scaled_to(self, bounds: Sequence[int], passes: Sequence[tuple[float, float]]) -> "PassTimes":
         """Each run of blocks between consecutive ``bounds`` scaled to its figures in ``passes``: its forward passes to
@@ -128,6 +136,7 @@ class BlockProfile:
         self.blocks, self.precision, self.device, self.sgd = blocks, precision, device, sgd
         self._times: dict[tuple[int, int | None], PassTimes | str] = {}
         self._splits: dict[int | None, float] = {}
+        self._updates: dict[int | None, float] = {}  # the whole network's update, per thread count
         self._copies: dict[tuple[int, int | None], int] = {}  # the most processes a size was asked for with
         # a size's copies at once, and the seconds of its whole pass alone, then of its copies: their mean, the slowest
         self._together: dict[tuple[int, int | None], tuple[int, float, float, float]] = {}
@@ -196,6 +205,10 @@ class BlockProfile:
             if isinstance(times, PassTimes)
         }
 
+    def updates(self) -> dict[str, float]:
+        """Seconds of the whole network's update at every thread count timed, as ``plan.json`` records it."""
+        return {_on_threads(threads) or "on the device": seconds for threads, seconds in self._updates.items()}
+
     def splits(self) -> dict[str, float]:
         """``split_backward``'s factor at every thread count it was timed at, as ``plan.json`` records it."""
         return {_on_threads(threads) or "on the device": ratio for threads, ratio in self._splits.items()}
@@ -239,7 +252,7 @@ class BlockProfile:
                 timed = block_pass_times_together(
                     self.blocks, examples, [threads for _, threads in keys], self.device, self.sgd, BLOCK_REPEATS
                 )
-                wholes, together = self._whole_passes(
+                wholes, together, updates = self._whole_passes(
                     examples, [threads for _, threads in keys], [self._copies.get(key, 1) for key in keys]
                 )
         except RuntimeError as error:  # out of memory, say
@@ -254,14 +267,17 @@ class BlockProfile:
                 torch.cuda.empty_cache()
         for key, passes, whole in zip(keys, timed, wholes):
             times = PassTimes(*(list(column) for column in zip(*passes)))
+            if key[1] in updates:
+                times = times.with_update(updates[key[1]])
             self._times[key] = times.scaled_to(self._bounds(), whole) if whole else times
+        self._updates.update(updates)
         for index, (mean, slowest) in together.items():
             alone = sum(map(sum, wholes[index]))
             self._together[keys[index]] = (self._copies[keys[index]], alone, mean, slowest)
 
     def _whole_passes(
         self, examples: list[torch.Tensor], threads: list[int | None], copies: list[int]
-    ) -> tuple[list[list[tuple[float, float]] | None], dict[int, tuple[float, float]]]:
+    ) -> tuple[list[list[tuple[float, float]] | None], dict[int, tuple[float, float]], dict[int | None, float]]:
         """Seconds of the whole network's forward pass and of its backward pass on each of ``examples`` with its threads
         (each backward pass writing its gradients anew), each of its ``SEGMENTS`` runs of blocks apart
         (``_pass_seconds``): the means of ``REPEATS`` rounds, each round one pass of every
@@ -271,12 +287,13 @@ class BlockProfile:
         for the steps a run takes (on a 2-core CPU, 30 passes in a row took 0.75 to 1.3 s, their median 0.98). None for
         each where the whole network does not fit on the device (out of memory), whose blocks then stay as timed. Where
         ``copies`` is above 1 each round also times that many copies of the network at once right after the pass alone,
-        the largest such size first untimed: by index, the copies' mean and slowest, over the rounds."""
+        the largest such size first untimed: by index, the copies' mean and slowest, over the rounds. Last, the
+        seconds of the whole network's update at each thread count (``_update_seconds``)."""
         try:
             nets = [self._whole_network()]
             nets += [copy.deepcopy(nets[0]) for _ in range(max(copies, default=1) - 1)]
         except RuntimeError:
-            return [None] * len(examples), {}
+            return [None] * len(examples), {}, {}
         inputs = [example.to(self.device) for example in examples]
 
         def seconds(index: int) -> list[tuple[float, float]] | None:
@@ -312,7 +329,21 @@ class BlockProfile:
             for index, timed in together.items()
             if wholes[index] is not None and None not in timed
         }
-        return wholes, figures
+        return wholes, figures, {count: self._update_seconds(nets[0], count) for count in dict.fromkeys(threads)}
+
+    def _update_seconds(self, net: nn.Module, threads: int | None) -> float:
+        """Seconds of one update of all of ``net``'s parameters (the recipe's SGD, ``self.sgd``) with ``threads``
+        threads: the mean of ``REPEATS`` after one untimed (which makes the momentum buffers). A layout's process
+        updates its parameters in one optimizer step, not one per block: on a 2-core CPU the smoke plan's blocks'
+        updates, each timed alone, added up to 77 to 209 ms at 2 threads, where one step over the whole network took
+        56 to 66 ms, and the `1 device` forecast came out 3 to 10% too slow."""
+        params = [param for param in net.parameters() if param.requires_grad]
+        for param in params:
+            param.grad = torch.zeros_like(param)
+        update = torch.optim.SGD(params, lr=0.0, **self.sgd)
+        with _threads(threads):
+            seconds = [self._seconds(update.step) for _ in range(REPEATS + 1)]
+        return statistics.mean(seconds[1:])
 
     def _at_once(self, nets: list[nn.Module], x: torch.Tensor) -> list[float] | None:
         """Seconds of each of ``nets``' whole passes on ``x``, timed as ``_pass_seconds`` times a pass alone, all

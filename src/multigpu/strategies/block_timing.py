@@ -144,10 +144,10 @@ def _timed_pass(block: nn.Module, x, update: torch.optim.Optimizer | None, devic
     end = time.perf_counter()
     if update is not None:
         update.step()
-    synchronize(device)
+        synchronize(device)
     forwards.append(middle - start)
     backwards.append(end - middle)
-    updates.append(time.perf_counter() - end)
+    updates.append(time.perf_counter() - end if update is not None else 0.0)  # a block without parameters: none
     return out
 
 
