@@ -174,19 +174,20 @@ def test_plan_says_when_the_host_stole_the_cores_while_it_profiled(
 
 
 @pytest.mark.parametrize(
-    ("if_busy", "budget_s", "profiles"),
-    [("wait", 90, 1), ("go", 90, 1), ("wait", 200, 2)],
+    ("if_busy", "budget_s", "wait_s", "profiles"),
+    [("wait", 90, 0, 1), ("go", 90, 0, 1), ("wait", 200, 0, 2), ("wait", 110, 30, 1)],
 )
 def test_a_busy_profile_is_profiled_again_where_the_budget_has_room_or_stands_marked(
-    if_busy, budget_s, profiles, virtual_machine, monkeypatch, capsys, tmp_path
+    if_busy, budget_s, wait_s, profiles, virtual_machine, monkeypatch, capsys, tmp_path
 ):
     """The host stole 30% of the cores' time while plan profiled, which took 45 s of the test's clock. With a budget
     of 90 s a second profile (from 45 s, 54 s with the forecasts' 20%) would end past it: told to wait, plan neither
     waits nor profiles again, says why, and its forecasts stand, marked busy in what ``plan.json`` records; told to
-    go on, the same mark. With 200 s it profiles again, and the second profile (quiet) is not marked."""
+    go on, the same mark. With 200 s it profiles again, and the second profile (quiet) is not marked. With 110 s it
+    waits, but a wait of 30 s spends the room (75 s and 54 s past 110): the forecasts stand, marked."""
     from types import SimpleNamespace
 
-    from multigpu.planning import command, measurement
+    from multigpu.planning import command, measurement, ranking
 
     clock, bases = [0.0], []
 
@@ -197,11 +198,15 @@ def test_a_busy_profile_is_profiled_again_where_the_budget_has_room_or_stands_ma
         return [], [], bases[-1]
 
     waits = []
-    monkeypatch.setattr(
-        busy_cores, "wait_for_quiet", lambda who, check: waits.append(who) or busy_cores.CoreCheck(2, 1)
-    )
+
+    def wait_for_quiet(who, check):
+        waits.append(who)
+        clock[0] += wait_s
+        return busy_cores.CoreCheck(2, 1)
+
+    monkeypatch.setattr(busy_cores, "wait_for_quiet", wait_for_quiet)
     monkeypatch.setattr(command, "_forecasts", profile)
-    for module in (command, measurement):
+    for module in (command, measurement, ranking):
         monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     monkeypatch.setattr(command, "process_age_s", lambda: 0.0)
     cli_main(
@@ -209,16 +214,15 @@ def test_a_busy_profile_is_profiled_again_where_the_budget_has_room_or_stands_ma
     )
     out = capsys.readouterr().out
     assert len(bases) == profiles and ("plan: profiling again, on quiet cores" in out) == (profiles == 2)
-    assert len(waits) == (if_busy == "wait" and profiles == 2)  # no wait where there is no room to profile again
+    assert len(waits) == (if_busy == "wait" and budget_s > 90)  # no wait where there is no room to profile again
     if profiles == 2:
         assert "busy" not in bases[-1]
         return
     assert bases[0]["busy"].startswith("a convolution on 2 thread(s) got 99% of their cores")
     assert bases[0]["busy"].endswith("the host runs other virtual machines on them")
-    no_room = (
-        "plan: no time to profile again within --plan.budget_s=90 (the profile took 45 s): its forecasts stand, "
-        "marked busy in plan.json, and each run it measures is checked as it trains (pass a larger "
-        "--plan.budget_s, or null, to profile again)"
+    no_room = (  # a dry run: no plan.json, no run measured
+        f"plan: no time to profile again within --plan.budget_s={budget_s} (the profile took 45 s): its forecasts "
+        "stand (pass a larger --plan.budget_s, or null, to profile again)"
     )
     assert (no_room in out) == (if_busy == "wait")
 
@@ -272,7 +276,7 @@ def test_a_layout_measured_while_the_host_stole_the_cores_is_measured_again_or_m
     from types import SimpleNamespace
 
     from multigpu.errors import UsageError
-    from multigpu.planning import measurement
+    from multigpu.planning import measurement, ranking
     from multigpu.planning.layouts import Layout
     from multigpu.planning.ranking import Outcome
     from multigpu.planning.report import print_report
@@ -292,7 +296,8 @@ def test_a_layout_measured_while_the_host_stole_the_cores_is_measured_again_or_m
         return {"window_images_per_s": [10.0, 11.0], "images_per_s": 10.5, "peak_memory_bytes": [1]}
 
     monkeypatch.setattr(measurement, "run", fake_run)
-    monkeypatch.setattr(measurement, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    for module in (measurement, ranking):
+        monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     monkeypatch.setattr(measurement, "read_cpu_clock", busy_cores.read_cpu_clock)  # the fixture's /proc/stat
     monkeypatch.setattr("sys.argv", ["main.py"])
     # The reference first, then ddp, the best forecast (both measured whatever the time): ddp trains 2 x 8 images for

@@ -424,7 +424,7 @@ def test_the_budget_stretches_a_forecast_by_the_most_a_run_took_for_its_own(monk
     first steps), the more the longer its steps: the budget gives the next layout its forecast training time
     times the largest such stretch so far (here 2.5, not the first run's 2 or their mean) and 20% for its own
     error (``FORECAST_ERROR``), on the clock from which ``deadline`` counts."""
-    from multigpu.planning import measurement
+    from multigpu.planning import measurement, ranking
     from multigpu.planning.layouts import Layout
     from multigpu.planning.ranking import Outcome
 
@@ -439,7 +439,8 @@ def test_the_budget_stretches_a_forecast_by_the_most_a_run_took_for_its_own(monk
         return {"window_images_per_s": [10.0, 11.0], "images_per_s": 10.5, "peak_memory_bytes": []}
 
     monkeypatch.setattr(measurement, "run", fake_run)
-    monkeypatch.setattr(measurement, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    for module in (measurement, ranking):
+        monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     monkeypatch.setattr("sys.argv", ["main.py"])
     order = [
         Outcome(Layout(name, strategy, 2, 2, 8), [1], forecast)

@@ -39,9 +39,9 @@ from multigpu.planning.busy_cores import CoreCheck, check_cores, note_if_busy, r
 from multigpu.planning.forecast import forecast, timed_input
 from multigpu.planning.layouts import Layout, Refusal, candidate_layouts
 from multigpu.planning.links import measure_links
-from multigpu.planning.measurement import balanced, ends_by, measure
+from multigpu.planning.measurement import balanced, measure
 from multigpu.planning.options import BUSY_REMEDY, PlanOptions, check_no_plan_section
-from multigpu.planning.ranking import Outcome, in_measuring_order, to_measure
+from multigpu.planning.ranking import Outcome, ends_by, in_measuring_order, to_measure
 from multigpu.planning.report import dry_run_line, print_report, write_outputs
 from multigpu.planning.resources import budget as memory_budget
 from multigpu.planning.selection import Setting, choose, setting_of
@@ -174,16 +174,14 @@ def _profiled(
     outcomes, left_out, basis = _forecasts(config, setting, options, layouts, budget)
     profiled_s = time.monotonic() - start
     if options.if_busy == "wait" and not ends_by(deadline, profiled_s):  # no room to profile again: no wait either
-        busy = check if (check := note_if_busy("plan", "after profiling", clock)).busy else None
-        if busy is not None:
-            print(
-                f"plan: no time to profile again within --plan.budget_s={options.budget_s:g} (the profile took "
-                f"{profiled_s:.0f} s): its forecasts stand, marked busy in plan.json, and each run it measures is "
-                "checked as it trains (pass a larger --plan.budget_s, or null, to profile again)",
-                flush=True,
-            )
+        if (busy := note_if_busy("plan", "after profiling", clock)).busy:
+            _no_time_to_profile_again(options, profiled_s)
+        else:
+            busy = None
     elif (busy := until_quiet(options.if_busy, "plan", "after profiling", BUSY_REMEDY, clock)) is not None:
-        if options.if_busy == "wait":  # the profile measured another process or machine: once more, on quiet cores
+        if options.if_busy == "wait" and not ends_by(deadline, profiled_s):  # the wait spent the room
+            _no_time_to_profile_again(options, profiled_s)
+        elif options.if_busy == "wait":  # the profile measured another process or machine: once more, on quiet cores
             print("plan: profiling again, on quiet cores", flush=True)
             clock = read_cpu_clock()
             outcomes, left_out, basis = _forecasts(config, setting, options, layouts, budget)
@@ -199,13 +197,25 @@ def _profiled(
     return outcomes, left_out, basis
 
 
+def _no_time_to_profile_again(options: PlanOptions, profiled_s: float) -> None:
+    """Say that a profile on busy cores stands: a second one would not end within the time budget."""
+    marked = "" if options.dry_run else ", marked busy in plan.json"
+    measured = "" if options.dry_run else ", and each run it measures is checked as it trains"
+    print(
+        f"plan: no time to profile again within --plan.budget_s={options.budget_s:g} (the profile took "
+        f"{profiled_s:.0f} s): its forecasts stand{marked}{measured} (pass a larger --plan.budget_s, or null, to "
+        "profile again)",
+        flush=True,
+    )
+
+
 def _forecasts(
     config, setting: Setting, options: PlanOptions, layouts: list[Layout], budget: tuple[int, bool]
 ) -> tuple[list[Outcome], list[Refusal], dict]:
     """Profile the network's blocks and the links, and forecast each layout that fits: the outcomes, the
     layouts left out with why, and what the forecasts were built from (the passes' seconds at every size timed,
-    the zero-bubble schedules' split factor at every thread count timed, the links' figures), which ``plan.json``
-    records."""
+    the whole network's update and the zero-bubble schedules' split factor at every thread count timed, the links'
+    figures), which ``plan.json`` records."""
     profile = setting.profile(config["model"])
     profile.measure_together({timed_input(layout) for layout in layouts})
     layouts, refusals = balanced(layouts, profile)

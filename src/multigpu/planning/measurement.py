@@ -14,13 +14,13 @@ from multigpu.planning.forecast import timed_input
 from multigpu.planning.layouts import Layout, Refusal
 from multigpu.planning.options import BUSY_REMEDY, without_plan_options
 from multigpu.planning.profile import BlockProfile
-from multigpu.planning.ranking import FORECAST_ERROR, Outcome
+from multigpu.planning.ranking import Outcome, ends_by
 from multigpu.planning.selection import Setting
 from multigpu.planning.step_timer import step_timer
 from multigpu.planning.timed_runs import RunFailed, fit_command, run
 from multigpu.strategies.partition import balance_by_cost
 
-__all__ = ["LAYOUT_TIMEOUT_S", "balanced", "ends_by", "last_error", "measure"]
+__all__ = ["LAYOUT_TIMEOUT_S", "balanced", "last_error", "measure"]
 
 LAYOUT_TIMEOUT_S = 1200  # a layout still training after 20 minutes has hung (a deadlock, say): it is stopped
 
@@ -147,12 +147,6 @@ def measure(
             flush=True,
         )
     return measured
-
-
-def ends_by(deadline: float | None, run_s: float) -> bool:
-    """Whether a run forecast to take ``run_s`` seconds, and ``FORECAST_ERROR`` more, would end by ``deadline``
-    (always, with none)."""
-    return deadline is None or time.monotonic() + run_s * (1 + FORECAST_ERROR) <= deadline
 
 
 def _trained(outcome: Outcome, command: list[str], stem: Path) -> Outcome:

@@ -11,6 +11,7 @@ the fewest processes, then the least memory.
 """
 
 import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ __all__ = [
     "REFERENCE",
     "Outcome",
     "choice",
+    "ends_by",
     "in_measuring_order",
     "ranked",
     "tied",
@@ -29,6 +31,12 @@ __all__ = [
 
 FORECAST_ERROR = 0.2
 REFERENCE = "auto"  # one device: the strategy of the layout every other one is compared with
+
+
+def ends_by(deadline: float | None, run_s: float) -> bool:
+    """Whether a run forecast to take ``run_s`` seconds, and ``FORECAST_ERROR`` more, would end by ``deadline`` (a
+    ``time.monotonic`` reading; always, with none): what the time budget lets ``plan`` profile or measure."""
+    return deadline is None or time.monotonic() + run_s * (1 + FORECAST_ERROR) <= deadline
 
 
 @dataclass(frozen=True)
