@@ -220,11 +220,26 @@ def test_a_busy_profile_is_profiled_again_where_the_budget_has_room_or_stands_ma
         return
     assert bases[0]["busy"].startswith("a convolution on 2 thread(s) got 99% of their cores")
     assert bases[0]["busy"].endswith("the host runs other virtual machines on them")
+    waited = f", the wait for quiet cores {wait_s} s" if wait_s else ""
     no_room = (  # a dry run: no plan.json, no run measured
-        f"plan: no time to profile again within --plan.budget_s={budget_s} (the profile took 45 s): its forecasts "
-        "stand (pass a larger --plan.budget_s, or null, to profile again)"
+        f"plan: no time to profile again within --plan.budget_s={budget_s} (the profile took 45 s{waited}): its "
+        "forecasts stand (pass a larger --plan.budget_s, or null, to profile again)"
     )
     assert (no_room in out) == (if_busy == "wait")
+
+
+def test_a_profile_that_stands_on_busy_cores_says_how_it_is_marked_and_what_is_checked_next(capsys):
+    """Where plan goes on to measure (no dry run), the line says where the mark is and that every run is checked."""
+    from types import SimpleNamespace
+
+    from multigpu.planning.command import _no_time_to_profile_again
+
+    _no_time_to_profile_again(SimpleNamespace(budget_s=90, dry_run=False), 73.4)
+    assert capsys.readouterr().out == (
+        "plan: no time to profile again within --plan.budget_s=90 (the profile took 73 s): its forecasts stand, "
+        "marked busy in plan.json, and each run it measures is checked as it trains (pass a larger --plan.budget_s, "
+        "or null, to profile again)\n"
+    )
 
 
 def test_plan_says_when_the_host_steals_the_cores_as_it_checks_them(virtual_machine, monkeypatch, capsys, tmp_path):

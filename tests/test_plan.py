@@ -306,6 +306,8 @@ def test_plan_forecasts_measures_the_best_marks_ties_and_writes_a_config_that_fi
     assert {"8 images on 2 thread(s)", "8 images on 1 thread(s)", "4 images on 1 thread(s)"} <= set(passes)
     assert all(seconds > 0 for seconds in passes.values())
     assert plan["basis"]["split_backward"] == {}  # no zero-bubble schedule among these layouts
+    updates = plan["basis"]["update_s"]  # the whole network's one SGD step, at each thread count
+    assert set(updates) == {"on 2 thread(s)", "on 1 thread(s)"} and all(seconds > 0 for seconds in updates.values())
     links = plan["basis"]["links"]
     assert links["world"] == 2 and links["contention"] >= 1 and links["reduces"]["bandwidth"] > 0
     assert {name for name, row in figures.items() if row["selected"]} == measured

@@ -328,7 +328,8 @@ def test_the_whole_network_is_timed_in_rounds_of_every_size_and_its_mean_counts(
     small, large = torch.zeros(2, 3, 32, 32), torch.zeros(4, 3, 32, 32)
     expected = [[(1.5, 2.5), (1.0, 2.0)], [(4.0, 7.0), (4.0, 7.0)]]
     monkeypatch.setattr(BlockProfile, "_update_seconds", lambda self, net, count: count / 10)
-    assert profile._whole_passes([small, large], [1, 2], [1, 1]) == (expected, {}, {1: 0.1, 2: 0.2})
+    profile._updates[1] = 0.5  # an earlier size's: the update at 1 thread is timed once in a profile
+    assert profile._whole_passes([small, large], [1, 2], [1, 1]) == (expected, {}, {2: 0.2})
     assert threads == [2, 1, 2, 1, 2]  # the largest (on its 2 threads) untimed, then the sizes in turn, twice
 
 
@@ -336,8 +337,10 @@ def test_the_whole_networks_update_is_one_step_over_all_its_parameters_the_mean_
     """A layout's process updates all its parameters in one optimizer step: the profile times that step (the
     recipe's SGD, changing no parameter) with the thread count asked for, its mean after one untimed."""
     net = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    net(torch.randn(3, 4)).sum().backward()  # gradients of a pass, kept
     before = [param.clone() for param in net.parameters()]
-    profile = BlockProfile(LazyBlocks([nn.ReLU]), Precision(), torch.device("cpu"), MOMENTUM)
+    recipe = {"momentum": 0.9, "nesterov": True, "weight_decay": 5e-4}
+    profile = BlockProfile(LazyBlocks([nn.ReLU]), Precision(), torch.device("cpu"), recipe)
     steps, clock = [], iter([9.0, 1.0, 3.0])
 
     def seconds(self, work) -> float:
@@ -348,6 +351,9 @@ def test_the_whole_networks_update_is_one_step_over_all_its_parameters_the_mean_
     monkeypatch.setattr(BlockProfile, "_seconds", seconds)
     assert profile._update_seconds(net, 1) == 2.0 and steps == [1, 1, 1]
     assert all(torch.equal(param, old) for param, old in zip(net.parameters(), before))
+    # timed once per thread count in a profile; on a GPU (no thread count) it reads "on the device"
+    profile._updates = {None: 0.1}
+    assert profile.updates() == {"on the device": 0.1}
 
 
 def test_the_whole_network_timed_in_runs_of_blocks_computes_the_gradients_of_one_pass():

@@ -173,15 +173,16 @@ def _profiled(
     clock, start = read_cpu_clock(), time.monotonic()
     outcomes, left_out, basis = _forecasts(config, setting, options, layouts, budget)
     profiled_s = time.monotonic() - start
-    if options.if_busy == "wait" and not ends_by(deadline, profiled_s):  # no room to profile again: no wait either
+    waits = options.if_busy == "wait"
+    if waits and not ends_by(deadline, profiled_s):  # no room to profile again: no wait either
         if (busy := note_if_busy("plan", "after profiling", clock)).busy:
             _no_time_to_profile_again(options, profiled_s)
         else:
             busy = None
-    elif (busy := until_quiet(options.if_busy, "plan", "after profiling", BUSY_REMEDY, clock)) is not None:
-        if options.if_busy == "wait" and not ends_by(deadline, profiled_s):  # the wait spent the room
-            _no_time_to_profile_again(options, profiled_s)
-        elif options.if_busy == "wait":  # the profile measured another process or machine: once more, on quiet cores
+    elif (busy := until_quiet(options.if_busy, "plan", "after profiling", BUSY_REMEDY, clock)) is not None and waits:
+        if not ends_by(deadline, profiled_s):  # the wait for quiet cores spent the room
+            _no_time_to_profile_again(options, profiled_s, time.monotonic() - start - profiled_s)
+        else:  # the profile measured another process or machine: once more, on quiet cores
             print("plan: profiling again, on quiet cores", flush=True)
             clock = read_cpu_clock()
             outcomes, left_out, basis = _forecasts(config, setting, options, layouts, budget)
@@ -197,14 +198,16 @@ def _profiled(
     return outcomes, left_out, basis
 
 
-def _no_time_to_profile_again(options: PlanOptions, profiled_s: float) -> None:
-    """Say that a profile on busy cores stands: a second one would not end within the time budget."""
+def _no_time_to_profile_again(options: PlanOptions, profiled_s: float, waited_s: float = 0.0) -> None:
+    """Say that a profile on busy cores stands: a second one would not end within the time budget, after the
+    ``waited_s`` seconds of checking and waiting for quiet cores, if any."""
+    waited = f", the wait for quiet cores {waited_s:.0f} s" if waited_s else ""
     marked = "" if options.dry_run else ", marked busy in plan.json"
     measured = "" if options.dry_run else ", and each run it measures is checked as it trains"
     print(
         f"plan: no time to profile again within --plan.budget_s={options.budget_s:g} (the profile took "
-        f"{profiled_s:.0f} s): its forecasts stand{marked}{measured} (pass a larger --plan.budget_s, or null, to "
-        "profile again)",
+        f"{profiled_s:.0f} s{waited}): its forecasts stand{marked}{measured} (pass a larger --plan.budget_s, or "
+        "null, to profile again)",
         flush=True,
     )
 

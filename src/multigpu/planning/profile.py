@@ -47,14 +47,15 @@ from multigpu.compat import split_backward
 from multigpu.model.classifier import IMAGE_SHAPE
 from multigpu.model.lazy_blocks import LazyBlocks
 from multigpu.run.device_sync import synchronize
-from multigpu.strategies.block_timing import block_pass_times_together, cut_from_graph
+from multigpu.strategies.block_timing import block_pass_times_together, cut_from_graph, timed_update
 from multigpu.strategies.micro_batch_check import micro_batch_refusal
 
 __all__ = ["CPU_IMAGES", "BlockProfile", "PassTimes", "cores", "precision_plugin", "threads_per_process"]
 
 CPU_IMAGES = 32
-REPEATS = 2  # timed passes of the whole network and its updates (their mean) and of the split ratio's (the fastest),
-# after one untimed
+# Timed passes of the whole network and its updates (their mean) and of the split ratio's (the fastest), after one
+# untimed
+REPEATS = 2
 # Timed passes of each block per size, after one untimed: the whole network's passes set the level, the blocks only
 # how it divides among them (a second timed pass cost 7 s of the smoke plan on a slow 2-core CPU)
 BLOCK_REPEATS = 1
@@ -265,12 +266,12 @@ class BlockProfile:
         finally:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
+        self._updates.update(updates)
         for key, passes, whole in zip(keys, timed, wholes):
             times = PassTimes(*(list(column) for column in zip(*passes)))
-            if key[1] in updates:
-                times = times.with_update(updates[key[1]])
+            if key[1] in self._updates:
+                times = times.with_update(self._updates[key[1]])
             self._times[key] = times.scaled_to(self._bounds(), whole) if whole else times
-        self._updates.update(updates)
         for index, (mean, slowest) in together.items():
             alone = sum(map(sum, wholes[index]))
             self._together[keys[index]] = (self._copies[keys[index]], alone, mean, slowest)
@@ -288,7 +289,7 @@ class BlockProfile:
         each where the whole network does not fit on the device (out of memory), whose blocks then stay as timed. Where
         ``copies`` is above 1 each round also times that many copies of the network at once right after the pass alone,
         the largest such size first untimed: by index, the copies' mean and slowest, over the rounds. Last, the
-        seconds of the whole network's update at each thread count (``_update_seconds``)."""
+        seconds of the whole network's update at each thread count not timed yet (``_update_seconds``)."""
         try:
             nets = [self._whole_network()]
             nets += [copy.deepcopy(nets[0]) for _ in range(max(copies, default=1) - 1)]
@@ -329,20 +330,28 @@ class BlockProfile:
             for index, timed in together.items()
             if wholes[index] is not None and None not in timed
         }
-        return wholes, figures, {count: self._update_seconds(nets[0], count) for count in dict.fromkeys(threads)}
+        updates = {}
+        for count in dict.fromkeys(threads):  # each thread count once in a profile
+            if count not in self._updates and (seconds := self._update_seconds(nets[0], count)) is not None:
+                updates[count] = seconds
+        return wholes, figures, updates
 
-    def _update_seconds(self, net: nn.Module, threads: int | None) -> float:
+    def _update_seconds(self, net: nn.Module, threads: int | None) -> float | None:
         """Seconds of one update of all of ``net``'s parameters (the recipe's SGD, ``self.sgd``) with ``threads``
-        threads: the mean of ``REPEATS`` after one untimed (which makes the momentum buffers). A layout's process
-        updates its parameters in one optimizer step, not one per block: on a 2-core CPU the smoke plan's blocks'
-        updates, each timed alone, added up to 77 to 209 ms at 2 threads, where one step over the whole network took
-        56 to 66 ms, and the `1 device` forecast came out 3 to 10% too slow."""
+        threads: the mean of ``REPEATS`` after one untimed (which makes the momentum buffers); None where it does
+        not fit on the device (out of memory). A layout's process updates its parameters in one optimizer step, not
+        one per block: on a 2-core CPU the smoke plan's blocks' updates, each timed alone, added up to more than
+        one step over the whole network."""
         params = [param for param in net.parameters() if param.requires_grad]
         for param in params:
-            param.grad = torch.zeros_like(param)
-        update = torch.optim.SGD(params, lr=0.0, **self.sgd)
-        with _threads(threads):
-            seconds = [self._seconds(update.step) for _ in range(REPEATS + 1)]
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+        try:
+            update = timed_update(params, self.sgd)
+            with _threads(threads):
+                seconds = [self._seconds(update.step) for _ in range(REPEATS + 1)]
+        except RuntimeError:
+            return None
         return statistics.mean(seconds[1:])
 
     def _at_once(self, nets: list[nn.Module], x: torch.Tensor) -> list[float] | None:

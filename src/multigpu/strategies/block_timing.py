@@ -24,6 +24,7 @@ __all__ = [
     "cut_from_graph",
     "sgd_options",
     "time_blocks",
+    "timed_update",
 ]
 
 
@@ -46,6 +47,12 @@ def sgd_options(settings: Mapping[str, Any]) -> dict[str, Any]:
         "nesterov": bool(settings.get("nesterov", False)) and momentum > 0,
         "weight_decay": settings.get("weight_decay", 0.0),
     }
+
+
+def timed_update(params: list[nn.Parameter], sgd: Mapping[str, Any]) -> torch.optim.SGD:
+    """The recipe's SGD over ``params`` with the options ``sgd`` (``sgd_options``), at learning rate 0: a step costs
+    what the recipe's does and changes no parameter."""
+    return torch.optim.SGD(params, lr=0.0, **sgd)
 
 
 def block_times(
@@ -113,7 +120,7 @@ def _pass_times(
         for index in range(len(blocks)):
             block = fresh(index).to(device).train()
             params = [param for param in block.parameters() if param.requires_grad]
-            update = torch.optim.SGD(params, lr=0.0, **sgd) if params else None
+            update = timed_update(params, sgd) if params else None
             inputs = [cut_from_graph(x, needs_grad=index > 0) for x in inputs]
             passes, outputs = [([], [], []) for _ in examples], list(inputs)
             for which, x in enumerate(inputs):  # each after its own untimed pass: another thread count, say
