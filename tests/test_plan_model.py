@@ -222,6 +222,53 @@ def test_the_link_probe_imports_torch_alone():
     assert done.stdout.strip() == "[]"
 
 
+def test_the_forked_link_probe_measures_with_the_ranks_asked_for_and_the_others_end():
+    """``plan``'s process forks the probe's ranks before it computes anything, so that they start measuring with
+    torch imported; forked so, two threads each compute (a fork after GNU OpenMP's first parallel region hangs a
+    child's first one with more than one thread). The rank not asked for ends at once, without measuring."""
+    code = (
+        "import json, multigpu.planning.links as links\n"
+        "ranks = links.ForkedRanks(3)\n"
+        "links.threads_per_process = lambda processes: 2\n"
+        "print(json.dumps(sorted(ranks.measure(2))), len(ranks))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=150, check=True)
+    keys, left = done.stdout.rsplit(maxsplit=1)
+    assert json.loads(keys) == sorted(
+        ["send", "all_reduce", "all_gather", "reduce_scatter", "pipeline_action"]
+        + ["sharded_block", "sharded_byte", "sharded_update"]
+    )
+    assert left == "0"  # used up: a second profile's links are measured by torchrun
+    assert "FutureWarning" not in done.stderr  # the ranks share plan's output
+
+
+def test_the_forked_link_probe_ends_when_dismissed_or_when_plan_ends_first(tmp_path):
+    """A plan whose layouts need no links dismisses the ranks; one that ends first (an error, an interrupt) leaves
+    none behind: they watch plan's process."""
+    code = (
+        "import os, sys, multigpu.planning.links as links\n"
+        "dismissed = links.ForkedRanks(2)\n"
+        "dismissed.dismiss()\n"
+        "left = links.ForkedRanks(2)\n"
+        "print(len(dismissed), *(rank.pid for rank in left._ranks), flush=True)\n"
+        "os._exit(0)\n"  # without Python's own ending, which ends daemonic children
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    count, *pids = done.stdout.split()
+    assert count == "0" and len(pids) == 2
+
+    def running(pid: str) -> bool:
+        try:  # a zombie waits for its new parent to collect it: ended
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 20
+    while any(map(running, pids)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(map(running, pids))
+
+
 def _outcome(name: str, processes: int, forecast: float, windows: list[float] | None = None, peak: int = 1) -> Outcome:
     layout = Layout(name, "auto" if name == "1 device" else "ddp", processes, processes, 8)
     figures = {"images_per_s": 0.0, "window_images_per_s": windows, "peak_memory_bytes": [peak]} if windows else None

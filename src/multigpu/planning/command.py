@@ -38,7 +38,7 @@ from multigpu.errors import UsageError
 from multigpu.planning.busy_cores import CoreCheck, check_cores, note_if_busy, read_cpu_clock, until_quiet
 from multigpu.planning.forecast import forecast, timed_input
 from multigpu.planning.layouts import Layout, Refusal, candidate_layouts
-from multigpu.planning.links import measure_links
+from multigpu.planning.links import ForkedRanks, measure_links
 from multigpu.planning.measurement import balanced, measure
 from multigpu.planning.options import BUSY_REMEDY, PlanOptions, check_no_plan_section
 from multigpu.planning.ranking import Outcome, ends_by, in_measuring_order, to_measure
@@ -97,9 +97,11 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
         flush=True,
     )
     budget = memory_budget(setting.cuda, setting.device_ids or list(range(setting.devices)), options.memory_per_device)
+    # Forked before this process computes anything (``ForkedRanks``): the busy check below is the first
+    forked = ForkedRanks(setting.devices) if not setting.cuda and setting.devices > 1 else None
     before = None if setting.cuda else until_quiet(options.if_busy, "plan", "before profiling", BUSY_REMEDY)
     deadline = None if options.budget_s is None else started + options.budget_s
-    outcomes, left_out, basis = _profiled(config, setting, options, layouts, budget, deadline, before)
+    outcomes, left_out, basis = _profiled(config, setting, options, layouts, budget, deadline, before, forked)
     refusals += left_out
     give_back_freed_memory()  # the profiled blocks' memory, for the measured runs
     measured: list[Outcome] = []  # those chosen to be measured, as measured (or left by the budget)
@@ -162,16 +164,17 @@ def _profiled(
     budget: tuple[int, bool],
     deadline: float | None,
     before: CoreCheck | None,
+    forked: ForkedRanks | None = None,
 ) -> tuple[list[Outcome], list[Refusal], dict]:
     """``_forecasts``, with the cores checked after profiling on the CPU (``busy_cores``): where they were busy, as
     ``--plan.if_busy`` says, profiled again once they are quiet (``wait``, where a second profile would end within
     the time budget ``deadline``), refused (``refuse``), or kept (``go``, or no room for a second profile), saying
     why under ``busy`` in what the forecasts were built from. ``before``: the check before profiling that found the
-    cores busy, where plan went on."""
+    cores busy, where plan went on; ``forked``: the link probe's ranks, forked as plan began, where it has them."""
     if setting.cuda:
         return _forecasts(config, setting, options, layouts, budget)
     clock, start = read_cpu_clock(), time.monotonic()
-    outcomes, left_out, basis = _forecasts(config, setting, options, layouts, budget)
+    outcomes, left_out, basis = _forecasts(config, setting, options, layouts, budget, forked)
     profiled_s = time.monotonic() - start
     waits = options.if_busy == "wait"
     if waits and not ends_by(deadline, profiled_s):  # no room to profile again: no wait either
@@ -213,7 +216,12 @@ def _no_time_to_profile_again(options: PlanOptions, profiled_s: float, waited_s:
 
 
 def _forecasts(
-    config, setting: Setting, options: PlanOptions, layouts: list[Layout], budget: tuple[int, bool]
+    config,
+    setting: Setting,
+    options: PlanOptions,
+    layouts: list[Layout],
+    budget: tuple[int, bool],
+    forked: ForkedRanks | None = None,
 ) -> tuple[list[Outcome], list[Refusal], dict]:
     """Profile the network's blocks and the links, and forecast each layout that fits: the outcomes, the
     layouts left out with why, and what the forecasts were built from (the passes' seconds at every size timed,
@@ -224,7 +232,8 @@ def _forecasts(
     layouts, refusals = balanced(layouts, profile)
     chosen, left_out = choose(layouts, setting, budget, options.recompute, bool(config["model"]["compile"]))
     refusals += left_out
-    links = measure_links(max(layout.processes for layout in chosen) if chosen else 1, setting.cuda, setting.device_ids)
+    world = max(layout.processes for layout in chosen) if chosen else 1
+    links = measure_links(world, setting.cuda, setting.device_ids, forked)
     contention, lockstep = profile.contention(links.world)  # from the profile's rounds: the level's own moment
     links = replace(links, contention=contention, lockstep=lockstep)
     outcomes = []

@@ -1,7 +1,9 @@
-"""One rank of ``links.measure_links``'s processes, started by ``torchrun``: it times the links and the runtimes'
-own costs and writes them (rank 0) to a JSON file. It imports torch alone, so that its processes start quickly.
+"""One rank of ``links.measure_links``'s processes: it times the links and the runtimes' own costs and writes them
+(rank 0) to a JSON file. Started by ``torchrun`` it imports torch alone, so that its processes start quickly:
 
     python -m torch.distributed.run --standalone --nproc_per_node=N -m multigpu.planning.link_probe OUT cpu|IDS
+
+On the CPU ``plan`` forks its ranks instead (``links.ForkedRanks``, ``forked_rank``), with all of it imported.
 """
 
 import json
@@ -10,6 +12,9 @@ import os
 import statistics
 import sys
 import time
+import warnings
+from multiprocessing import parent_process
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 import torch
@@ -23,7 +28,7 @@ from multigpu.run.device_sync import synchronize
 from multigpu.run.host_memory import keep_freed_memory
 from multigpu.run.process_groups import end_process_groups
 
-__all__ = ["REPEATS", "SIZES"]
+__all__ = ["REPEATS", "SIZES", "forked_rank"]
 
 SIZES = (2**12, 2**25)  # bytes: one small and one large tensor
 REPEATS = 7
@@ -115,13 +120,35 @@ def _sharded_costs(device: torch.device, blocks: int = 8) -> tuple[float, float,
 
 
 def _probe(out: str, ids: str) -> None:
-    """One rank of ``measure_links``'s processes (started by ``torchrun``)."""
+    """One rank of ``measure_links``'s processes started by ``torchrun``."""
     local_rank = int(os.environ["LOCAL_RANK"])
     cuda = ids != "cpu"
     device = torch.device("cuda", int(ids.split(",")[local_rank])) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo")
+    _measure(Path(out), device)
+
+
+def forked_rank(rank: int, go: Connection, folder: str) -> None:
+    """Rank ``rank`` of ``links.ForkedRanks``, forked on the CPU: it waits, idle, for the number of processes to
+    measure and their threads each, then measures with those of them whose rank is below it (gloo, through a store
+    file in ``folder``, the figures to ``folder``/links.json); it ends without measuring where ``plan`` ends first."""
+    if go not in wait([go, parent_process().sentinel]):
+        return
+    world, threads = go.recv()
+    if rank >= world:
+        return
+    warnings.simplefilter("ignore", FutureWarning)  # torch's deprecated names, on plan's output (torchrun's is kept)
+    torch.set_num_threads(threads)
+    store = dist.FileStore(os.path.join(folder, "store"), world)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    _measure(Path(folder) / "links.json", torch.device("cpu"))
+
+
+def _measure(out: Path, device: torch.device) -> None:
+    """Time the links and the runtimes' costs on ``device``, in the process group begun; rank 0 writes them to
+    ``out``."""
     rank = dist.get_rank()
     world = dist.get_world_size()
     figures: dict = {"send": [], "all_reduce": [], "all_gather": [], "reduce_scatter": []}
@@ -146,7 +173,7 @@ def _probe(out: str, ids: str) -> None:
     figures["pipeline_action"] = _pipeline_action_time(device)
     figures["sharded_block"], figures["sharded_byte"], figures["sharded_update"] = _sharded_costs(device)
     if rank == 0:
-        Path(out).write_text(json.dumps(figures))
+        out.write_text(json.dumps(figures))
     end_process_groups()
 
 

@@ -1,34 +1,38 @@
 """The links between the devices, measured on the real backend: what ``plan``'s forecasts charge for moving
 tensors and for the runtimes that move them, and, on the CPU, how much processes running at once slow each other.
 
-``measure_links`` starts one process per device with ``torchrun`` (gloo on the CPU, NCCL on
-GPUs) running ``link_probe``, which imports torch alone. Rank 0 and 1 time a ping-pong of a
-small and a large tensor (the latency and bandwidth of a send); all ranks time an all-reduce,
-an all-gather and a reduce-scatter of both sizes (latency and bus bandwidth: a ring all-reduce
-moves ``2 (n-1)/n`` of the bytes, the other two ``(n-1)/n``). Two tiny networks, whose
-arithmetic costs nothing, give what the runtimes add besides moving bytes: a GPipe step of one
-small layer per process (seconds per pipeline action), and a forward and backward pass and an
-SGD step of ``fully_shard``-ed small layers (seconds per sharded block, and per sharded
-parameter's update); a pass through ``fully_shard``-ed large matrices, against the same unsharded
-and their collectives alone, gives its cost per byte of parameters (the copies into and out of the
-collectives' buffers). Each figure is the median of a few runs. How much processes computing at once on the
-CPU slow each other (``contention``, ``lockstep``) is not the links' to measure: ``plan`` takes it from the
-profile's rounds (``BlockProfile.contention``), at the moment the passes' level was timed.
+``measure_links`` runs ``link_probe`` in one process per device: on GPUs started with ``torchrun`` (NCCL), which
+imports torch alone; on the CPU (gloo) forked from ``plan``'s process when it starts, before it computes anything
+(``ForkedRanks``), so that they wait through the profile with everything imported: started by ``torchrun`` after
+the profile, on a 2-core CPU, they took 21 s of a 90 s plan, 9 to 10 of them to start and import torch. Rank 0 and
+1 time a ping-pong of a small and a large tensor (the latency and bandwidth of a send); all ranks time an
+all-reduce, an all-gather and a reduce-scatter of both sizes (latency and bus bandwidth: a ring all-reduce moves
+``2 (n-1)/n`` of the bytes, the other two ``(n-1)/n``). Two tiny networks, whose arithmetic costs nothing, give
+what the runtimes add besides moving bytes: a GPipe step of one small layer per process (seconds per pipeline
+action), and a forward and backward pass and an SGD step of ``fully_shard``-ed small layers (seconds per sharded
+block, and per sharded parameter's update); a pass through ``fully_shard``-ed large matrices, against the same
+unsharded and their collectives alone, gives its cost per byte of parameters (the copies into and out of the
+collectives' buffers). Each figure is the median of a few runs. How much processes computing at once on the CPU
+slow each other (``contention``, ``lockstep``) is not the links' to measure: ``plan`` takes it from the profile's
+rounds (``BlockProfile.contention``), at the moment the passes' level was timed.
 """
 
 import json
 import math
+import multiprocessing
 import os
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from multigpu.errors import UsageError
+from multigpu.planning import link_probe
 from multigpu.planning.profile import threads_per_process
 
-__all__ = ["Link", "Links", "measure_links"]
+__all__ = ["ForkedRanks", "Link", "Links", "measure_links"]
 
 LINK_TIMEOUT_S = 180
 
@@ -118,28 +122,79 @@ class Links:
         return link.latency * (group - 1) / max(1, self.world - 1) + nbytes * traffic / link.bandwidth
 
 
-def measure_links(processes: int, cuda: bool, device_ids: list[int] | None) -> Links:
-    """Measure the links between ``processes`` devices in as many fresh processes (see the module's docstring)."""
+class ForkedRanks:
+    """``link_probe``'s ranks on the CPU, ``processes`` of them forked at once, each waiting idle (``forked_rank``)
+    until ``measure`` says how many measure; used once (then none are left). Fork them before this process
+    computes anything: GNU OpenMP's thread pool does not survive a fork, and a forked rank's first parallel
+    region on more than one thread then hangs. Those not measuring, or all where ``dismiss`` is called first,
+    end at once; all end with this process."""
+
+    def __init__(self, processes: int) -> None:
+        self._folder = tempfile.TemporaryDirectory(prefix="multigpu-links-")
+        context = multiprocessing.get_context("fork")
+        self._pipes, self._ranks = [], []
+        for rank in range(processes):
+            receive, send = context.Pipe(duplex=False)
+            process = context.Process(
+                target=link_probe.forked_rank, args=(rank, receive, self._folder.name), daemon=True
+            )
+            process.start()
+            self._pipes.append(send)
+            self._ranks.append(process)
+
+    def __len__(self) -> int:
+        return len(self._ranks)
+
+    def measure(self, processes: int) -> dict:
+        """The figures of the first ``processes`` ranks measuring together (at most ``len(self)``), each with its
+        share of the cores; the others end. A ``UsageError`` says why not."""
+        self._send(processes, threads_per_process(processes))
+        deadline = time.monotonic() + LINK_TIMEOUT_S
+        for process in self._ranks:
+            process.join(max(0.0, deadline - time.monotonic()))
+        hung = any(process.is_alive() for process in self._ranks)
+        for process in self._ranks:
+            process.kill()
+            process.join()
+        out = Path(self._folder.name) / "links.json"
+        figures = None if hung or not out.exists() else json.loads(out.read_text())
+        failed = {rank: process.exitcode for rank, process in enumerate(self._ranks) if process.exitcode}
+        self._ranks = []
+        self._folder.cleanup()
+        if hung:
+            raise UsageError(f"measuring the links between the devices took over {LINK_TIMEOUT_S} s: stopped.")
+        if failed or figures is None:
+            codes = ", ".join(f"rank {rank} exited with {code}" for rank, code in failed.items()) or "no figures"
+            raise UsageError(f"measuring the links between the devices failed ({codes}): its error is printed above")
+        return figures
+
+    def dismiss(self) -> None:
+        """End every rank without measuring."""
+        self._send(0, 1)
+        for process in self._ranks:
+            process.join()
+        self._ranks = []
+        self._folder.cleanup()
+
+    def _send(self, processes: int, threads: int) -> None:
+        for pipe in self._pipes:
+            pipe.send((processes, threads))
+            pipe.close()
+        self._pipes = []
+
+
+def measure_links(processes: int, cuda: bool, device_ids: list[int] | None, forked: ForkedRanks | None = None) -> Links:
+    """Measure the links between ``processes`` devices in as many processes (see the module's docstring):
+    ``forked``'s ranks on the CPU where it has as many (they are then used up), else fresh ones."""
     if processes < 2:
+        if forked is not None:
+            forked.dismiss()
         return Links(world=1, cuda=cuda)
     print(f"measuring the links between {processes} {'GPUs' if cuda else 'CPU processes'}", flush=True)
-    ids = ",".join(map(str, device_ids or range(processes))) if cuda else "cpu"
-    threads = threads_per_process(processes)
-    with tempfile.TemporaryDirectory(prefix="multigpu-links-") as folder:
-        out = Path(folder) / "links.json"
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
-        command += ["-m", "multigpu.planning.link_probe", str(out), ids]
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-        try:
-            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=LINK_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise UsageError(
-                f"measuring the links between the devices took over {LINK_TIMEOUT_S} s: stopped."
-            ) from None
-        if done.returncode or not out.exists():
-            last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise UsageError(f"measuring the links between the devices failed: {last[0]}")
-        figures = json.loads(out.read_text())
+    if forked is not None and not cuda and processes <= len(forked):
+        figures = forked.measure(processes)
+    else:
+        figures = _measured_by_torchrun(processes, cuda, device_ids)
     share = (processes - 1) / processes
     return Links(
         processes,
@@ -153,3 +208,23 @@ def measure_links(processes: int, cuda: bool, device_ids: list[int] | None) -> L
         sharded_byte=figures["sharded_byte"],
         sharded_update=figures["sharded_update"],
     )
+
+
+def _measured_by_torchrun(processes: int, cuda: bool, device_ids: list[int] | None) -> dict:
+    """``link_probe``'s figures from ``processes`` processes started by ``torchrun``."""
+    ids = ",".join(map(str, device_ids or range(processes))) if cuda else "cpu"
+    with tempfile.TemporaryDirectory(prefix="multigpu-links-") as folder:
+        out = Path(folder) / "links.json"
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
+        command += ["-m", "multigpu.planning.link_probe", str(out), ids]
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads_per_process(processes))}
+        try:
+            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=LINK_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise UsageError(
+                f"measuring the links between the devices took over {LINK_TIMEOUT_S} s: stopped."
+            ) from None
+        if done.returncode or not out.exists():
+            last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise UsageError(f"measuring the links between the devices failed: {last[0]}")
+        return json.loads(out.read_text())
