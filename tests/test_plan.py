@@ -13,10 +13,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
-from helpers import SMOKE, cli_main, run_args, run_cli
+from helpers import DEFAULT_CONFIG, SMOKE, cli_main, run_args, run_cli
 from lightning.fabric.utilities.rank_zero import LightningDeprecationWarning
 
+from multigpu.errors import UsageError
 from multigpu.model.resnet import resnet50_block_factories
+from multigpu.planning import command
 from multigpu.planning.command import PlanCLI
 from multigpu.planning.layouts import candidate_layouts
 from multigpu.planning.links import Links
@@ -43,6 +45,30 @@ TWO_CPU_PROCESSES = {
     "pipeline 4/2p dualpipev m4",
     "pipeline 4/2p dualpipev m8",
 }
+
+
+def test_plan_forks_the_link_probes_ranks_before_it_runs_a_network_and_ends_them_when_it_ends(monkeypatch, tmp_path):
+    """On the CPU, before ``setting_of`` (which runs a network other than ResNet-50 once, to check it): a fork after
+    a parallel region hangs a forked rank's first one on more than one thread. Ended whatever ends plan."""
+    calls = []
+
+    class Ranks:
+        def __init__(self, processes: int) -> None:
+            calls.append(f"fork {processes}")
+
+        def dismiss(self) -> None:
+            calls.append("dismiss")
+
+    def setting_of(config):
+        calls.append(f"setting {config['model']['arch']}")
+        raise UsageError("stop here")
+
+    monkeypatch.setattr(command, "ForkedRanks", Ranks)
+    monkeypatch.setattr(command, "setting_of", setting_of)
+    args = ["--config", SMOKE, "--trainer.accelerator=cpu", "--trainer.devices=2", "--model.arch=resnet18"]
+    with pytest.raises(UsageError, match="stop here"):
+        command.plan([*args, *run_args(tmp_path)], [DEFAULT_CONFIG])
+    assert calls == ["fork 2", "setting resnet18", "dismiss"]
 
 
 def test_two_cpu_processes_allow_every_layout_but_dp_and_those_that_need_more_devices():

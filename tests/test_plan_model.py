@@ -230,6 +230,7 @@ def test_the_forked_link_probe_measures_with_the_ranks_asked_for_and_the_others_
         "import json, multigpu.planning.links as links\n"
         "ranks = links.ForkedRanks(3)\n"
         "links.threads_per_process = lambda processes: 2\n"
+        "links.LINK_TIMEOUT_S = 60\n"  # a hang: the ranks killed, the test failed
         "print(json.dumps(sorted(ranks.measure(2))), len(ranks))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=150, check=True)
@@ -240,6 +241,30 @@ def test_the_forked_link_probe_measures_with_the_ranks_asked_for_and_the_others_
     )
     assert left == "0"  # used up: a second profile's links are measured by torchrun
     assert "FutureWarning" not in done.stderr  # the ranks share plan's output
+
+
+def test_a_forked_link_probe_rank_that_fails_ends_the_others_at_once():
+    """The other ranks would wait for it in their collectives until gloo's time limit: its exit ends them, and plan
+    says which rank failed, not that the links took too long."""
+    code = (
+        "import time, multigpu.planning.links as links, multigpu.planning.link_probe as probe\n"
+        "measure = probe._measure\n"
+        "def fail_on_rank_1(out, device):\n"
+        "    if probe.dist.get_rank() == 1: raise SystemExit(3)\n"
+        "    measure(out, device)\n"
+        "probe._measure = fail_on_rank_1\n"
+        "ranks, start = links.ForkedRanks(2), time.monotonic()\n"
+        "try:\n"
+        "    ranks.measure(2)\n"
+        "except links.UsageError as error:\n"
+        "    print(f'{time.monotonic() - start:.0f}', error)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=150, check=True)
+    seconds, error = done.stdout.split(" ", 1)
+    assert error.strip() == (
+        "measuring the links between the devices failed: rank 1 exited with 3; its error is printed above"
+    )
+    assert int(seconds) < 30  # links.LINK_TIMEOUT_S is 180
 
 
 def test_the_forked_link_probe_ends_when_dismissed_or_when_plan_ends_first(tmp_path):

@@ -44,7 +44,7 @@ from multigpu.planning.options import BUSY_REMEDY, PlanOptions, check_no_plan_se
 from multigpu.planning.ranking import Outcome, ends_by, in_measuring_order, to_measure
 from multigpu.planning.report import dry_run_line, print_report, write_outputs
 from multigpu.planning.resources import budget as memory_budget
-from multigpu.planning.selection import Setting, choose, setting_of
+from multigpu.planning.selection import Setting, choose, devices_of, setting_of
 from multigpu.renamed_options import add_old_names
 from multigpu.run.host_memory import give_back_freed_memory
 
@@ -78,6 +78,21 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
             "plan measures the layouts on this machine alone: drop --trainer.num_nodes, and add it to the fit "
             "command of the layout it chooses."
         )
+    # The link probe's ranks on the CPU, forked before this process computes anything (``ForkedRanks``): before
+    # ``setting_of``, which runs a network other than ResNet-50 once to check it, and the busy check
+    cuda, devices, _ = devices_of(trainer)
+    forked = ForkedRanks(devices) if not cuda and devices > 1 else None
+    try:
+        _plan(config, options, args, started, forked)
+    finally:
+        if forked is not None:
+            forked.dismiss()  # where plan ended before measuring the links: an error, an interrupt
+
+
+def _plan(config, options: PlanOptions, args: Sequence[str], started: float, forked: ForkedRanks | None) -> None:
+    """``plan``, once its options are checked: profile, forecast, measure and report (``started``: the
+    process's start, on ``time.monotonic()``'s clock; ``forked``: the link probe's ranks, where forked)."""
+    trainer = config["trainer"]
     setting = setting_of(config)
     warmup = options.warmup if options.warmup is not None else (10 if setting.cuda else 2)
     steps = options.steps or (4 if setting.cuda else 1)
@@ -97,8 +112,6 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
         flush=True,
     )
     budget = memory_budget(setting.cuda, setting.device_ids or list(range(setting.devices)), options.memory_per_device)
-    # Forked before this process computes anything (``ForkedRanks``): the busy check below is the first
-    forked = ForkedRanks(setting.devices) if not setting.cuda and setting.devices > 1 else None
     before = None if setting.cuda else until_quiet(options.if_busy, "plan", "before profiling", BUSY_REMEDY)
     deadline = None if options.budget_s is None else started + options.budget_s
     outcomes, left_out, basis = _profiled(config, setting, options, layouts, budget, deadline, before, forked)

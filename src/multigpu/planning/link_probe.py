@@ -9,6 +9,7 @@ On the CPU ``plan`` forks its ranks instead (``links.ForkedRanks``, ``forked_ran
 import json
 import math
 import os
+import signal
 import statistics
 import sys
 import time
@@ -133,7 +134,9 @@ def _probe(out: str, ids: str) -> None:
 def forked_rank(rank: int, go: Connection, folder: str) -> None:
     """Rank ``rank`` of ``links.ForkedRanks``, forked on the CPU: it waits, idle, for the number of processes to
     measure and their threads each, then measures with those of them whose rank is below it (gloo, through a store
-    file in ``folder``, the figures to ``folder``/links.json); it ends without measuring where ``plan`` ends first."""
+    file in ``folder``, the figures to ``folder``/links.json); it ends without measuring where ``plan`` ends first.
+    Ctrl-C is ``plan``'s to handle: its end ends this rank."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if go not in wait([go, parent_process().sentinel]):
         return
     world, threads = go.recv()

@@ -2,10 +2,10 @@
 tensors and for the runtimes that move them, and, on the CPU, how much processes running at once slow each other.
 
 ``measure_links`` runs ``link_probe`` in one process per device: on GPUs started with ``torchrun`` (NCCL), which
-imports torch alone; on the CPU (gloo) forked from ``plan``'s process when it starts, before it computes anything
-(``ForkedRanks``), so that they wait through the profile with everything imported: started by ``torchrun`` after
-the profile, on a 2-core CPU, they took 21 s of a 90 s plan, 9 to 10 of them to start and import torch. Rank 0 and
-1 time a ping-pong of a small and a large tensor (the latency and bandwidth of a send); all ranks time an
+imports torch alone; on the CPU (gloo) forked from ``plan``'s process as it begins, before it computes anything
+(``ForkedRanks``), so that they wait, idle, through the profile, with everything imported: on a 2-core Xeon
+``torchrun``'s took 15.9 to 16.7 s to start and measure, the forked ones 6.4 to 6.8 s (three of each in turn). Rank
+0 and 1 time a ping-pong of a small and a large tensor (the latency and bandwidth of a send); all ranks time an
 all-reduce, an all-gather and a reduce-scatter of both sizes (latency and bus bandwidth: a ring all-reduce moves
 ``2 (n-1)/n`` of the bytes, the other two ``(n-1)/n``). Two tiny networks, whose arithmetic costs nothing, give
 what the runtimes add besides moving bytes: a GPipe step of one small layer per process (seconds per pipeline
@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
+from multiprocessing.connection import wait
 from pathlib import Path
 
 from multigpu.errors import UsageError
@@ -35,6 +36,7 @@ from multigpu.planning.profile import threads_per_process
 __all__ = ["ForkedRanks", "Link", "Links", "measure_links"]
 
 LINK_TIMEOUT_S = 180
+DISMISS_S = 10  # how long a dismissed rank has to end before it is killed
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,7 @@ class ForkedRanks:
     until ``measure`` says how many measure; used once (then none are left). Fork them before this process
     computes anything: GNU OpenMP's thread pool does not survive a fork, and a forked rank's first parallel
     region on more than one thread then hangs. Those not measuring, or all where ``dismiss`` is called first,
-    end at once; all end with this process."""
+    end at once; all end with this process. They write to its output (torch's FutureWarnings silenced)."""
 
     def __init__(self, processes: int) -> None:
         self._folder = tempfile.TemporaryDirectory(prefix="multigpu-links-")
@@ -147,40 +149,59 @@ class ForkedRanks:
 
     def measure(self, processes: int) -> dict:
         """The figures of the first ``processes`` ranks measuring together (at most ``len(self)``), each with its
-        share of the cores; the others end. A ``UsageError`` says why not."""
+        share of the cores; the others end. A ``UsageError`` says why not: a rank that failed ends the others at
+        once (they would wait for it until the time limit)."""
         self._send(processes, threads_per_process(processes))
         deadline = time.monotonic() + LINK_TIMEOUT_S
-        for process in self._ranks:
-            process.join(max(0.0, deadline - time.monotonic()))
-        hung = any(process.is_alive() for process in self._ranks)
-        for process in self._ranks:
-            process.kill()
-            process.join()
+        while (running := [rank.sentinel for rank in self._ranks if rank.exitcode is None]) and not any(
+            rank.exitcode for rank in self._ranks
+        ):
+            if not wait(running, max(0.0, deadline - time.monotonic())):
+                break  # the time limit
+        failed = {index: rank.exitcode for index, rank in enumerate(self._ranks) if rank.exitcode}
+        hung = bool(running) and not failed
+        self._end()
         out = Path(self._folder.name) / "links.json"
-        figures = None if hung or not out.exists() else json.loads(out.read_text())
-        failed = {rank: process.exitcode for rank, process in enumerate(self._ranks) if process.exitcode}
-        self._ranks = []
+        figures = json.loads(out.read_text()) if out.exists() and not (hung or failed) else None
         self._folder.cleanup()
         if hung:
-            raise UsageError(f"measuring the links between the devices took over {LINK_TIMEOUT_S} s: stopped.")
-        if failed or figures is None:
-            codes = ", ".join(f"rank {rank} exited with {code}" for rank, code in failed.items()) or "no figures"
-            raise UsageError(f"measuring the links between the devices failed ({codes}): its error is printed above")
+            raise _took_too_long()
+        if figures is None:
+            codes = ", ".join(f"rank {index} exited with {code}" for index, code in failed.items()) or "no figures"
+            raise _failed(f"{codes}; its error is printed above")
         return figures
 
     def dismiss(self) -> None:
-        """End every rank without measuring."""
+        """End every rank that has not measured, without measuring."""
         self._send(0, 1)
-        for process in self._ranks:
-            process.join()
-        self._ranks = []
+        deadline = time.monotonic() + DISMISS_S
+        for rank in self._ranks:
+            rank.join(max(0.0, deadline - time.monotonic()))
+        self._end()
         self._folder.cleanup()
 
     def _send(self, processes: int, threads: int) -> None:
         for pipe in self._pipes:
-            pipe.send((processes, threads))
+            try:
+                pipe.send((processes, threads))
+            except OSError:  # a rank already gone (killed, say)
+                pass
             pipe.close()
         self._pipes = []
+
+    def _end(self) -> None:
+        for rank in self._ranks:
+            rank.kill()
+            rank.join()
+        self._ranks = []
+
+
+def _took_too_long() -> UsageError:
+    return UsageError(f"measuring the links between the devices took over {LINK_TIMEOUT_S} s: stopped.")
+
+
+def _failed(why: str) -> UsageError:
+    return UsageError(f"measuring the links between the devices failed: {why}")
 
 
 def measure_links(processes: int, cuda: bool, device_ids: list[int] | None, forked: ForkedRanks | None = None) -> Links:
@@ -194,6 +215,8 @@ def measure_links(processes: int, cuda: bool, device_ids: list[int] | None, fork
     if forked is not None and not cuda and processes <= len(forked):
         figures = forked.measure(processes)
     else:
+        if forked is not None:
+            forked.dismiss()
         figures = _measured_by_torchrun(processes, cuda, device_ids)
     share = (processes - 1) / processes
     return Links(
@@ -221,10 +244,8 @@ def _measured_by_torchrun(processes: int, cuda: bool, device_ids: list[int] | No
         try:
             done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=LINK_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            raise UsageError(
-                f"measuring the links between the devices took over {LINK_TIMEOUT_S} s: stopped."
-            ) from None
+            raise _took_too_long() from None
         if done.returncode or not out.exists():
             last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise UsageError(f"measuring the links between the devices failed: {last[0]}")
+            raise _failed(last[0])
         return json.loads(out.read_text())

@@ -48,15 +48,21 @@ class Setting:
         return [sum(process) + self.overhead for process in processes]
 
 
-def setting_of(config) -> Setting:
-    trainer, model = config["trainer"], config["model"]
+def devices_of(trainer) -> tuple[bool, int, list[int] | None]:
+    """Whether the ``trainer`` section asks for CUDA devices, how many devices, and the GPU indices it lists (None
+    where it asks for a count)."""
     cuda = accelerator_name(trainer.get("accelerator", "auto")) == "cuda"
     request = device_request(trainer.get("devices", "auto"))
     device_ids = request if isinstance(request, list) else None
     if request == "auto" or request == -1:
-        devices = torch.cuda.device_count() if cuda else 1
-    else:
-        devices = len(request) if device_ids else request
+        return cuda, torch.cuda.device_count() if cuda else 1, None
+    return cuda, len(request) if device_ids else request, device_ids
+
+
+def setting_of(config) -> Setting:
+    """What ``plan`` plans for; it builds the network (other than ResNet-50, it runs it once, to check it)."""
+    trainer, model = config["trainer"], config["model"]
+    cuda, devices, device_ids = devices_of(trainer)
     precision = str(trainer.get("precision") or "32-true")
     return Setting(
         cuda=cuda,
