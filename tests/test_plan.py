@@ -63,7 +63,7 @@ def test_plan_forks_the_link_probes_ranks_before_it_runs_a_network_and_ends_them
         calls.append(f"setting {config['model']['arch']}")
         raise UsageError("stop here")
 
-    monkeypatch.setattr(command, "ForkedRanks", Ranks)
+    monkeypatch.setattr(command, "fork_ranks", lambda processes, cuda: Ranks(processes))
     monkeypatch.setattr(command, "setting_of", setting_of)
     args = ["--config", SMOKE, "--trainer.accelerator=cpu", "--trainer.devices=2", "--model.arch=resnet18"]
     with pytest.raises(UsageError, match="stop here"):

@@ -24,7 +24,7 @@ from multigpu.planning import link_probe
 from multigpu.planning.forecast import forecast, overlapped_reduction
 from multigpu.planning.layouts import Layout
 from multigpu.planning.link_probe import REPEATS, SHARDED_ROUNDS, SIZES, _sharded_costs, _timed
-from multigpu.planning.links import Link, Links
+from multigpu.planning.links import Link, Links, fork_ranks
 from multigpu.planning.memory_estimate import BlockMemory
 from multigpu.planning.pipeline_simulation import simulate_step
 from multigpu.planning.profile import BlockProfile, PassTimes, threads_per_process
@@ -241,6 +241,11 @@ def test_the_forked_link_probe_measures_with_the_ranks_asked_for_and_the_others_
     )
     assert left == "0"  # used up: a second profile's links are measured by torchrun
     assert "FutureWarning" not in done.stderr  # the ranks share plan's output
+
+
+def test_the_link_probes_ranks_are_forked_on_a_cpu_for_several_processes_alone():
+    """GPUs' ranks are started by ``torchrun`` (CUDA does not survive a fork), and one process has no links."""
+    assert fork_ranks(2, cuda=True) is None and fork_ranks(1, cuda=False) is None
 
 
 def test_a_forked_link_probe_rank_that_fails_ends_the_others_at_once():

@@ -38,7 +38,7 @@ from multigpu.errors import UsageError
 from multigpu.planning.busy_cores import CoreCheck, check_cores, note_if_busy, read_cpu_clock, until_quiet
 from multigpu.planning.forecast import forecast, timed_input
 from multigpu.planning.layouts import Layout, Refusal, candidate_layouts
-from multigpu.planning.links import ForkedRanks, measure_links
+from multigpu.planning.links import ForkedRanks, fork_ranks, measure_links
 from multigpu.planning.measurement import balanced, measure
 from multigpu.planning.options import BUSY_REMEDY, PlanOptions, check_no_plan_section
 from multigpu.planning.ranking import Outcome, ends_by, in_measuring_order, to_measure
@@ -81,7 +81,7 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
     # The link probe's ranks on the CPU, forked before this process computes anything (``ForkedRanks``): before
     # ``setting_of``, which runs a network other than ResNet-50 once to check it, and the busy check
     cuda, devices, _ = devices_of(trainer)
-    forked = ForkedRanks(devices) if not cuda and devices > 1 else None
+    forked = fork_ranks(devices, cuda)
     try:
         _plan(config, options, args, started, forked)
     finally:

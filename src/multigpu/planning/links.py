@@ -33,7 +33,7 @@ from multigpu.errors import UsageError
 from multigpu.planning import link_probe
 from multigpu.planning.profile import threads_per_process
 
-__all__ = ["ForkedRanks", "Link", "Links", "measure_links"]
+__all__ = ["ForkedRanks", "Link", "Links", "fork_ranks", "measure_links"]
 
 LINK_TIMEOUT_S = 180
 DISMISS_S = 10  # how long a dismissed rank has to end before it is killed
@@ -194,6 +194,13 @@ class ForkedRanks:
             rank.kill()
             rank.join()
         self._ranks = []
+
+
+def fork_ranks(processes: int, cuda: bool) -> ForkedRanks | None:
+    """``processes`` ranks of the link probe, forked now, on a CPU of Linux: None on GPUs (``torchrun`` starts
+    them), for one process (no links), and off Linux (Windows cannot fork; macOS's system libraries are not safe to
+    fork), where ``torchrun`` starts them too."""
+    return ForkedRanks(processes) if not cuda and processes > 1 and sys.platform == "linux" else None
 
 
 def _took_too_long() -> UsageError:
