@@ -4,10 +4,13 @@ the links' arithmetic, and how measured windows become ranges, ties and a choice
 import itertools
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,10 +24,11 @@ from torch import nn
 from multigpu.compat import schedule_actions
 from multigpu.model.lazy_blocks import LazyBlocks
 from multigpu.planning import link_probe
+from multigpu.planning import links as links_module
 from multigpu.planning.forecast import forecast, overlapped_reduction
 from multigpu.planning.layouts import Layout
 from multigpu.planning.link_probe import REPEATS, SHARDED_ROUNDS, SIZES, _sharded_costs, _timed
-from multigpu.planning.links import Link, Links, fork_ranks
+from multigpu.planning.links import ForkedRanks, Link, Links, fork_ranks
 from multigpu.planning.memory_estimate import BlockMemory
 from multigpu.planning.pipeline_simulation import simulate_step
 from multigpu.planning.profile import BlockProfile, PassTimes, threads_per_process
@@ -222,6 +226,29 @@ def test_the_link_probe_imports_torch_alone():
     assert done.stdout.strip() == "[]"
 
 
+@contextmanager
+def forking_python(code: str):
+    """``python -c code`` in a session of its own, its standard output and error captured; whatever it forked is
+    killed on leaving, so that a test that fails leaves no rank behind."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        yield process
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.communicate()
+
+
+def finished(process: subprocess.Popen, timeout: float) -> tuple[str, str]:
+    out, err = process.communicate(timeout=timeout)
+    assert process.returncode == 0, err
+    return out, err
+
+
 def test_the_forked_link_probe_measures_with_the_ranks_asked_for_and_the_others_end():
     """``plan``'s process forks the probe's ranks before it computes anything, so that they start measuring with
     torch imported; forked so, two threads each compute (a fork after GNU OpenMP's first parallel region hangs a
@@ -230,62 +257,88 @@ def test_the_forked_link_probe_measures_with_the_ranks_asked_for_and_the_others_
         "import json, multigpu.planning.links as links\n"
         "ranks = links.ForkedRanks(3)\n"
         "links.threads_per_process = lambda processes: 2\n"
-        "links.LINK_TIMEOUT_S = 60\n"  # a hang: the ranks killed, the test failed
         "print(json.dumps(sorted(ranks.measure(2))), len(ranks))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=150, check=True)
-    keys, left = done.stdout.rsplit(maxsplit=1)
+    with forking_python(code) as process:
+        out, err = finished(process, timeout=150)
+    keys, left = out.rsplit(maxsplit=1)
     assert json.loads(keys) == sorted(
         ["send", "all_reduce", "all_gather", "reduce_scatter", "pipeline_action"]
         + ["sharded_block", "sharded_byte", "sharded_update"]
     )
     assert left == "0"  # used up: a second profile's links are measured by torchrun
-    assert "FutureWarning" not in done.stderr  # the ranks share plan's output
+    assert "FutureWarning" not in err  # the ranks share plan's output
 
 
-def test_the_link_probes_ranks_are_forked_on_a_cpu_for_several_processes_alone():
-    """GPUs' ranks are started by ``torchrun`` (CUDA does not survive a fork), and one process has no links."""
+def test_the_link_probes_ranks_are_forked_on_a_cpu_of_linux_for_several_processes_alone():
+    """GPUs' ranks are started by ``torchrun`` (CUDA does not survive a fork), and one process has no links. Those
+    forked and dismissed end of themselves, not killed."""
     assert fork_ranks(2, cuda=True) is None and fork_ranks(1, cuda=False) is None
+    ranks = fork_ranks(2, cuda=False)
+    assert isinstance(ranks, ForkedRanks) and len(ranks) == 2
+    processes = list(ranks._ranks)
+    ranks.dismiss()
+    assert [process.exitcode for process in processes] == [0, 0] and len(ranks) == 0
+
+
+def test_measure_links_takes_the_forked_ranks_where_it_has_as_many_else_torchrun(monkeypatch):
+    """Links for 2 processes from 2 forked ranks; a plan whose layouts need none dismisses them."""
+    calls = []
+
+    class Ranks:
+        def __len__(self) -> int:
+            return 2
+
+        def measure(self, processes: int) -> dict:
+            calls.append(f"measure {processes}")
+            points = [[SIZES[0], 0.001], [SIZES[1], 0.011]]
+            return {"send": points, "all_reduce": points, "all_gather": points, "reduce_scatter": points} | {
+                "pipeline_action": 0.002,
+                "sharded_block": 0.003,
+                "sharded_byte": 1e-9,
+                "sharded_update": 1e-4,
+            }
+
+        def dismiss(self) -> None:
+            calls.append("dismiss")
+
+    monkeypatch.setattr(links_module, "_measured_by_torchrun", lambda *args: pytest.fail("torchrun started"))
+    measured = links_module.measure_links(2, False, None, Ranks())
+    assert calls == ["measure 2"] and measured.world == 2 and measured.pipeline_action == 0.002
+    assert links_module.measure_links(1, False, None, Ranks()).world == 1 and calls[-1] == "dismiss"
 
 
 def test_a_forked_link_probe_rank_that_fails_ends_the_others_at_once():
-    """The other ranks would wait for it in their collectives until gloo's time limit: its exit ends them, and plan
-    says which rank failed, not that the links took too long."""
+    """Rank 1 fails before it joins the process group: rank 0 would wait for it in the store until gloo's time limit
+    (30 minutes); its exit ends rank 0 at once, and plan says which rank failed, not that the links took too long."""
     code = (
         "import time, multigpu.planning.links as links, multigpu.planning.link_probe as probe\n"
-        "measure = probe._measure\n"
-        "def fail_on_rank_1(out, device):\n"
-        "    if probe.dist.get_rank() == 1: raise SystemExit(3)\n"
-        "    measure(out, device)\n"
-        "probe._measure = fail_on_rank_1\n"
+        "join = probe.dist.init_process_group\n"
+        "def fail_on_rank_1(*args, rank, **kwargs):\n"
+        "    if rank == 1: raise SystemExit(3)\n"
+        "    join(*args, rank=rank, **kwargs)\n"
+        "probe.dist.init_process_group = fail_on_rank_1\n"
         "ranks, start = links.ForkedRanks(2), time.monotonic()\n"
         "try:\n"
         "    ranks.measure(2)\n"
         "except links.UsageError as error:\n"
         "    print(f'{time.monotonic() - start:.0f}', error)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=150, check=True)
-    seconds, error = done.stdout.split(" ", 1)
-    assert error.strip() == (
-        "measuring the links between the devices failed: rank 1 exited with 3; its error is printed above"
-    )
+    with forking_python(code) as process:
+        out, _ = finished(process, timeout=150)
+    seconds, error = out.split(" ", 1)
+    assert error.strip() == "measuring the links between the devices failed: rank 1 exited with 3; see the output above"
     assert int(seconds) < 30  # links.LINK_TIMEOUT_S is 180
 
 
-def test_the_forked_link_probe_ends_when_dismissed_or_when_plan_ends_first(tmp_path):
-    """A plan whose layouts need no links dismisses the ranks; one that ends first (an error, an interrupt) leaves
-    none behind: they watch plan's process."""
+def test_the_forked_link_probe_ends_when_plan_ends_first():
+    """A plan that ends first (killed, say) leaves no rank behind: they watch plan's process."""
     code = (
-        "import os, sys, multigpu.planning.links as links\n"
-        "dismissed = links.ForkedRanks(2)\n"
-        "dismissed.dismiss()\n"
-        "left = links.ForkedRanks(2)\n"
-        "print(len(dismissed), *(rank.pid for rank in left._ranks), flush=True)\n"
+        "import os, multigpu.planning.links as links\n"
+        "ranks = links.ForkedRanks(2)\n"
+        "print(*(rank.pid for rank in ranks._ranks), flush=True)\n"
         "os._exit(0)\n"  # without Python's own ending, which ends daemonic children
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    count, *pids = done.stdout.split()
-    assert count == "0" and len(pids) == 2
 
     def running(pid: str) -> bool:
         try:  # a zombie waits for its new parent to collect it: ended
@@ -293,10 +346,14 @@ def test_the_forked_link_probe_ends_when_dismissed_or_when_plan_ends_first(tmp_p
         except FileNotFoundError:
             return False
 
-    deadline = time.monotonic() + 20
-    while any(map(running, pids)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not any(map(running, pids))
+    with forking_python(code) as process:
+        out, _ = finished(process, timeout=60)
+        pids = out.split()
+        assert len(pids) == 2
+        deadline = time.monotonic() + 20
+        while any(map(running, pids)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(map(running, pids))
 
 
 def _outcome(name: str, processes: int, forecast: float, windows: list[float] | None = None, peak: int = 1) -> Outcome:
