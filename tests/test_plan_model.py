@@ -249,6 +249,12 @@ def finished(process: subprocess.Popen, timeout: float) -> tuple[str, str]:
     return out, err
 
 
+def output_of(code: str, timeout: float = 150) -> tuple[str, str]:
+    """The standard output and error of ``forking_python(code)``, which must succeed within ``timeout`` seconds."""
+    with forking_python(code) as process:
+        return finished(process, timeout)
+
+
 def test_the_forked_link_probe_measures_with_the_ranks_asked_for_and_the_others_end():
     """``plan``'s process forks the probe's ranks before it computes anything, so that they start measuring with
     torch imported; forked so, two threads each compute (a fork after GNU OpenMP's first parallel region hangs a
@@ -259,8 +265,7 @@ def test_the_forked_link_probe_measures_with_the_ranks_asked_for_and_the_others_
         "links.threads_per_process = lambda processes: 2\n"
         "print(json.dumps(sorted(ranks.measure(2))), len(ranks))\n"
     )
-    with forking_python(code) as process:
-        out, err = finished(process, timeout=150)
+    out, err = output_of(code)
     keys, left = out.rsplit(maxsplit=1)
     assert json.loads(keys) == sorted(
         ["send", "all_reduce", "all_gather", "reduce_scatter", "pipeline_action"]
@@ -324,8 +329,7 @@ def test_a_forked_link_probe_rank_that_fails_ends_the_others_at_once():
         "except links.UsageError as error:\n"
         "    print(f'{time.monotonic() - start:.0f}', error)\n"
     )
-    with forking_python(code) as process:
-        out, _ = finished(process, timeout=150)
+    out, _ = output_of(code)
     seconds, error = out.split(" ", 1)
     assert error.strip() == "measuring the links between the devices failed: rank 1 exited with 3; see the output above"
     assert int(seconds) < 30  # links.LINK_TIMEOUT_S is 180
