@@ -222,7 +222,7 @@ def measure_links(processes: int, cuda: bool, device_ids: list[int] | None, fork
             forked.dismiss()
         return Links(world=1, cuda=cuda)
     print(f"measuring the links between {processes} {'GPUs' if cuda else 'CPU processes'}", flush=True)
-    if forked is not None and not cuda and processes <= len(forked):
+    if forked is not None and processes <= len(forked):  # forked: on the CPU only (``fork_ranks``)
         figures = forked.measure(processes)
     else:
         if forked is not None:
