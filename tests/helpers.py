@@ -2,6 +2,7 @@
 official files, free ports, the bare Trainer that strategy tests train with, and the test-only Lightning callbacks
 that configs load by class path (``helpers.<Name>``, found through ``HELPERS_ENV``)."""
 
+import hashlib
 import os
 import pickle
 import random
@@ -190,7 +191,8 @@ def write_image_folder(
 
 
 class RecordSamples(Callback):
-    """Writes a fingerprint of every training image this rank saw to ``out_dir/rank<N>.txt``."""
+    """Writes a fingerprint of every training image this rank saw (a hash of all its values, bit for bit) to
+    ``out_dir/rank<N>.txt``, a line each, in the order trained."""
 
     def __init__(self, out_dir: str) -> None:
         self.out_dir = Path(out_dir)
@@ -198,14 +200,15 @@ class RecordSamples(Callback):
     @override
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        fingerprints = [f"{image.flatten()[:4].tolist()}".replace(" ", "") for image in batch[0]]
+        fingerprints = [hashlib.sha1(image.cpu().numpy().tobytes()).hexdigest() for image in batch[0]]
         with open(self.out_dir / f"rank{trainer.global_rank}.txt", "a") as file:
             file.write("\n".join(fingerprints) + "\n")
 
 
 class KillAt(Callback):
     """SIGKILLs this process at optimizer step ``step``: as the step starts (``step``), or while a
-    checkpoint is being saved (``save``); or sends it SIGTERM as the step starts (``sigterm``).
+    checkpoint is being saved (``save``); or sends it SIGTERM as the step starts (``sigterm``); or sends SIGINT to
+    its whole process group as the step starts, as a terminal's Ctrl-C does (``ctrl-c``).
 
     Only on global rank ``rank``, when given. A process that torchrun restarted
     (``TORCHELASTIC_RESTART_COUNT`` above 0) is left to finish.
@@ -220,12 +223,16 @@ class KillAt(Callback):
         if self.rank is not None and trainer.global_rank != self.rank:
             return
         if trainer.global_step == self.step and self.moment == moment:
-            os.kill(os.getpid(), signum)
+            if signum == signal.SIGINT:
+                os.killpg(os.getpgid(0), signum)
+            else:
+                os.kill(os.getpid(), signum)
 
     @override
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._signal_if(trainer, "step", signal.SIGKILL)
         self._signal_if(trainer, "sigterm", signal.SIGTERM)
+        self._signal_if(trainer, "ctrl-c", signal.SIGINT)
 
     @override
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:

@@ -63,6 +63,38 @@ def test_last_checkpoint_every_n_steps_and_at_each_epoch_end(tmp_path):
     assert sorted(path.name for path in folder.glob("last*")) == ["last.ckpt"]  # one file, rewritten
 
 
+def test_a_run_cut_short_by_max_steps_resumes_inside_its_epoch(tmp_path, caplog):
+    """A 16-step run (2 epochs of 8 steps) stopped at step 3 by max_steps writes last.ckpt and no best-k file (it
+    validated nothing); resumed with `--ckpt_path last` it trains the rest of epoch 0, validates it, and ends at step
+    16, having trained the uninterrupted run's images in its order, bit for bit."""
+    base = ["fit", "--config", SMOKE, "--data.synthetic_size=64", "--model.arch=resnet18", "--trainer.max_epochs=2"]
+
+    def args(name: str) -> list[str]:
+        return [
+            *base,
+            *run_args(tmp_path, name),
+            "--config",
+            helper_callback(tmp_path, "RecordSamples", out_dir=tmp_path / name),
+        ]
+
+    cli_main(*args("uninterrupted"))
+    cut = tmp_path / "checkpoints" / "cut"
+    with caplog.at_level(logging.WARNING):
+        cli_main(*args("cut"), "--trainer.max_steps=3")
+    assert [path.name for path in cut.iterdir()] == ["last.ckpt"]
+    assert "could not find the monitored key" not in caplog.text
+    with caplog.at_level(logging.INFO):
+        cli_main(*args("cut"), "--ckpt_path=last")
+    last = torch.load(cut / "last.ckpt")
+    assert last["global_step"] == 16 and last["epoch"] == 1
+    assert sorted(path.name.partition("-val")[0] for path in cut.glob("epoch*")) == [
+        "epoch000-step8",
+        "epoch001-step16",
+    ]
+    trained = {name: (tmp_path / name / "rank0.txt").read_text().split() for name in ("uninterrupted", "cut")}
+    assert len(trained["cut"]) == 16 * 8 and trained["cut"] == trained["uninterrupted"]
+
+
 def test_resuming_with_another_layout_says_what_changed(tmp_path, caplog):
     args = ["fit", "--config", SMOKE, *run_args(tmp_path)]
     cli_main(*args)
@@ -358,14 +390,20 @@ def test_killed_at_random_moments_and_resumed_on_another_device_count_ends_like_
 @pytest.mark.slow
 def test_killed_at_chosen_moments_and_resumed_ends_bit_for_bit_like_an_uninterrupted_run(tmp_path, resumable):
     """The moments a random draw rarely hits, each followed by `--ckpt_path last`, give the state of a run
-    never killed: SIGKILL while a checkpoint is being written, and SIGTERM in an epoch's last step (the
+    never killed: Ctrl-C (SIGINT to the process and its loader workers, as a terminal sends it: the step ends and
+    last.ckpt is written), SIGKILL while a checkpoint is being written, and SIGTERM in an epoch's last step (the
     process saves once Lightning has counted the epoch, then exits cleanly)."""
-    kills = [(8, "save", "during a save"), (9, "sigterm", "SIGTERM in the epoch's last step")]
+    kills = [
+        (3, "ctrl-c", "Ctrl-C to the whole job (its 2 loader workers too) mid-epoch"),
+        (8, "save", "during a save"),
+        (9, "sigterm", "SIGTERM in the epoch's last step"),
+    ]
     args = [*_resumable_run(resumable.cifar), *run_args(tmp_path, "killed"), "--ckpt_path=last"]
     for step, moment, name in kills:
         killed = run_cli(*args, "--config", _kill_config(tmp_path, step, moment), env=HELPERS_ENV)
-        if moment == "sigterm":  # saves the step it finished, then exits cleanly
-            assert killed.returncode == 0 and "Received SIGTERM: saved" in killed.stdout, killed.stdout
+        if moment in ("sigterm", "ctrl-c"):  # saves the step it finished, then exits cleanly
+            said = "Received SIGTERM: saved" if moment == "sigterm" else "Received Ctrl-C: saved"
+            assert killed.returncode == 0 and said in killed.stdout, f"{name}: {killed.stdout}"
             assert _final_state(tmp_path, "killed")["global_step"] == step + 1
         else:
             assert killed.returncode == -signal.SIGKILL, f"{name}: {killed.stdout}"
@@ -375,10 +413,15 @@ def test_killed_at_chosen_moments_and_resumed_ends_bit_for_bit_like_an_uninterru
 
 
 @pytest.mark.slow
-def test_sigterm_to_one_ddp_process_stops_both_after_the_same_step(tmp_path, resumable):
-    """Only rank 1 gets SIGTERM (at step 7): both processes stop after step 8 and exit cleanly,
-    rather than one waiting for the other in a collective; the run then resumes bit for bit."""
+def test_sigterm_to_one_ddp_process_or_ctrl_c_stops_both_after_the_same_step(tmp_path, resumable):
+    """Ctrl-C to the whole ddp job (both processes and their loader workers, as a terminal sends it) at step 2, then
+    SIGTERM to rank 1 alone at step 7: each time both processes stop after the same step, write last.ckpt and exit
+    cleanly, rather than one waiting for the other in a collective; the run then resumes bit for bit."""
     args = [*_resumable_run(resumable.cifar), *DDP, *run_args(tmp_path, "killed"), "--ckpt_path=last"]
+    stopped = run_cli(*args, "--config", _kill_config(tmp_path, 2, "ctrl-c", rank=0), env=HELPERS_ENV, timeout=180)
+    assert stopped.returncode == 0 and "Received Ctrl-C: saved" in stopped.stdout, stopped.stdout
+    assert "Ctrl-C again to stop at once" in stopped.stdout, stopped.stdout
+    assert _final_state(tmp_path, "killed")["global_step"] == 3
     stopped = run_cli(*args, "--config", _kill_config(tmp_path, 7, "sigterm", rank=1), env=HELPERS_ENV, timeout=180)
     assert stopped.returncode == 0 and "Received SIGTERM: saved" in stopped.stdout, stopped.stdout
     assert _final_state(tmp_path, "killed")["global_step"] == 8

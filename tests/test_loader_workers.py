@@ -51,5 +51,5 @@ def test_workers_are_spawned_where_pidfds_are_refused(monkeypatch):
         raise OSError(38, "Function not implemented")
 
     monkeypatch.setattr(os, "pidfd_open", refused, raising=False)
-    assert worker_start(2) == {"multiprocessing_context": "spawn"}
+    assert worker_start(2)["multiprocessing_context"] == "spawn"
     assert worker_start(0) == {}

@@ -17,7 +17,7 @@ from typing import NoReturn
 
 from lightning.pytorch import Trainer
 from lightning.pytorch.accelerators import CUDAAccelerator
-from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar, RichProgressBar
+from lightning.pytorch.callbacks import ProgressBar, RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
@@ -34,7 +34,8 @@ from multigpu.model.classifier import (
 )
 from multigpu.renamed_options import add_old_names, move_to_new_names, new_names
 from multigpu.run.callbacks import (
-    CheckpointOnSigterm,
+    BestCheckpoints,
+    CheckpointOnStopSignal,
     LastCheckpoint,
     RunMetadata,
     StopAllProcessesOnError,
@@ -119,7 +120,7 @@ class MultiGPUCLI(CheckpointPathCLI):
             ResNet50Classifier,
             CIFAR10DataModule,
             save_config_kwargs={"overwrite": True},
-            trainer_defaults={"callbacks": [RunMetadata(), CheckpointOnSigterm(), StopAllProcessesOnError()]},
+            trainer_defaults={"callbacks": [RunMetadata(), CheckpointOnStopSignal(), StopAllProcessesOnError()]},
             parser_kwargs=parser_kwargs,
             parser_class=OneLineErrorParser,
             auto_configure_optimizers=False,
@@ -163,7 +164,7 @@ class MultiGPUCLI(CheckpointPathCLI):
         )
         parser.add_lightning_class_args(ThroughputSummary, "throughput")
         parser.add_lightning_class_args(PredictionWriter, "predictions")
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(BestCheckpoints, "checkpoint")
         add_old_names(parser, "model")
         parser.set_defaults(
             {

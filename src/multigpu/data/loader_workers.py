@@ -14,6 +14,7 @@ import multiprocessing
 import multiprocessing.forkserver
 import os
 import select
+import signal
 import threading
 from functools import partial
 from multiprocessing.context import BaseContext
@@ -22,7 +23,7 @@ from typing import Any
 from lightning.fabric.utilities.seed import pl_worker_init_function
 
 # Imported in the fork server before any worker starts, so each worker finds what it unpickles (the datasets, their
-# transforms, ``end_with``) already loaded and starts in milliseconds, sharing these pages with the server. The data
+# transforms, ``start_worker``) already loaded and starts in milliseconds, sharing these pages with the server. The data
 # modules only: ``main.py``, which a worker runs again as ``__mp_main__``, imports the CLI under its ``__main__`` guard.
 PRELOADED = ["multigpu.data.datamodule"]
 
@@ -34,8 +35,8 @@ def worker_start(workers: int, rank: int = 0) -> dict[str, Any]:
         return {}
     context = start_worker_server()
     if context is None:
-        return {"multiprocessing_context": "spawn"}
-    return {"multiprocessing_context": context, "worker_init_fn": partial(end_with, os.getpid(), rank)}
+        return {"multiprocessing_context": "spawn", "worker_init_fn": partial(start_worker, None, rank)}
+    return {"multiprocessing_context": context, "worker_init_fn": partial(start_worker, os.getpid(), rank)}
 
 
 def start_worker_server() -> BaseContext | None:
@@ -58,15 +59,19 @@ def start_worker_server() -> BaseContext | None:
     return context
 
 
-def end_with(training_pid: int, rank: int, worker_id: int) -> None:
-    """Run by each worker as it starts: end this worker when the process ``training_pid`` ends, however it ends; and
-    seed it as Lightning seeds the workers of a loader without a ``worker_init_fn`` (``seed_everything(workers=True)``,
-    which LightningCLI asks for)."""
-    try:
-        training = os.pidfd_open(training_pid)
-    except ProcessLookupError:  # it ended while this worker started
-        os._exit(0)
-    threading.Thread(target=_exit_when_ended, args=(training,), name="end-with-training", daemon=True).start()
+def start_worker(training_pid: int | None, rank: int, worker_id: int) -> None:
+    """Run by each worker as it starts: leave Ctrl-C to the training process, which reaches every process of the
+    job from a terminal (the training process finishes its step on it and saves, reading the batches its workers
+    made); end this worker when the process ``training_pid`` ends, however it ends (where pidfds serve: the fork
+    server's workers); and seed it as Lightning seeds the workers of a loader without a ``worker_init_fn``
+    (``seed_everything(workers=True)``, which LightningCLI asks for)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if training_pid is not None:
+        try:
+            training = os.pidfd_open(training_pid)
+        except ProcessLookupError:  # it ended while this worker started
+            os._exit(0)
+        threading.Thread(target=_exit_when_ended, args=(training,), name="end-with-training", daemon=True).start()
     if int(os.environ.get("PL_SEED_WORKERS", 0)):
         pl_worker_init_function(worker_id, rank)
 

@@ -1,6 +1,7 @@
 """Callbacks the CLI adds to every run."""
 
 import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -22,10 +23,17 @@ from multigpu.compat import (
     stop_after_this_step_as_on_sigterm,
 )
 from multigpu.errors import UsageError
-from multigpu.run.loop_position import count_steps_as_done
+from multigpu.run.loop_position import count_steps_as_done, reopen_cut_epoch
 from multigpu.run.replicas import data_parallel_size, micro_batches_per_batch
 
-__all__ = ["CheckpointOnSigterm", "LastCheckpoint", "RunMetadata", "StopAllProcessesOnError", "ThroughputSummary"]
+__all__ = [
+    "BestCheckpoints",
+    "CheckpointOnStopSignal",
+    "LastCheckpoint",
+    "RunMetadata",
+    "StopAllProcessesOnError",
+    "ThroughputSummary",
+]
 
 
 class ThroughputSummary(Callback):
@@ -156,6 +164,8 @@ class RunMetadata(Callback):
             **self._layout(trainer, pl_module),
             "data": _data_description(trainer.datamodule),
         }
+        if "loops" in checkpoint:  # an epoch a limit cut short resumes inside it
+            reopen_cut_epoch(checkpoint["loops"]["fit_loop"])
 
     @override
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
@@ -195,6 +205,20 @@ class RunMetadata(Callback):
         rank_zero_info(f"Resuming with {layout}: {', '.join(parts)}{where}.")
 
 
+class BestCheckpoints(ModelCheckpoint):
+    """Lightning's ModelCheckpoint (``--checkpoint.*``), except after an epoch that a limit (``max_steps``,
+    ``max_time``) stopped before its last batch: nothing was validated to rank, so only ``last.ckpt`` is written
+    (where Lightning would rank a best-k file without the monitored metric, and warn), and it resumes inside
+    that epoch."""
+
+    @override
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            super().on_train_epoch_end(trainer, pl_module)
+        elif self.save_last and not should_skip_saving(self, trainer):
+            save_last_checkpoint(self, trainer)
+
+
 class LastCheckpoint(ModelCheckpoint):
     """Writes ``last.ckpt`` every N optimizer steps and at the end of every training epoch.
 
@@ -220,9 +244,10 @@ class LastCheckpoint(ModelCheckpoint):
             save_last_checkpoint(self, trainer)
 
 
-class CheckpointOnSigterm(Callback):
-    """On SIGTERM (what SLURM and most schedulers send before they stop a job), every process stops
-    after the same training step, ``last.ckpt`` is written, and the processes exit with status 0.
+class CheckpointOnStopSignal(Callback):
+    """On SIGTERM (what SLURM and most schedulers send before they stop a job) or a first Ctrl-C (SIGINT), every
+    process stops after the same training step, ``last.ckpt`` is written, and the processes exit with status 0.
+    A second Ctrl-C stops at once, as Lightning does, without a checkpoint.
 
     The same command with ``--ckpt_path last`` then continues where the run stopped.
 
@@ -230,34 +255,46 @@ class CheckpointOnSigterm(Callback):
     process checks the flag at its own step boundaries. When the signal reaches the
     processes at slightly different moments, their collectives no longer pair up and the
     job hangs (seen with 2 gloo processes under the Slurm script). Here the handler only
-    notes the signal, and passes it on to the processes Lightning started, as Lightning
-    does. At the end of every training step the processes agree, with one all-reduce,
-    whether any of them has seen it; then all of them raise Lightning's flag, and Lightning
-    stops them after that same step.
+    notes the signal, and passes SIGTERM on to the processes Lightning started, as Lightning
+    does (a terminal's Ctrl-C reaches every process of the job already). At the end of every
+    training step the processes agree, with one all-reduce, whether any of them has seen it;
+    then all of them raise Lightning's flag, and Lightning stops them after that same step.
     """
 
     def __init__(self) -> None:
-        self._signalled = False
+        self._signal: str | None = None  # the stop signal's name, once one arrived
         self._trainer: Trainer | None = None
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._signalled, self._trainer = False, trainer
+        self._signal, self._trainer = None, trainer
         if threading.current_thread() is threading.main_thread():
-            # Replaces Lightning's handler for this run; Lightning restores the previous one at its teardown.
+            # Replace Lightning's handlers for this run; Lightning restores the previous ones at its teardown.
             signal.signal(signal.SIGTERM, self._note)
+            signal.signal(signal.SIGINT, self._note)
 
     def _note(self, signum: int, frame: Any) -> None:
-        launcher = self._trainer.strategy.launcher if self._trainer is not None else None
-        if not self._signalled and launcher is not None:
-            launcher.kill(signum)
-        self._signalled = True
+        if signum == signal.SIGINT:
+            if self._signal == "Ctrl-C":  # the second one: stop now, as Lightning does
+                raise KeyboardInterrupt
+            if self._trainer is not None and self._trainer.is_global_zero:
+                print(
+                    "\nCtrl-C: stopping after this step and writing last.ckpt (Ctrl-C again to stop at once, "
+                    "without it) ...",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        else:
+            launcher = self._trainer.strategy.launcher if self._trainer is not None else None
+            if self._signal is None and launcher is not None:
+                launcher.kill(signum)
+        self._signal = self._signal or ("Ctrl-C" if signum == signal.SIGINT else "SIGTERM")
 
     @override
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        signalled = self._signalled
+        signalled = self._signal is not None
         if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
             flag = torch.tensor([int(signalled)], device=trainer.strategy.root_device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
@@ -275,8 +312,8 @@ class CheckpointOnSigterm(Callback):
         if keeper is not None and keeper.dirpath:
             save_last_checkpoint(keeper, trainer)
             rank_zero_info(
-                f"Received SIGTERM: saved {keeper.last_model_path} at step {trainer.global_step}; "
-                "resume with --ckpt_path last."
+                f"Received {self._signal or 'a stop signal on another process'}: saved {keeper.last_model_path} at "
+                f"step {trainer.global_step}; resume with --ckpt_path last."
             )
 
 

@@ -8,7 +8,20 @@ epochs in ``epoch_progress``; a checkpoint holds both under ``loops.fit_loop``.
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["count_steps_as_done", "finished_training", "next_position", "trained_to"]
+__all__ = ["count_steps_as_done", "finished_training", "next_position", "reopen_cut_epoch", "trained_to"]
+
+
+def _cut_short(fit_loop: Mapping[str, Any]) -> bool:
+    """Whether this state of Lightning's fit loop ended its epoch before the epoch's last batch, stopped by
+    ``max_steps``, ``max_time`` or ``trainer.should_stop``: Lightning counts such an epoch as processed, as it
+    counts one that ran to its end."""
+    epochs = fit_loop["epoch_progress"]["current"]
+    batches = fit_loop["epoch_loop.batch_progress"]
+    return (
+        epochs["processed"] == epochs["started"] > 0
+        and batches["current"]["processed"] > 0
+        and not batches["is_last_batch"]
+    )
 
 
 def next_position(fit_loop: Mapping[str, Any]) -> tuple[int, int]:
@@ -17,15 +30,30 @@ def next_position(fit_loop: Mapping[str, Any]) -> tuple[int, int]:
     are already trained.
 
     A checkpoint written after an epoch's last batch (at the epoch's end, or by SIGTERM, which
-    Lightning acts on once the epoch is counted) goes on with the next epoch from its start.
+    Lightning acts on once the epoch is counted) goes on with the next epoch from its start; one written
+    after a limit stopped the epoch before its last batch goes on inside that epoch.
     """
     epochs = fit_loop["epoch_progress"]["current"]
     batches = fit_loop["epoch_loop.batch_progress"]
+    if _cut_short(fit_loop):
+        return epochs["processed"] - 1, batches["current"]["processed"]
     if epochs["started"] <= epochs["processed"]:  # between epochs
         return epochs["processed"], 0
     if batches["is_last_batch"] and batches["current"]["processed"] == batches["current"]["ready"]:
         return epochs["processed"] + 1, 0
     return epochs["processed"], batches["current"]["processed"]
+
+
+def reopen_cut_epoch(fit_loop: dict[str, Any]) -> None:
+    """Make a fit loop's state (a checkpoint's ``loops.fit_loop``) whose epoch a limit stopped before its last
+    batch count that epoch as unfinished, in place, as a checkpoint written inside it does: Lightning then
+    resumes it at its next batch, trains the rest of it and validates it at its end, where it would otherwise go
+    on with the next epoch and leave the rest of this one untrained."""
+    if not _cut_short(fit_loop):
+        return
+    for part in ("current", "total"):
+        epochs = fit_loop["epoch_progress"][part]
+        epochs["processed"] = epochs["completed"] = epochs["started"] - 1
 
 
 def count_steps_as_done(fit_loop: dict[str, Any], steps: int, accumulation: int) -> None:
