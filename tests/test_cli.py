@@ -155,10 +155,25 @@ def test_resume_follows_the_command_line_and_refuses_another_network(tmp_path, c
     last = tmp_path / "checkpoints" / "test" / "last.ckpt"
     assert torch.load(last)["hyper_parameters"]["label_smoothing"] == 0.1
 
-    with pytest.raises(SystemExit) as exit_info:
-        _in_process("fit", tmp_path, "--ckpt_path=last", "--trainer.max_epochs=3", "--model.stem=cifar")
-    assert exit_info.value.code == 2
-    assert "holds a network with --model.stem=imagenet, not cifar" in capsys.readouterr().err
+    before = last.read_bytes()
+    for other, said in (
+        ("--model.stem=cifar", "holds another network (stem imagenet, not cifar): use it with --model.stem=imagenet"),
+        (
+            "--model.arch=resnet18",
+            "holds another network (arch resnet50, not resnet18): use it with --model.arch=resnet50",
+        ),
+        (
+            "--data.dataset=cifar100",
+            "holds another network (num_classes 10, not 100): use it with the data it trained on",
+        ),
+    ):
+        for subcommand, limits in (("fit", ["--trainer.max_epochs=3"]), ("test", [])):
+            with pytest.raises(SystemExit) as exit_info:
+                _in_process(subcommand, tmp_path, "--ckpt_path=last", *limits, other)
+            assert exit_info.value.code == 2
+            error = capsys.readouterr().err.strip().splitlines()
+            assert len(error) == 1 and said in error[0], (other, subcommand, error)
+    assert last.read_bytes() == before
 
 
 def test_a_finished_run_stays_finished(tmp_path, caplog):

@@ -26,7 +26,7 @@ from typing_extensions import override
 from multigpu.cli.saved_options import take_saved_normalisation, take_saved_options
 from multigpu.cli.trainer_options import USUAL_STRATEGIES, check_trainer_options
 from multigpu.compat import CheckpointPathCLI
-from multigpu.data.datamodule import CIFAR10DataModule
+from multigpu.data.datamodule import CIFAR10DataModule, class_count
 from multigpu.errors import RunFinished, UsageError, check_at_least, check_writable
 from multigpu.model.classifier import (
     ResNet50Classifier,
@@ -57,6 +57,14 @@ SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
 def _checkpoint_dir(checkpoint_root: str, run_name: str) -> str:
     return os.path.join(checkpoint_root, run_name)
+
+
+def _network_options(config) -> dict:
+    """The model's options as the model will get them: its class count is the data's (linked when it is built)."""
+    data = config["data"]
+    if data["dataset"] == "imagefolder" and data["synthetic"]:  # refused as the data module is built
+        return dict(config["model"])
+    return {**config["model"], "num_classes": class_count(data["dataset"], data["data_dir"])}
 
 
 class OneLineErrorParser(LightningArgumentParser):
@@ -229,11 +237,11 @@ class MultiGPUCLI(CheckpointPathCLI):
             # The run's own data, network and batch size, where the command line leaves them; its log folder.
             take_saved_options(config, checkpoint, self._command_line)
             config["model"]["batch_size"] = config["data"]["batch_size"]  # the link, after the data's was taken
-            check_model_options(config["ckpt_path"], checkpoint, config["model"], report=False)
+            check_model_options(config["ckpt_path"], checkpoint, _network_options(config), report=False)
             rank_zero_info(f"{subcommand}: the weights of {config['ckpt_path']} ({trained_to(checkpoint)}).")
             self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": f"{subcommand}-config.yaml"}
         else:
-            check_model_options(config["ckpt_path"], checkpoint, config["model"])
+            check_model_options(config["ckpt_path"], checkpoint, _network_options(config))
             trainer = config["trainer"]
             limits = (trainer.get(name) for name in ("max_epochs", "max_steps", "max_time"))
             if reason := finished_training(checkpoint, *limits):

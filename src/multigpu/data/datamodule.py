@@ -36,7 +36,15 @@ from multigpu.errors import UsageError, check_at_least
 from multigpu.run.loop_position import next_position
 from multigpu.run.replicas import data_parallel_rank, data_parallel_size
 
-__all__ = ["CIFAR10DataModule", "node_local_rank"]
+__all__ = ["CIFAR10DataModule", "class_count", "node_local_rank"]
+
+CIFAR_CLASS_COUNTS = {"cifar10": 10, "cifar100": 100}
+
+
+def class_count(dataset: str, data_dir: str) -> int:
+    """How many classes the data module of ``dataset`` in ``data_dir`` serves: CIFAR's, or an image folder's (its
+    ``train/``'s subfolders), without reading an image."""
+    return CIFAR_CLASS_COUNTS[dataset] if dataset in CIFAR_CLASS_COUNTS else len(folder_classes(data_dir))
 
 
 def node_local_rank() -> int:
@@ -140,7 +148,7 @@ class CIFAR10DataModule(LightningDataModule):
         # A folder of the user's own images is checked here too, before anything is built.
         self.image_size = image_size
         self.classes: list[str] | None = list(CIFAR10_CLASSES) if dataset == "cifar10" else None  # names, by label
-        self.num_classes = {"cifar10": 10, "cifar100": 100}.get(dataset, 0)
+        self.num_classes = CIFAR_CLASS_COUNTS.get(dataset, 0)
         if dataset == "imagefolder" and not synthetic:
             self.classes = folder_classes(data_dir)
             self.num_classes = len(self.classes)

@@ -21,8 +21,12 @@ __all__ = [
     "resolve_ckpt_path",
 ]
 
-# Model options that change the network's shapes: a checkpoint only loads with the same value.
-_NETWORK_OPTIONS = ("stem",)
+# Options that change the network's shapes: a checkpoint only loads with the same value; how to give it back.
+_NETWORK_OPTIONS = {
+    "arch": "--model.arch={}",
+    "stem": "--model.stem={}",
+    "num_classes": "the data it trained on ({} classes)",
+}
 
 
 def find_last_checkpoint(dirpath: str | Path) -> Path | None:
@@ -124,17 +128,19 @@ def _best_checkpoint(last: Path | None, dirpath: str | Path) -> str:
 def check_model_options(path: str, checkpoint: dict[str, Any], options: Mapping[str, Any], report: bool = True) -> None:
     """Compare this run's model options with those ``checkpoint`` was trained with.
 
-    The command line decides; a changed network shape is refused before the network is built, and, with
-    ``report`` (training on), any other changed option is reported in one line.
+    The command line decides; another network (its architecture, stem or class count, ``options["num_classes"]``
+    being the data's) is refused in one line before the network is built, and, with ``report`` (training on), any
+    other changed option is reported in one line.
     """
     saved = new_hyperparameter_names(checkpoint.get("hyper_parameters", {}))
     changed = {key: (saved[key], options[key]) for key in saved if key in options and saved[key] != options[key]}
     changed.pop("init_from", None)  # read only when a run starts: a checkpoint's weights come from the checkpoint
-    for key in _NETWORK_OPTIONS:
+    for key, how in _NETWORK_OPTIONS.items():
         if key in changed:
+            old, new = changed[key]
             raise UsageError(
-                f"checkpoint {path} holds a network with --model.{key}={changed[key][0]}, not "
-                f"{changed[key][1]}: resume it with --model.{key}={changed[key][0]}."
+                f"checkpoint {path} holds another network ({key} {old}, not {new}): use it with {how.format(old)}, "
+                "or start a new run (--run_name) for this one; the checkpoint is left as it is."
             )
     if changed and report:
         listed = ", ".join(f"{key} {old} -> {new}" for key, (old, new) in changed.items())
