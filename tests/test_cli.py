@@ -175,6 +175,13 @@ def test_resume_follows_the_command_line_and_refuses_another_network(tmp_path, c
             assert len(error) == 1 and said in error[0], (other, subcommand, error)
     assert last.read_bytes() == before
 
+    # Another run's checkpoint file: the command goes on with that run, and says so.
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        cli_main("test", "--config", SMOKE, *run_args(tmp_path, "mine"), f"--ckpt_path={last}")
+    assert f"{last} is run test's checkpoint: test goes on with run test (its checkpoints" in caplog.text
+    assert not (tmp_path / "logs" / "mine").exists() and not (tmp_path / "checkpoints" / "mine").exists()
+
 
 def test_a_finished_run_stays_finished(tmp_path, caplog):
     """The same command with `--ckpt_path last` on a run that reached max_epochs (then max_steps) says so in

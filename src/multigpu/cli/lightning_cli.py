@@ -23,6 +23,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
+from multigpu.cli.config_files import resolve_data_dir, unreadable_config
 from multigpu.cli.saved_options import take_saved_normalisation, take_saved_options
 from multigpu.cli.trainer_options import USUAL_STRATEGIES, check_trainer_options
 from multigpu.compat import CheckpointPathCLI
@@ -194,12 +195,15 @@ class MultiGPUCLI(CheckpointPathCLI):
         if args is None or isinstance(args, (list, tuple)):
             # `--trainer.strategy=manual_model_parallel --trainer.strategy.balance=[9,9]` reads as the class.
             self._command_line = new_names(name_to_class_path(sys.argv[1:] if args is None else args))
+            if broken := unreadable_config(self._command_line):  # the parser would name no file
+                raise UsageError(f"--config {broken}: the file is not valid YAML; mend it.")
             self.config = parser.parse_args(self._command_line)
         else:
             super().parse_arguments(parser, args)
         # Old names from a config file: moved to the new ones before the checkpoint's options are compared and
         # the model is built (its hyperparameters are this config).
         move_to_new_names(self._config(), self._command_line)
+        resolve_data_dir(self._config()["data"], self._command_line)
 
     def _config(self, instantiated: bool = False):
         """This run's configuration: the subcommand's, or the whole one with ``run=False``; with ``instantiated``,
@@ -230,6 +234,7 @@ class MultiGPUCLI(CheckpointPathCLI):
         config["ckpt_path"], checkpoint = resolve_ckpt_path(config["ckpt_path"], dirpath, training)
         if not checkpoint:
             return
+        self._follow_the_checkpoints_run(config)
         # Every command on a checkpoint logs into the TensorBoard run the checkpoint was written in.
         self._log_version = checkpoint.get(RunMetadata.KEY, {}).get("log_version")
         subcommand = self.config.get("subcommand")
@@ -252,6 +257,21 @@ class MultiGPUCLI(CheckpointPathCLI):
 
             rank_zero_info(f"Resuming from {config['ckpt_path']} at step {checkpoint['global_step']}.")
         take_saved_normalisation(config, checkpoint, self._command_line)  # after the saved options: over them
+
+    def _follow_the_checkpoints_run(self, config) -> None:
+        """A checkpoint file of another run's folder (``<checkpoint_root>/<run>/``) than ``--run_name``'s: the command
+        goes on with that run, its checkpoints and TensorBoard run, and says so."""
+        folder = Path(config["ckpt_path"]).resolve().parent
+        run_name = config["run_name"]
+        if folder.parent != Path(config["checkpoint_root"]).resolve() or folder.name == run_name:
+            return
+        config["run_name"], config["checkpoint"]["dirpath"] = folder.name, str(folder)
+        subcommand, path = self.config.get("subcommand"), config["ckpt_path"]
+        branch = f"; to start run {run_name} from its weights, pass --model.init_from={path} instead of --ckpt_path"
+        rank_zero_info(
+            f"{path} is run {folder.name}'s checkpoint: {subcommand} goes on with run {folder.name} (its checkpoints "
+            f"and TensorBoard run), not {run_name}{branch if subcommand == 'fit' else ''}."
+        )
 
     @override
     def instantiate_classes(self) -> None:

@@ -8,11 +8,9 @@ named there) overrides the checkpoint's.
 """
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-import yaml
-
+from multigpu.cli.config_files import config_files, read_config
 from multigpu.renamed_options import new_hyperparameter_names
 from multigpu.run.callbacks import RunMetadata
 
@@ -23,15 +21,15 @@ SECTIONS = {"model": "hyper_parameters", "data": "datamodule_hyper_parameters"} 
 
 def given_options(command_line: Sequence[str], section: str) -> set[str]:
     """The options of ``section`` that ``command_line`` gives: as ``--section.name`` or in a ``--config`` file."""
-    given, args = set(), list(command_line)
-    for index, arg in enumerate(args):
-        if arg.startswith(f"--{section}."):
-            given.add(arg[len(section) + 3 :].partition("=")[0].partition(".")[0])
-        elif arg in ("--config", "-c") and index + 1 < len(args) or arg.startswith("--config="):
-            path = arg.partition("=")[2] if arg.startswith("--config=") else args[index + 1]
-            loaded = yaml.safe_load(Path(path).read_text()) if Path(path).is_file() else None
-            values = loaded.get(section) if isinstance(loaded, dict) else None
-            given |= set(values) if isinstance(values, dict) else set()
+    given = {
+        arg[len(section) + 3 :].partition("=")[0].partition(".")[0]
+        for arg in command_line
+        if arg.startswith(f"--{section}.")
+    }
+    for _, path in config_files(command_line):
+        loaded = read_config(path)
+        values = loaded.get(section) if isinstance(loaded, dict) else None
+        given |= set(values) if isinstance(values, dict) else set()
     return given
 
 

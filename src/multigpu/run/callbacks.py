@@ -261,6 +261,8 @@ class CheckpointOnStopSignal(Callback):
     then all of them raise Lightning's flag, and Lightning stops them after that same step.
     """
 
+    SIGNALS = ("SIGTERM", "Ctrl-C")  # as the processes agree on them: the higher wins
+
     def __init__(self) -> None:
         self._signal: str | None = None  # the stop signal's name, once one arrived
         self._trainer: Trainer | None = None
@@ -294,12 +296,13 @@ class CheckpointOnStopSignal(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        signalled = self._signal is not None
+        signalled = self.SIGNALS.index(self._signal) + 1 if self._signal else 0
         if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
-            flag = torch.tensor([int(signalled)], device=trainer.strategy.root_device)
+            flag = torch.tensor([signalled], device=trainer.strategy.root_device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            signalled = bool(flag.item())
+            signalled = int(flag.item())
         if signalled:
+            self._signal = self.SIGNALS[signalled - 1]  # the same on every process
             stop_after_this_step_as_on_sigterm(trainer)
 
     @override
@@ -312,8 +315,8 @@ class CheckpointOnStopSignal(Callback):
         if keeper is not None and keeper.dirpath:
             save_last_checkpoint(keeper, trainer)
             rank_zero_info(
-                f"Received {self._signal or 'a stop signal on another process'}: saved {keeper.last_model_path} at "
-                f"step {trainer.global_step}; resume with --ckpt_path last."
+                f"Received {self._signal}: saved {keeper.last_model_path} at step {trainer.global_step}; resume with "
+                "--ckpt_path last."
             )
 
 
