@@ -71,8 +71,9 @@ def test_missing_dataset_when_the_download_fails_leaves_nothing_behind(tmp_path,
         raise URLError("no network")
 
     monkeypatch.setattr("torchvision.datasets.cifar.download_and_extract_archive", no_network)
-    with pytest.raises(UsageError, match="the download failed"):
+    with pytest.raises(UsageError, match="the download failed") as error:
         _module(tmp_path / "new" / "data", download=True)
+    assert "run again once connected" in str(error.value) and "--data.download=true" not in str(error.value)
     assert list(tmp_path.iterdir()) == []
     (tmp_path / "kept").mkdir()
     (tmp_path / "kept" / "mine.txt").write_text("the user's")

@@ -10,6 +10,9 @@ def test_wrong_config_key(capsys, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model:\n  lerning_rate: 0.1\n")
     assert "lerning_rate" in cli_error(capsys, *["--config", str(bad)])
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("trainer:\n  max_epochs: 2\n bad: [\n")
+    assert cli_error(capsys, *["--config", str(broken)]).startswith(f"error: --config {broken}, line 3, column 2: ")
 
 
 def test_impossible_device_count(capsys, tmp_path):
@@ -74,7 +77,8 @@ BAD_VALUES = {
     "--data.batch_size?",
     "--trainer.accumulate_grad_batches=0": "--trainer.accumulate_grad_batches must be at least 1, not 0",
     "--trainer.gradient_clip_val=-1": "--trainer.gradient_clip_val must be at least 0, not -1",
-    "--trainer.precision=17": "--trainer.precision: Does not validate",
+    "--trainer.precision=17": "--trainer.precision=17 is not one this application trains in: use 32-true, 16-mixed",
+    "--trainer.precision=fp16": "--trainer.precision=fp16 is not one this application trains in: use 32-true,",
     "--trainer.num_nodes=0": "--trainer.num_nodes must be at least 1, not 0",
     "--trainer.max_epochs=-5": "--trainer.max_epochs must be at least -1, not -5",
     "--trainer.max_epochs=-1": "the cosine learning-rate schedule needs an end",
@@ -83,6 +87,8 @@ BAD_VALUES = {
     "--trainer.check_val_every_n_epoch=0": "--trainer.check_val_every_n_epoch must be at least 1, not 0",
     "--trainer.strategy=pipeline --trainer.strategy.micro_batches=0": "micro_batches must be at least 1, not 0",
     "--save_every_n_steps=-1": "--save_every_n_steps must be at least 0, not -1",
+    "--data.dataset=imagefolder": "data.synthetic=true (configs/smoke.yaml sets it) stands in for CIFAR: add "
+    "--data.synthetic=false",
     "--checkpoint_root=/dev/null/checkpoints": "--checkpoint_root=/dev/null/checkpoints: /dev/null cannot be written",
     "--trainer.default_root_dir=/dev/null/logs": "--trainer.default_root_dir=/dev/null/logs: /dev/null cannot be",
 }

@@ -8,6 +8,8 @@ import json
 import re
 
 import numpy as np
+from pathlib import Path
+
 import pytest
 import torch
 import torchvision
@@ -60,14 +62,16 @@ def test_predict_writes_every_image_once_in_order_with_its_top_5_and_says_nothin
 
 @pytest.mark.slow
 def test_an_export_where_nothing_can_be_written_stops_before_the_work(trained, capsys, tmp_path):
+    """A folder under a file, and one that cannot be made even by root (/proc's mode bits let root write)."""
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    with pytest.raises(SystemExit) as exit_info:
-        cli_main("export", "--config", SMOKE, *run_args(trained), f"--out={blocker / 'model.pt'}")
-    assert exit_info.value.code == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"error: --out={blocker / 'model.pt'}: {blocker} cannot be written here; choose a folder you can write to."
-    )
+    for out, existing in ((blocker / "model.pt", blocker), (Path("/proc/forbidden/model.pt"), Path("/proc"))):
+        with pytest.raises(SystemExit) as exit_info:
+            cli_main("export", "--config", SMOKE, *run_args(trained), f"--out={out}")
+        assert exit_info.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1] == (
+            f"error: --out={out}: {existing} cannot be written here; choose a folder you can write to."
+        )
 
 
 @pytest.mark.slow

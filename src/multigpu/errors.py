@@ -1,6 +1,7 @@
 """The exceptions that end the CLI with one line: ``error: ...`` for a bad request, or a finished run."""
 
 import os
+import tempfile
 from pathlib import Path
 
 __all__ = ["RunFinished", "UsageError", "check_at_least", "check_writable"]
@@ -22,11 +23,16 @@ def check_at_least(option: str, value: float, minimum: float, below: float | Non
 
 
 def check_writable(option: str, path: str | os.PathLike) -> None:
-    """Refuse ``--option=path`` unless this process may create or replace the file or folder ``path``: its
-    nearest existing folder is one it can write in. Nothing is created."""
+    """Refuse ``--option=path`` unless this process may create or replace the file or folder ``path``: it can make
+    a folder in the nearest existing folder (tried, and taken back: permissions alone do not tell, ``/proc`` is
+    writable to root by its mode bits). Nothing is left behind."""
     target = Path(path).absolute()
     existing = next(folder for folder in (target, *target.parents) if folder.exists())
     if existing == target and not target.is_dir():
         existing = target.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(f"{option}={path}: {existing} cannot be written here; choose a folder you can write to.")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".multigpu-check-", dir=existing))
+    except OSError:
+        raise UsageError(
+            f"{option}={path}: {existing} cannot be written here; choose a folder you can write to."
+        ) from None

@@ -25,7 +25,7 @@ from typing_extensions import override
 
 from multigpu.cli.config_files import resolve_data_dir, unreadable_config
 from multigpu.cli.saved_options import take_saved_normalisation, take_saved_options
-from multigpu.cli.trainer_options import USUAL_STRATEGIES, check_trainer_options
+from multigpu.cli.trainer_options import USUAL_STRATEGIES, check_trainer_options, precision_error
 from multigpu.compat import CheckpointPathCLI
 from multigpu.data.datamodule import CIFAR10DataModule, class_count
 from multigpu.errors import RunFinished, UsageError, check_at_least, check_writable
@@ -75,6 +75,9 @@ class OneLineErrorParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error:
             super().error(message, ex)
+        if message.startswith('Parser key "trainer.precision"') and (given := re.search(r"Given value: (.*)", message)):
+            print(f"error: {precision_error(given.group(1).strip())}", file=sys.stderr)  # not Lightning's types
+            sys.exit(2)
         # jsonargparse spreads a refused value over several lines: the key, each expected type, the value.
         message = re.sub(r'^Parser key "([^"]+)":', r"--\1:", message)
         lines = [re.sub(r"^\s*(- )?", "", line).strip() for line in message.splitlines()]

@@ -24,16 +24,21 @@ USUAL_STRATEGIES = ("auto", "ddp", "ddp_spawn", "fsdp", "dp", "manual_model_para
 _PRECISIONS = {"32", "32-true", "16", "16-mixed", "bf16", "bf16-mixed"}
 
 
+def precision_error(precision: Any) -> str:
+    """Why ``--trainer.precision`` cannot be ``precision``, and the precisions to choose from."""
+    return (
+        f"--trainer.precision={precision} is not one this application trains in: use 32-true, 16-mixed "
+        "(CUDA; bf16-mixed on the CPU) or bf16-mixed."
+    )
+
+
 def check_trainer_options(trainer: Mapping[str, Any]) -> None:
     """Refuse an unknown strategy or accelerator, a device request this machine cannot meet, a
     precision the recipe does not train in, or counts and limits that mean nothing."""
     _check_strategy(trainer.get("strategy", "auto"))
     precision = trainer.get("precision")
     if precision is not None and str(precision) not in _PRECISIONS:
-        raise UsageError(
-            f"--trainer.precision={precision} is not one this application trains in: use 32-true, 16-mixed "
-            f"(CUDA; bf16-mixed on the CPU) or bf16-mixed."
-        )
+        raise UsageError(precision_error(precision))
     accumulate = trainer.get("accumulate_grad_batches", 1)
     if isinstance(accumulate, int):
         check_at_least("--trainer.accumulate_grad_batches", accumulate, 1)

@@ -172,18 +172,18 @@ def ensure_cifar10(data_dir: str, download: bool, verify_checksums: bool, which:
             which(str(root), train=True, download=True)
             return  # torchvision has just verified the checksums of what it downloaded
         except (URLError, OSError) as error:
-            reason = f"the download failed ({error})"
+            reason, fetch = f"the download failed ({error})", "run again once connected to the network"
             if not had_archive:
                 archive.unlink(missing_ok=True)
             for folder in made:  # innermost first; each only if the download left it empty
                 if folder.is_dir() and not any(folder.iterdir()):
                     folder.rmdir()
     elif missing:
-        reason = "data.download is false"
+        reason, fetch = "data.download is false", "run with --data.download=true on a machine with a network"
     if missing:
         raise UsageError(
             f"{name} is not in {root.resolve()} ({missing[0]} is missing) and {reason}. "
-            f"Either connect to the network and run with --data.download=true, or put the python "
+            f"Either {fetch}, or put the python "
             f"version of {name} (the folder {which.base_folder}/) there or point --data.data_dir at "
             f"the folder that holds it (add --data.verify_checksums=false for a partial copy)."
         )

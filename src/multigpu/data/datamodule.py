@@ -155,7 +155,10 @@ class CIFAR10DataModule(LightningDataModule):
             if not predict_dir and node_local_rank() == 0:
                 verified(data_dir, self.classes)
         elif dataset == "imagefolder":
-            raise UsageError("data.synthetic=true stands in for CIFAR: use it with --data.dataset=cifar10 or cifar100.")
+            raise UsageError(
+                "data.synthetic=true (configs/smoke.yaml sets it) stands in for CIFAR: add --data.synthetic=false to "
+                "train on the image folder, or use --data.dataset=cifar10 or cifar100."
+            )
         self._stats = (mean, std) if mean and std else None  # the image folder's are measured in ``setup``
         if dataset != "imagefolder":
             self._stats = (mean or (CIFAR10_MEAN, CIFAR100_MEAN)[dataset == "cifar100"],
