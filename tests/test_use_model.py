@@ -6,10 +6,9 @@ import csv
 import importlib.util
 import json
 import re
-
-import numpy as np
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torchvision
