@@ -23,6 +23,7 @@ def test_ddp_two_cpu_processes_train_on_disjoint_shards(tmp_path):
         env=HELPERS_ENV,
     )
     assert result.returncode == 0, result.stdout
+    assert "LightningEnvironment: 2 process(es) on 1 node(s), started by Lightning." in result.stdout
     seen = [set((record / f"rank{rank}.txt").read_text().split()) for rank in (0, 1)]
     assert len(seen[0]) == len(seen[1]) == 32  # 64 images, 2 ranks, 4 steps of 8
     assert not seen[0] & seen[1]

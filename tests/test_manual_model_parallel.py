@@ -120,6 +120,9 @@ def test_cli_trains_prints_its_split_and_resumes_under_ddp(tmp_path):
     first = run_cli(*args, "--trainer.strategy=manual_model_parallel", "--trainer.strategy.balance_by=params")
     assert first.returncode == 0, first.stdout
     assert "manual_model_parallel: 2 stages per replica, 1 replica(s)" in first.stdout
+    # One process: no distributed start-up lines, nor who started the processes.
+    assert "MEMBER: 1/1" not in first.stdout and "Starting with 1 processes" not in first.stdout, first.stdout
+    assert "process(es) on" not in first.stdout, first.stdout
     assert SPLIT_TABLE_HEADER.search(first.stdout)
     resumed = run_cli(*args, "--trainer.strategy=ddp", "--ckpt_path=last", "--trainer.max_epochs=2")
     assert resumed.returncode == 0, resumed.stdout

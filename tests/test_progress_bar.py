@@ -37,6 +37,7 @@ def test_the_default_bar_reads_the_metrics_once_a_second_and_at_each_end(tmp_pat
     assert len(reads) == 3
     shown, final = reads[-1].get_metrics(trainer, trainer.lightning_module), trainer.progress_bar_metrics
     assert shown["train/loss"] == final["train/loss"] and shown["val/acc"] == final["val/acc"]
+    assert "v_num" not in shown  # the log's version, which the bar showed as "v_num: 0.000"
 
 
 def test_a_bar_the_user_chose_is_kept_as_it_is(tmp_path, monkeypatch):

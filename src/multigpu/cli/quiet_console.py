@@ -25,13 +25,23 @@ _WARNINGS = (
 )
 
 
+# Lightning's lines as it sets up a process group, where the group has one process (manual_model_parallel without
+# replicas): nothing distributed happens.
+_ONE_PROCESS_LINES = ("Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/1", "Starting with 1 processes")
+
+
 def _keeps(record: logging.LogRecord) -> bool:
-    return not str(record.msg).startswith(_LIGHTNING_LINES)
+    message = str(record.msg)
+    return not message.startswith(_LIGHTNING_LINES) and not any(line in message for line in _ONE_PROCESS_LINES)
 
 
 def quiet_console() -> None:
     """Filter Lightning's lines and the warnings above out of this process's console, for the rest of it."""
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+    for name in (
+        "lightning.pytorch.utilities.rank_zero",
+        "lightning.fabric.utilities.rank_zero",
+        "lightning.fabric.utilities.distributed",
+    ):
         logging.getLogger(name).addFilter(_keeps)
     for message in _WARNINGS:
         warnings.filterwarnings("ignore", message=f".*{message}")

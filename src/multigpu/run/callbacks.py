@@ -134,12 +134,11 @@ class RunMetadata(Callback):
 
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        # Who started the processes: Lightning itself, or torchrun or SLURM (creates_processes_externally).
+        # Who started the processes: Lightning's launcher (main.py's ddp, ddp_spawn), or torchrun or SLURM (no
+        # launcher). The environment cannot tell: Lightning's puts LOCAL_RANK into the first process's variables too.
         environment = getattr(trainer.strategy, "cluster_environment", None)
-        if environment is not None:
-            started = (
-                "started outside Lightning" if environment.creates_processes_externally else "started by Lightning"
-            )
+        if environment is not None and trainer.world_size > 1:
+            started = "started by Lightning" if trainer.strategy.launcher is not None else "started outside Lightning"
             rank_zero_info(
                 f"{type(environment).__name__}: {trainer.world_size} process(es) on {trainer.num_nodes} node(s), "
                 f"{started}."

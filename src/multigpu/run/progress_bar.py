@@ -18,8 +18,8 @@ __all__ = ["PacedProgressBar"]
 
 
 class PacedProgressBar(RichProgressBar):
-    """``RichProgressBar`` whose metrics are read at most once every ``metrics_every_s`` seconds; the run's
-    default where no progress bar is chosen."""
+    """``RichProgressBar`` whose metrics are read at most once every ``metrics_every_s`` seconds, without the log's
+    version; the run's default where no progress bar is chosen."""
 
     def __init__(self, metrics_every_s: float = 1.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -32,6 +32,8 @@ class PacedProgressBar(RichProgressBar):
         now = monotonic()
         if self._read_at is None or now - self._read_at >= self.metrics_every_s:
             self._metrics, self._read_at = super().get_metrics(trainer, pl_module), now
+            # The TensorBoard run's version, which the rich bar shows as a number with decimals ("v_num: 0.000").
+            self._metrics.pop("v_num", None)
         return self._metrics
 
     @override
