@@ -48,6 +48,7 @@ def test_cli_trains_evaluates_and_shares_checkpoints_with_ddp_and_one_device(tmp
     assert first.returncode == 0, first.stdout
     assert "pipeline: 2 stages over 2 processes, schedule 1f1b, 1 replica(s), 4 micro-batches" in first.stdout
     assert re.search(r"^stage +device +blocks +params +time$", first.stdout, re.MULTILINE)
+    assert "Total params" in first.stdout and "Total FLOPs" not in first.stdout  # none counted: no "0"
     checkpoint = torch.load(last)
     # The gathered optimizer state holds every parameter's momentum, from both stages.
     assert len(checkpoint["optimizer_states"][0]["state"]) == len(

@@ -17,7 +17,7 @@ from typing import NoReturn
 
 from lightning.pytorch import Trainer
 from lightning.pytorch.accelerators import CUDAAccelerator
-from lightning.pytorch.callbacks import ProgressBar, RichProgressBar
+from lightning.pytorch.callbacks import ProgressBar, RichModelSummary, RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
@@ -46,6 +46,7 @@ from multigpu.run.checkpoint_io import AtomicCheckpointIO
 from multigpu.run.checkpoints import check_model_options, refuse_a_second_run, resolve_ckpt_path
 from multigpu.run.elastic import torchrun_node_count
 from multigpu.run.loop_position import finished_training, trained_to
+from multigpu.run.model_summary import RunSummary
 from multigpu.run.progress_bar import PacedProgressBar
 from multigpu.run.replicas import accumulation_for, data_parallel_size
 from multigpu.strategies import FullyShardedStrategy, name_to_class_path
@@ -357,9 +358,8 @@ class MultiGPUCLI(CheckpointPathCLI):
         if config["trainer"].get("plugins") is None:  # checkpoints are written atomically
             kwargs["plugins"] = [AtomicCheckpointIO()]
         chosen = self._config(instantiated=True)["trainer"].get("callbacks") or []
-        bar_chosen = any(
-            isinstance(callback, ProgressBar) for callback in (chosen if isinstance(chosen, list) else [chosen])
-        )
+        chosen_list = chosen if isinstance(chosen, list) else [chosen]
+        bar_chosen = any(isinstance(callback, ProgressBar) for callback in chosen_list)
         try:
             trainer = super().instantiate_trainer(**kwargs)
         except ValueError as error:  # Lightning's checks of accelerator, strategy and devices
@@ -367,6 +367,9 @@ class MultiGPUCLI(CheckpointPathCLI):
         bar = trainer.progress_bar_callback
         if not bar_chosen and type(bar) is RichProgressBar:  # Lightning's default, added to the list it was given
             trainer.callbacks[trainer.callbacks.index(bar)] = PacedProgressBar()
+        summary = next((callback for callback in trainer.callbacks if type(callback) is RichModelSummary), None)
+        if summary is not None and summary not in chosen_list:  # Lightning's default, as the bar
+            trainer.callbacks[trainer.callbacks.index(summary)] = RunSummary()
         every = config.get("save_every_n_steps") or 0
         if every:  # last.ckpt comes from LastCheckpoint alone; the other one keeps the best
             trainer.checkpoint_callback.save_last = False
