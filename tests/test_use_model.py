@@ -160,6 +160,7 @@ def test_the_onnx_export_runs_in_onnxruntime_with_the_same_logits(trained, tmp_p
     cli_main("export", "--config", SMOKE, *run_args(trained), "--to=onnx", f"--out={out}")
     said = capsys.readouterr().out
     assert "its logits match the checkpoint's within 1e-05 (relative)" in said
+    assert "[torch.onnx]" not in said  # torch's progress lines
     written = said.partition(": wrote ")[2].partition("; ")[0].split(", ")  # every file, the weights' own too
     assert written[0] == str(out) and written[-1] == f"{out}.input.json"
     assert sorted(written) == sorted(str(path) for path in tmp_path.iterdir()), written

@@ -173,6 +173,7 @@ def _export_onnx(model: nn.Module, images: torch.Tensor, out: Path) -> torch.Ten
             input_names=["images"],
             output_names=["logits"],
             dynamic_shapes=({0: torch.export.Dim("batch")},),
+            verbose=False,  # its 8 progress lines, each "... ✅", say nothing a user can act on
         )
     except ImportError as error:  # torch's exporter needs the onnx package (and onnxscript)
         raise UsageError(
