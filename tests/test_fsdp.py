@@ -112,6 +112,7 @@ def test_checkpoints_move_between_fsdp_and_every_other_strategy_mid_epoch(tmp_pa
         stop = helper_callback(tmp_path, "KillAt", step=step - 1, moment="sigterm")  # ends after step `step`
         result = run_cli(*args, *strategy, "--config", stop, "--ckpt_path=last", env=HELPERS_ENV)
         assert result.returncode == 0, f"{name}: {result.stdout}"
+        assert "returned a view tensor" not in result.stdout, name  # FSDP2's warning: our blocks do no in-place op
         if step > 1:
             assert f"at step {step - 1}." in result.stdout and "kept the global batch 8" in result.stdout, name
         checkpoint = torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt")
