@@ -3,6 +3,7 @@ ImageNet's layout, under every layout; what is wrong with such data is refused i
 
 import csv
 import json
+import logging
 import pickle
 
 import numpy as np
@@ -108,11 +109,14 @@ def test_an_image_folder_run_killed_and_resumed_ends_bit_for_bit_like_an_uninter
         assert torch.equal(found["state_dict"][key], tensor), key
 
 
-def test_an_image_folder_is_normalised_with_its_own_mean_and_std(tmp_path):
+def test_an_image_folder_is_normalised_with_its_own_mean_and_std(tmp_path, caplog):
     folder = write_image_folder(tmp_path / "pets")
     data = CIFAR10DataModule(str(folder), dataset="imagefolder", image_size=16, num_workers=0)
     assert data.num_classes == 3 and data.classes == ["cat", "dog", "owl"]
-    data.setup("fit")
+    with caplog.at_level(logging.INFO):
+        data.setup("fit")
+    said = f"image folder {folder}: 3 classes (cat, dog, owl), 24 training and 6 validation images at 16x16, "
+    assert said in caplog.text and "), measured." in caplog.text, caplog.text
     images = torch.stack([data.datasets["val"][index][0] for index in range(len(data.datasets["val"]))])
     assert images.shape == (6, 3, 16, 16)
     mean, std = data.stats

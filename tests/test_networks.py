@@ -1,6 +1,7 @@
 """Any torchvision classifier, split into blocks (``multigpu.model.architectures``), trains under every strategy as
 on one device; a network that is not a chain of its children, or a name that is not a network, is refused."""
 
+import logging
 import os
 import subprocess
 import sys
@@ -32,6 +33,15 @@ def test_a_torchvision_network_splits_into_blocks_that_chain_to_its_forward(arch
         for key, tensor in whole[index].state_dict().items():
             assert torch.equal(tensor, alone[key]), f"{index}.{key}"
     assert whole(torch.zeros(2, 3, 32, 32)).shape == (2, 7)
+
+
+def test_a_vit_says_what_it_chose_for_the_image_size(caplog):
+    with caplog.at_level(logging.INFO):
+        network_blocks("vit_b_16", num_classes=10, image_size=32)
+    assert (
+        "model.arch=vit_b_16 at 32x32: 4 patches of 16x16 pixels (2x2) and the class token, 12 encoder layers of "
+        "width 768." in caplog.text
+    )
 
 
 def chain_of_three(num_classes: int) -> nn.Module:

@@ -7,6 +7,7 @@ from typing import Literal
 import torch
 from lightning.fabric.utilities.data import suggested_max_num_workers
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torchvision.transforms import v2
 from typing_extensions import override
@@ -213,10 +214,18 @@ class CIFAR10DataModule(LightningDataModule):
     def _image_folder(self) -> dict[str, ImageTensorDataset | ImageFolderSplit]:
         hp = self.hparams
         train = self._folder_split("train", v2.Identity())
+        given = "as given (--data.mean and --data.std, or the run's checkpoint)" if self._stats else "measured"
         if self._stats is None:
             self._stats = folder_stats(train)
         train.transform = train_transform(hp.image_size, *self.stats)
         val = self._folder_split("val", eval_transform(*self.stats))
+        classes = ", ".join(self.classes[:5]) + (", ..." if len(self.classes) > 5 else "")
+        mean, std = (", ".join(f"{value:.3f}" for value in values) for values in self.stats)
+        rank_zero_info(
+            f"image folder {hp.data_dir}: {len(self.classes)} classes ({classes}), {len(train)} training and "
+            f"{len(val)} validation images at {hp.image_size}x{hp.image_size}, normalised with mean ({mean}) and std "
+            f"({std}), {given}."
+        )
         datasets = {"train": train, "val": val, "test": val}
         if hp.on_device:
             needed = (len(train) + len(val)) * 3 * hp.image_size**2

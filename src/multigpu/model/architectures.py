@@ -35,6 +35,7 @@ from functools import partial
 
 import torch
 import torchvision
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torchvision.models import (
     VGG,
@@ -208,6 +209,13 @@ class NetworkBlocks(Sequence[BlockFactory]):
         self._resnet = isinstance(network, ResNet)
         blocks = self._blocks_of(network)
         self._check(network, blocks)
+        if isinstance(network, VisionTransformer):  # what it chose for these images, which its name does not say
+            side = self.image_size // network.patch_size
+            rank_zero_info(
+                f"model.arch={arch} at {self.image_size}x{self.image_size}: {side * side} patches of "
+                f"{network.patch_size}x{network.patch_size} pixels ({side}x{side}) and the class token, "
+                f"{len(network.encoder.layers)} encoder layers of width {network.hidden_dim}."
+            )
         self._shapes = [copy.deepcopy(block).to("meta") for block in blocks]
         # Kept until ``release()`` (the end of ``LazyBlocks.materialize``): the blocks' timing and materialisation
         # copy them instead of building the network again.
