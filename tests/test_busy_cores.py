@@ -83,19 +83,37 @@ def test_plan_waits_when_the_cores_turn_busy_while_it_profiles_then_profiles_aga
     profiled = []
     monkeypatch.setattr(command, "_forecasts", lambda *args: profiled.append(args) or ([], [], {}))
     monkeypatch.setattr(command, "process_age_s", lambda: 0.0)  # the budget's clock starts now, not with pytest
-    plan = plan_on_2_cpus(tmp_path)
-    if busy_again:
-        with pytest.raises(SystemExit):
-            cli_main(*plan, "--plan.dry_run=true")
-    else:
-        cli_main(*plan, "--plan.dry_run=true")
+    with pytest.raises(SystemExit):  # with nothing profiled, nothing is measured: "no layout trained" at the end
+        cli_main(*plan_on_2_cpus(tmp_path))
     out, err = capsys.readouterr()
     assert len(profiled) == 2  # once on the cores that turned busy, once more on quiet ones
     assert "plan: the cores are busy after profiling: a convolution on 2 thread(s) got 50%" in out
     assert "plan: the cores are quiet again (95%)." in out and "plan: profiling again, on quiet cores" in out
     if busy_again:
         refusal = "error: the cores were busy again while plan profiled (a convolution on 2 thread(s) got 50%"
-        assert err.strip().splitlines()[-1].startswith(refusal)
+    else:
+        refusal = "error: no layout trained, so nothing was written"
+    assert err.strip().splitlines()[-1].startswith(refusal)
+
+
+def test_a_dry_run_on_busy_cores_neither_waits_nor_refuses_and_says_how_sure_it_is(monkeypatch, capsys, tmp_path):
+    """Busy before and after profiling, whatever --plan.if_busy says: one profile, no wait, and its last line says
+    the forecasts were made on busy cores."""
+    from multigpu.planning import command
+
+    check = lambda threads=None, since=None: busy_cores.CoreCheck(2, 0.5)  # noqa: E731
+    monkeypatch.setattr(busy_cores, "check_cores", check)
+    monkeypatch.setattr(command, "check_cores", check)
+    monkeypatch.setattr(busy_cores.time, "sleep", lambda seconds: pytest.fail("a dry run waited"))
+    profiled = []
+    monkeypatch.setattr(command, "_forecasts", lambda *args: profiled.append(args) or ([], [], {}))
+    cli_main(*plan_on_2_cpus(tmp_path), "--plan.dry_run=true", "--plan.if_busy=refuse")
+    out = capsys.readouterr().out
+    assert len(profiled) == 1
+    assert "plan: the cores are busy before profiling: a convolution on 2 thread(s) got 50%" in out
+    last = out.strip().splitlines()[-1]
+    assert "; forecast on busy cores (a convolution on 2 thread(s) got 50%" in last, last
+    assert "run it again on quiet cores for firm figures; nothing trained, nothing written" in last, last
 
 
 def test_the_time_a_host_stole_is_read_from_proc_stat(tmp_path):

@@ -112,7 +112,13 @@ def _plan(config, options: PlanOptions, args: Sequence[str], started: float, for
         flush=True,
     )
     budget = memory_budget(setting.cuda, setting.device_ids or list(range(setting.devices)), options.memory_per_device)
-    before = None if setting.cuda else until_quiet(options.if_busy, "plan", "before profiling", BUSY_REMEDY)
+    if setting.cuda:
+        before = None
+    elif options.dry_run:  # quick, whatever the cores: the forecasts say how sure they are instead
+        before = note_if_busy("plan", "before profiling")
+        before = before if before.busy else None
+    else:
+        before = until_quiet(options.if_busy, "plan", "before profiling", BUSY_REMEDY)
     deadline = None if options.budget_s is None else started + options.budget_s
     outcomes, left_out, basis = _profiled(config, setting, options, layouts, budget, deadline, before, forked)
     refusals += left_out
@@ -155,7 +161,7 @@ def _plan(config, options: PlanOptions, args: Sequence[str], started: float, for
     ):
         raise UsageError("no layout trained, so nothing was written: each was left out or failed, as listed above.")
     if options.dry_run:
-        print(dry_run_line(outcomes, refusals))
+        print(dry_run_line(outcomes, refusals, basis.get("busy")))
 
 
 def process_age_s() -> float:
@@ -179,16 +185,21 @@ def _profiled(
     before: CoreCheck | None,
     forked: ForkedRanks | None = None,
 ) -> tuple[list[Outcome], list[Refusal], dict]:
-    """``_forecasts``, with the cores checked after profiling on the CPU (``busy_cores``): where they were busy, as
-    ``--plan.if_busy`` says, profiled again once they are quiet (``wait``, where a second profile would end within
-    the time budget ``deadline``), refused (``refuse``), or kept (``go``, or no room for a second profile), saying
-    why under ``busy`` in what the forecasts were built from. ``before``: the check before profiling that found the
+    """``_forecasts``, with the cores checked after profiling on the CPU (``busy_cores``): where they were busy, kept
+    in a dry run (which never waits), else as ``--plan.if_busy`` says: profiled again once they are quiet (``wait``,
+    where a second profile would end within the time budget ``deadline``), refused (``refuse``), or kept (``go``, or
+    no room for a second profile); kept, saying why under ``busy`` in what the forecasts were built from. ``before``: the check before profiling that found the
     cores busy, where plan went on; ``forked``: the link probe's ranks, forked as plan began, where it has them."""
     if setting.cuda:
         return _forecasts(config, setting, options, layouts, budget)
     clock, start = read_cpu_clock(), time.monotonic()
     outcomes, left_out, basis = _forecasts(config, setting, options, layouts, budget, forked)
     profiled_s = time.monotonic() - start
+    if options.dry_run:  # no wait, no second profile: the forecasts stand, and say so
+        busy = note_if_busy("plan", "after profiling", clock)
+        if (busy := busy if busy.busy else before) is not None:
+            basis["busy"] = busy.reason
+        return outcomes, left_out, basis
     waits = options.if_busy == "wait"
     if waits and not ends_by(deadline, profiled_s):  # no room to profile again: no wait either
         if (busy := note_if_busy("plan", "after profiling", clock)).busy:

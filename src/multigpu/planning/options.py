@@ -32,7 +32,9 @@ class PlanOptions:
         recompute_activations: ``auto`` tries it only for the layouts that would not fit without it
             (it adds a forward pass per step and saves only memory); ``both``, ``no`` or ``yes``.
         memory_per_device: GiB each device may use (on the CPU: each process), instead of the free memory.
-        dry_run: list the layouts, the ones left out and the memory estimates, and train none.
+        dry_run: list the layouts, the ones left out and the memory estimates, and train none; on busy cores it
+            neither waits nor refuses (``if_busy`` is for plans that measure), and its last line says the forecasts
+            were made on busy cores.
         budget_s: seconds the whole plan may take: it measures the layouts in the order of their forecasts
             (the reference and the forecast best first, always) while the next one would end within it, and
             says which it left unmeasured; ``null`` measures them all.

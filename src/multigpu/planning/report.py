@@ -179,11 +179,18 @@ def write_outputs(
     return folder / "plan.yaml"
 
 
-def dry_run_line(outcomes: Sequence[Outcome], refusals: Sequence[Any]) -> str:
-    """The closing line of a dry run: what it forecast, the fastest forecast, and that nothing was written."""
+def dry_run_line(outcomes: Sequence[Outcome], refusals: Sequence[Any], busy: str | None = None) -> str:
+    """The closing line of a dry run: what it forecast, the fastest forecast, how sure it is where the cores were
+    busy (``busy``: why), and that nothing was written."""
     fastest = max((o for o in outcomes if o.forecast), key=lambda o: o.forecast, default=None)
     best = f"; the fastest forecast: {fastest.layout.label}, {fastest.forecast:.1f} img/s" if fastest else ""
+    unsure = (
+        f"; forecast on busy cores ({busy}), so each is as far off as the other work took from the profile: run it "
+        "again on quiet cores for firm figures"
+        if busy
+        else ""
+    )
     return (
-        f"\nplan (dry run): forecast {len(outcomes)} layouts and left out {len(refusals)}{best}; nothing trained, "
-        "nothing written (without --plan.dry_run it measures the best and writes plan.yaml)."
+        f"\nplan (dry run): forecast {len(outcomes)} layouts and left out {len(refusals)}{best}{unsure}; nothing "
+        "trained, nothing written (without --plan.dry_run it measures the best and writes plan.yaml)."
     )
