@@ -188,8 +188,9 @@ def _profiled(
     """``_forecasts``, with the cores checked after profiling on the CPU (``busy_cores``): where they were busy, kept
     in a dry run (which never waits), else as ``--plan.if_busy`` says: profiled again once they are quiet (``wait``,
     where a second profile would end within the time budget ``deadline``), refused (``refuse``), or kept (``go``, or
-    no room for a second profile); kept, saying why under ``busy`` in what the forecasts were built from. ``before``: the check before profiling that found the
-    cores busy, where plan went on; ``forked``: the link probe's ranks, forked as plan began, where it has them."""
+    no room for a second profile); kept, saying why under ``busy`` in what the forecasts were built from. ``before``:
+    the check before profiling that found the cores busy, where plan went on; ``forked``: the link probe's ranks,
+    forked as plan began, where it has them."""
     if setting.cuda:
         return _forecasts(config, setting, options, layouts, budget)
     clock, start = read_cpu_clock(), time.monotonic()
