@@ -5,7 +5,8 @@ lightning_cli     MultiGPUCLI: LightningCLI with the project's links, checks and
 trainer_options   checks of the trainer's options before anything is built
 export_command    ``export``'s options and lines (what it writes: ``multigpu.trained.export``)
 saved_options     a checkpoint's own model and data options, for the commands that evaluate it
+config_files      the ``--config`` files: a relative data path relative to its file, a file that is not YAML
 quiet_console     Lightning's advertisements and others' warnings kept off the console
 """
 
-__all__ = ["export_command", "lightning_cli", "quiet_console", "saved_options", "trainer_options"]
+__all__ = ["config_files", "export_command", "lightning_cli", "quiet_console", "saved_options", "trainer_options"]

@@ -1,12 +1,13 @@
 """The training run: what a run writes, where it stands, and the processes it runs in.
 
-callbacks           the console line, throughput, checkpoints every N steps and on SIGTERM
+callbacks           the console line, throughput, checkpoints every N steps and on SIGTERM or Ctrl-C
 checkpoints         finding and checking a run's checkpoint files
 checkpoint_io       atomic checkpoint saves
 device_sync         waiting for a device's queued work before a clock is read
 elastic             torchrun's restarts and node count
 host_memory         the C heap of a training process: freed memory kept for the next step
 loop_position       where a run stands in Lightning's loop counters, and whether it is finished
+model_summary       the model summary, without a FLOP count that was never made
 process_groups      process groups that end cleanly
 progress_bar        the progress bar, which waits for the GPU only about once a second
 replicas            who reads which data: data-parallel replicas, ranks and micro-batches of a strategy
@@ -20,6 +21,7 @@ __all__ = [
     "elastic",
     "host_memory",
     "loop_position",
+    "model_summary",
     "process_groups",
     "progress_bar",
     "replicas",
