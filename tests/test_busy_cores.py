@@ -163,13 +163,9 @@ def test_plan_says_when_the_host_stole_the_cores_while_it_profiled(
         command, "_forecasts", lambda *args: profiled.append(args) or virtual_machine(1000, 300) or ([], [], {})
     )
     monkeypatch.setattr(command, "process_age_s", lambda: 0.0)  # the budget's clock starts now, not with pytest
-    plan = plan_on_2_cpus(tmp_path)
-    if if_busy == "go":
-        cli_main(*plan, "--plan.dry_run=true", "--plan.if_busy=go")
-    else:
-        with pytest.raises(SystemExit) as exit_info:
-            cli_main(*plan, "--plan.dry_run=true", "--plan.if_busy=wait")
-        assert exit_info.value.code == 2
+    with pytest.raises(SystemExit) as exit_info:  # nothing profiled, nothing measured: "no layout trained" at best
+        cli_main(*plan_on_2_cpus(tmp_path), f"--plan.if_busy={if_busy}")
+    assert exit_info.value.code == 2
     out, err = capsys.readouterr()
     stolen = (
         "plan: the cores are busy after profiling: a convolution on 2 thread(s) got 99% of their cores (quiet "
@@ -227,9 +223,8 @@ def test_a_busy_profile_is_profiled_again_where_the_budget_has_room_or_stands_ma
     for module in (command, measurement, ranking):
         monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     monkeypatch.setattr(command, "process_age_s", lambda: 0.0)
-    cli_main(
-        *plan_on_2_cpus(tmp_path, "--plan.dry_run=true", f"--plan.if_busy={if_busy}", f"--plan.budget_s={budget_s}")
-    )
+    with pytest.raises(SystemExit):  # nothing profiled, nothing measured: "no layout trained"
+        cli_main(*plan_on_2_cpus(tmp_path, f"--plan.if_busy={if_busy}", f"--plan.budget_s={budget_s}"))
     out = capsys.readouterr().out
     assert len(bases) == profiles and ("plan: profiling again, on quiet cores" in out) == (profiles == 2)
     assert len(waits) == (if_busy == "wait" and budget_s > 90)  # no wait where there is no room to profile again
@@ -239,20 +234,21 @@ def test_a_busy_profile_is_profiled_again_where_the_budget_has_room_or_stands_ma
     assert bases[0]["busy"].startswith("a convolution on 2 thread(s) got 99% of their cores")
     assert bases[0]["busy"].endswith("the host runs other virtual machines on them")
     waited = f", the wait for quiet cores {wait_s} s" if wait_s else ""
-    no_room = (  # a dry run: no plan.json, no run measured
+    no_room = (
         f"plan: no time to profile again within --plan.budget_s={budget_s} (the profile took 45 s{waited}): its "
-        "forecasts stand (pass a larger --plan.budget_s, or null, to profile again)"
+        "forecasts stand, marked busy in plan.json, and each run it measures is checked as it trains (pass a larger "
+        "--plan.budget_s, or null, to profile again)"
     )
     assert (no_room in out) == (if_busy == "wait")
 
 
 def test_a_profile_that_stands_on_busy_cores_says_how_it_is_marked_and_what_is_checked_next(capsys):
-    """Where plan goes on to measure (no dry run), the line says where the mark is and that every run is checked."""
+    """The line says where the mark is and that every run is checked (a dry run never profiles again)."""
     from types import SimpleNamespace
 
     from multigpu.planning.command import _no_time_to_profile_again
 
-    _no_time_to_profile_again(SimpleNamespace(budget_s=90, dry_run=False), 73.4)
+    _no_time_to_profile_again(SimpleNamespace(budget_s=90), 73.4)
     assert capsys.readouterr().out == (
         "plan: no time to profile again within --plan.budget_s=90 (the profile took 73 s): its forecasts stand, "
         "marked busy in plan.json, and each run it measures is checked as it trains (pass a larger --plan.budget_s, "

@@ -230,12 +230,10 @@ def _no_time_to_profile_again(options: PlanOptions, profiled_s: float, waited_s:
     """Say that a profile on busy cores stands: a second one would not end within the time budget, after the
     ``waited_s`` seconds of checking and waiting for quiet cores, if any."""
     waited = f", the wait for quiet cores {waited_s:.0f} s" if waited_s else ""
-    marked = "" if options.dry_run else ", marked busy in plan.json"
-    measured = "" if options.dry_run else ", and each run it measures is checked as it trains"
     print(
         f"plan: no time to profile again within --plan.budget_s={options.budget_s:g} (the profile took "
-        f"{profiled_s:.0f} s{waited}): its forecasts stand{marked}{measured} (pass a larger --plan.budget_s, or "
-        "null, to profile again)",
+        f"{profiled_s:.0f} s{waited}): its forecasts stand, marked busy in plan.json, and each run it measures is "
+        "checked as it trains (pass a larger --plan.budget_s, or null, to profile again)",
         flush=True,
     )
 
