@@ -37,6 +37,18 @@ def test_config_builds_model_data_and_trainer(config, tmp_path):
     assert cli.trainer.checkpoint_callback.dirpath == str(tmp_path / "checkpoints" / "test")
 
 
+def test_a_relative_data_path_in_a_config_file_is_relative_to_the_file_from_any_folder(tmp_path, monkeypatch):
+    """configs/subset.yaml names the subset beside the project wherever the command runs; a data path on the command
+    line after it, or configs/default.yaml's, stays relative to where the command runs."""
+    monkeypatch.chdir(tmp_path)
+    subset = str(REPO / "configs" / "subset.yaml")
+    cli = _build(tmp_path, "--config", subset, "--trainer.accelerator=cpu")
+    assert cli.datamodule.hparams.data_dir == str(REPO.parent / "shared" / "data" / "cifar10-subset")
+    cli = _build(tmp_path, "--config", subset, "--data.data_dir=mine", "--trainer.accelerator=cpu")
+    assert cli.datamodule.hparams.data_dir == "mine"
+    assert _build(tmp_path, "--trainer.accelerator=cpu").datamodule.hparams.data_dir == "data"
+
+
 def test_the_old_name_of_the_recomputation_option_still_works_with_a_deprecation_line(tmp_path):
     old_config = tmp_path / "old.yaml"
     old_config.write_text("model:\n  activation_checkpointing: true\n")
