@@ -364,6 +364,9 @@ class MultiGPUCLI(CheckpointPathCLI):
             trainer = super().instantiate_trainer(**kwargs)
         except ValueError as error:  # Lightning's checks of accelerator, strategy and devices
             raise UsageError(str(error)) from error
+        for callback in trainer.callbacks:
+            if isinstance(callback, RunMetadata):
+                callback.note_launch(trainer)
         bar = trainer.progress_bar_callback
         if not bar_chosen and type(bar) is RichProgressBar:  # Lightning's default, added to the list it was given
             trainer.callbacks[trainer.callbacks.index(bar)] = PacedProgressBar()

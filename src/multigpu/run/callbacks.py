@@ -132,13 +132,26 @@ class RunMetadata(Callback):
 
     KEY = "multigpu"
 
+    def __init__(self) -> None:
+        # Whether torchrun or SLURM started the processes, as the environment said before the launch (``note_launch``).
+        self.started_outside: bool | None = None
+
+    def note_launch(self, trainer: Trainer) -> None:
+        """Record who starts the processes, before ``trainer`` launches any: after, Lightning's launcher has set the
+        variables that would make its own processes look started from outside."""
+        environment = getattr(trainer.strategy, "cluster_environment", None)
+        self.started_outside = environment.creates_processes_externally if environment is not None else None
+
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        # Who started the processes: Lightning's launcher (main.py's ddp, ddp_spawn), or torchrun or SLURM (no
-        # launcher). The environment cannot tell: Lightning's puts LOCAL_RANK into the first process's variables too.
+        # Who started the processes: Lightning, or torchrun or SLURM (creates_processes_externally), as the
+        # environment said before Lightning's launcher put LOCAL_RANK into the first process's variables too.
         environment = getattr(trainer.strategy, "cluster_environment", None)
         if environment is not None and trainer.world_size > 1:
-            started = "started by Lightning" if trainer.strategy.launcher is not None else "started outside Lightning"
+            outside = self.started_outside
+            if outside is None:
+                outside = environment.creates_processes_externally
+            started = "started outside Lightning" if outside else "started by Lightning"
             rank_zero_info(
                 f"{type(environment).__name__}: {trainer.world_size} process(es) on {trainer.num_nodes} node(s), "
                 f"{started}."
