@@ -64,6 +64,7 @@ def test_last_checkpoint_every_n_steps_and_at_each_epoch_end(tmp_path):
     assert sorted(path.name for path in folder.glob("last*")) == ["last.ckpt"]  # one file, rewritten
 
 
+@pytest.mark.internals  # Lightning's loop counters of an epoch a limit ended: the lowest torch too
 def test_a_run_cut_short_by_max_steps_resumes_inside_its_epoch(tmp_path, caplog):
     """A 16-step run (2 epochs of 8 steps) stopped at step 3 by max_steps writes last.ckpt and no best-k file (it
     validated nothing); resumed with `--ckpt_path last` it trains the rest of epoch 0, validates it, and ends at step
@@ -87,6 +88,7 @@ def test_a_run_cut_short_by_max_steps_resumes_inside_its_epoch(tmp_path, caplog)
     assert not [warning for warning in warned if "could not find the monitored key" in str(warning.message)]
     with caplog.at_level(logging.INFO):
         cli_main(*args("cut"), "--ckpt_path=last")
+    assert f"Resuming from {cut / 'last.ckpt'} at step 3." in caplog.text
     last = torch.load(cut / "last.ckpt")
     assert last["global_step"] == 16 and last["epoch"] == 1
     assert sorted(path.name.partition("-val")[0] for path in cut.glob("epoch*")) == [
@@ -95,6 +97,37 @@ def test_a_run_cut_short_by_max_steps_resumes_inside_its_epoch(tmp_path, caplog)
     ]
     trained = {name: (tmp_path / name / "rank0.txt").read_text().split() for name in ("uninterrupted", "cut")}
     assert len(trained["cut"]) == 16 * 8 and trained["cut"] == trained["uninterrupted"]
+
+
+@pytest.mark.slow
+@pytest.mark.internals  # Lightning's loop counters of an epoch a limit ended: the lowest torch too
+def test_a_ddp_run_cut_short_by_max_steps_resumes_inside_its_epoch(tmp_path, resumable):
+    """The issue's case, where users stand: ddp over 2 processes with a loader worker each, on CIFAR's official files
+    with their augmentation, stopped by max_steps=3 in a 5-step epoch (between two of `--save_every_n_steps=2`'s
+    saves, so last.ckpt is the one written as the limit ends the epoch); resumed with `--ckpt_path last`, each process
+    trains the images the uninterrupted run trains, in its order, bit for bit, and epoch 0 is validated."""
+
+    def fit(name: str, *extra: str) -> None:
+        record = helper_callback(tmp_path, "RecordSamples", out_dir=tmp_path / name)
+        args = [*_resumable_run(resumable.cifar), *DDP, *run_args(tmp_path, name), "--config", record, *extra]
+        result = run_cli(*args, env=HELPERS_ENV, timeout=180)
+        assert result.returncode == 0, result.stdout
+
+    fit("uninterrupted")
+    fit("cut", "--trainer.max_steps=3")
+    cut = tmp_path / "checkpoints" / "cut"
+    assert [path.name for path in cut.iterdir()] == ["last.ckpt"]
+    stopped = torch.load(cut / "last.ckpt")
+    assert stopped["global_step"] == 3 and stopped["CIFAR10DataModule"]["position"] == 24  # 3 steps of 8 images
+    fit("cut", "--ckpt_path=last")
+    assert torch.load(cut / "last.ckpt")["global_step"] == STEPS["ddp"]
+    assert sorted(path.name.partition("-val")[0] for path in cut.glob("epoch*")) == [
+        "epoch000-step5",
+        "epoch001-step10",
+    ]
+    for rank in (0, 1):
+        trained = [(tmp_path / name / f"rank{rank}.txt").read_text().split() for name in ("uninterrupted", "cut")]
+        assert len(trained[1]) == STEPS["ddp"] * 4 and trained[1] == trained[0], rank
 
 
 def test_resuming_with_another_layout_says_what_changed(tmp_path, caplog):
@@ -416,14 +449,16 @@ def test_killed_at_chosen_moments_and_resumed_ends_bit_for_bit_like_an_uninterru
 
 @pytest.mark.slow
 def test_sigterm_to_one_ddp_process_or_ctrl_c_stops_both_after_the_same_step(tmp_path, resumable):
-    """Ctrl-C to the whole ddp job (both processes and their loader workers, as a terminal sends it) at step 2, then
-    SIGTERM to rank 1 alone at step 7: each time both processes stop after the same step, write last.ckpt and exit
-    cleanly, rather than one waiting for the other in a collective; the run then resumes bit for bit."""
+    """Ctrl-C to the whole ddp job (both processes and their loader workers, as a terminal sends it) in epoch 0's last
+    step (step 4 of 5: Lightning then starts the validation, whose loader workers Ctrl-C reached too, and stops it
+    after its first batch), then SIGTERM to rank 1 alone at step 7: each time both processes stop after the same
+    step, write last.ckpt and exit cleanly, rather than one waiting for the other in a collective; the run then
+    resumes bit for bit."""
     args = [*_resumable_run(resumable.cifar), *DDP, *run_args(tmp_path, "killed"), "--ckpt_path=last"]
-    stopped = run_cli(*args, "--config", _kill_config(tmp_path, 2, "ctrl-c", rank=0), env=HELPERS_ENV, timeout=180)
+    stopped = run_cli(*args, "--config", _kill_config(tmp_path, 4, "ctrl-c", rank=0), env=HELPERS_ENV, timeout=180)
     assert stopped.returncode == 0 and "Received Ctrl-C: saved" in stopped.stdout, stopped.stdout
     assert "Ctrl-C again to stop at once" in stopped.stdout, stopped.stdout
-    assert _final_state(tmp_path, "killed")["global_step"] == 3
+    assert _final_state(tmp_path, "killed")["global_step"] == 5
     stopped = run_cli(*args, "--config", _kill_config(tmp_path, 7, "sigterm", rank=1), env=HELPERS_ENV, timeout=180)
     assert stopped.returncode == 0 and "Received SIGTERM: saved" in stopped.stdout, stopped.stdout
     assert _final_state(tmp_path, "killed")["global_step"] == 8
