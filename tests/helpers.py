@@ -18,9 +18,11 @@ import pytest
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from PIL import Image
+from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from typing_extensions import override
 
+from multigpu.model.resnet import bottleneck_block_factories
 from multigpu.run.replicas import data_parallel_size
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,12 +33,16 @@ DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
 # rank's abort leaves the launching process's exit status at 0, so the output is checked as well.
 ABORTED_AT_EXIT = "terminate called without an active exception"
 
+# Subprocesses find what configs name in tests/helpers.py (``helpers.tiny_resnet``, the test-only callbacks) with
+# this; ``run_cli`` gives it to every run.
+HELPERS_ENV = {"PYTHONPATH": str(Path(__file__).parent)}
+
 
 def run_cli(*args: str, cwd: Path = REPO, timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``python main.py ARGS`` in a subprocess and return it (output in ``.stdout``). A run still going after
     ``timeout`` seconds fails the test with the stack of every one of its processes (SIGABRT, faulthandler)."""
     command = [sys.executable, str(REPO / "main.py"), *args]
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **(env or {})}
+    full_env = {**os.environ, **HELPERS_ENV, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **(env or {})}
     with subprocess.Popen(
         command, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,  # its ranks and loader workers: one group, so that a hang is dumped whole
@@ -69,8 +75,16 @@ def cli_error(capsys, *args: str) -> str:
     return capsys.readouterr().err.strip().splitlines()[-1]
 
 
-# Subprocesses find the test-only callbacks of tests/helpers.py by class path with this.
-HELPERS_ENV = {"PYTHONPATH": str(Path(__file__).parent)}
+def tiny_resnet(num_classes: int) -> nn.Sequential:
+    """ResNet-50's own block classes at 4 and 8 channels per bottleneck (``--model.arch=helpers.tiny_resnet``, or
+    ``TINY``), for the tests whose promise is about a strategy, a checkpoint, the sampler or the loop: the CIFAR stem
+    (8 channels), two bottlenecks of 4 (the first with a downsampled shortcut, the second with its input as the
+    shortcut), one of 8 with stride 2, and the head. 8 blocks, whose entries pass the pair ``(out, identity)`` to
+    their exits, each with BatchNorm: a split after an odd block falls inside a bottleneck."""
+    return nn.Sequential(*(build() for build in bottleneck_block_factories(((4, 2, 1), (8, 1, 2)), 8, num_classes)))
+
+
+TINY = "--model.arch=helpers.tiny_resnet"
 
 
 def helper_callback(folder: Path, name: str, **init_args) -> str:
@@ -103,15 +117,19 @@ def free_port() -> int:
 
 
 def run_args(tmp_path: Path, run_name: str = "test") -> list[str]:
-    """Arguments that keep a run's checkpoints and logs inside ``tmp_path``, and give the network the
-    ImageNet stem, which trains about 16 times faster than the CIFAR stem on 32x32 images (the
-    network's tests cover both; a test that needs the CIFAR stem passes ``--model.stem=cifar`` after these)."""
+    """Arguments that keep a run's checkpoints and logs inside ``tmp_path`` and train ``tiny_resnet``, ResNet-50's
+    blocks at 4 to 8 channels. A test whose promise is ResNet-50 itself passes ``RESNET50`` after these: the
+    network with the ImageNet stem, which trains about 16 times faster than the CIFAR stem on 32x32 images (the
+    network's tests cover both)."""
     return [
         f"--run_name={run_name}",
         f"--checkpoint_root={tmp_path / 'checkpoints'}",
         f"--trainer.default_root_dir={tmp_path / 'logs'}",
-        "--model.stem=imagenet",
+        TINY,
     ]
+
+
+RESNET50 = ["--model.arch=resnet50", "--model.stem=imagenet"]
 
 
 def bare_trainer(strategy, devices: int, max_steps: int, **options) -> Trainer:
@@ -206,24 +224,32 @@ class RecordSamples(Callback):
 
 
 class KillAt(Callback):
-    """SIGKILLs this process at optimizer step ``step``: as the step starts (``step``), or while a
-    checkpoint is being saved (``save``); or sends it SIGTERM as the step starts (``sigterm``); or sends SIGINT to
-    its whole process group as the step starts, as a terminal's Ctrl-C does (``ctrl-c``).
+    """Stops this process at optimizer step ``step`` (counted from 0), at one of ``MOMENTS`` of it: SIGKILL as the
+    step starts (``step``), before its backward pass (``backward``), before its optimizer step (``optimizer``), once
+    it has ended but before the checkpoints of its end are written (``step-end``), or while the first checkpoint
+    written after it is being saved (``save``: ``step`` is then the least step count that checkpoint holds); SIGTERM
+    as the step
+    starts (``sigterm``); SIGINT to its whole process group as the step starts, as a terminal's Ctrl-C does
+    (``ctrl-c``).
 
-    Only on global rank ``rank``, when given. A process that torchrun restarted
-    (``TORCHELASTIC_RESTART_COUNT`` above 0) is left to finish.
+    ``whole_job``: SIGKILL the whole process group (every rank and loader worker of a job started in a session of
+    its own), as a lost machine ends them, rather than this process alone. Only on global rank ``rank``, when
+    given. A process that torchrun restarted (``TORCHELASTIC_RESTART_COUNT`` above 0) is left to finish.
     """
 
-    def __init__(self, step: int, moment: str = "step", rank: int | None = None) -> None:
-        self.step, self.moment, self.rank = step, moment, rank
+    MOMENTS = ("step", "backward", "optimizer", "step-end", "save")  # the SIGKILLs
 
-    def _signal_if(self, trainer, moment: str, signum: int) -> None:
+    def __init__(self, step: int, moment: str = "step", rank: int | None = None, whole_job: bool = False) -> None:
+        self.step, self.moment, self.rank, self.whole_job = step, moment, rank, whole_job
+
+    def _signal_if(self, trainer, moment: str, signum: int, step: int | None = None) -> None:
         if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
             return  # a restart by torchrun is left to finish
         if self.rank is not None and trainer.global_rank != self.rank:
             return
-        if trainer.global_step == self.step and self.moment == moment:
-            if signum == signal.SIGINT:
+        step = trainer.global_step if step is None else step
+        if self.moment == moment and (step == self.step or (moment == "save" and step > self.step)):
+            if signum == signal.SIGINT or (signum == signal.SIGKILL and self.whole_job):
                 os.killpg(os.getpgid(0), signum)
             else:
                 os.kill(os.getpid(), signum)
@@ -235,8 +261,39 @@ class KillAt(Callback):
         self._signal_if(trainer, "ctrl-c", signal.SIGINT)
 
     @override
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        self._signal_if(trainer, "backward", signal.SIGKILL)
+
+    @override
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        self._signal_if(trainer, "optimizer", signal.SIGKILL)
+
+    @override
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._signal_if(trainer, "step-end", signal.SIGKILL, step=trainer.global_step - 1)
+
+    @override
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
         self._signal_if(trainer, "save", signal.SIGKILL)
+
+
+LOSE_NODE = "MULTIGPU_TEST_LOSE_NODE"  # set in the environment of the torchrun agent whose node ``LoseNodeAt`` ends
+
+
+class LoseNodeAt(Callback):
+    """In a worker of the torchrun agent whose environment sets ``LOSE_NODE``: SIGKILLs that agent (its parent) and
+    then its own session (itself and its loader workers) as optimizer step ``step`` starts, as a lost machine ends
+    them. A worker that torchrun restarted is left to finish."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    @override
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if os.environ.get(LOSE_NODE) and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+            if trainer.global_step == self.step:
+                os.kill(os.getppid(), signal.SIGKILL)
+                os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
 class FailOnRank(Callback):

@@ -163,15 +163,19 @@ def overflowing(batch_size: int) -> tuple[LightningModule, TensorDataset]:
     return OverflowBlocks(), tiny(batch_size)[1]
 
 
-def resnet(batch_size: int, recompute_activations: bool = False) -> tuple[LightningModule, SyntheticCIFAR10]:
-    """ResNet-50 with BatchNorm; the ImageNet stem keeps it fast on a CPU."""
+def bottleneck(
+    batch_size: int, recompute_activations: bool = False, arch: str = "helpers.tiny_resnet"
+) -> tuple[LightningModule, SyntheticCIFAR10]:
+    """ResNet-50's blocks at 4 to 8 channels (``helpers.tiny_resnet``: 8 blocks, BatchNorm, the pair passed from a
+    bottleneck's entry to its exit), or ``arch``."""
     model = ResNet50Classifier(
-        batch_size=batch_size, stem="imagenet", warmup_epochs=0, recompute_activations=recompute_activations
+        arch=arch, batch_size=batch_size, stem="imagenet", warmup_epochs=0, recompute_activations=recompute_activations
     )
     return model, SyntheticCIFAR10(64, seed=1)
 
 
-recomputed = partial(resnet, recompute_activations=True)
+recomputed = partial(bottleneck, recompute_activations=True)
+resnet50 = partial(bottleneck, arch="resnet50")  # the real layout; the ImageNet stem keeps it fast on a CPU
 
 
 class DeferredStatistics(ResNet50Classifier):
@@ -183,7 +187,7 @@ class DeferredStatistics(ResNet50Classifier):
 
 
 def deferred(batch_size: int) -> tuple[LightningModule, SyntheticCIFAR10]:
-    model = DeferredStatistics(batch_size=batch_size, stem="imagenet", warmup_epochs=0)
+    model = DeferredStatistics(arch="helpers.tiny_resnet", batch_size=batch_size, warmup_epochs=0)
     return model, SyntheticCIFAR10(64, seed=1)
 
 
@@ -210,56 +214,65 @@ SETUPS = {
     "pipe_2x2": (tiny, lambda: PipelineStrategy(num_stages=2, micro_batches=2, balance_by="params"), 4, 8, {}),
     "single_clipped": (tiny, "auto", 1, 8, CLIPPED),
     "pipe_clipped": (tiny, lambda: PipelineStrategy(micro_batches=2, schedule="gpipe", balance=[2, 2]), 2, 8, CLIPPED),
-    "resnet_accumulated": (resnet, "auto", 1, 4, {"accumulate_grad_batches": 2}),
-    "resnet_pipe_gpipe": (
-        resnet,
-        lambda: PipelineStrategy(micro_batches=2, schedule="gpipe", balance=[12, 22]),
+    "bottleneck_accumulated": (bottleneck, "auto", 1, 4, {"accumulate_grad_batches": 2}),
+    # ResNet-50 itself, split inside a bottleneck as in the other setups.
+    "resnet50_accumulated": (resnet50, "auto", 1, 4, {"accumulate_grad_batches": 2}),
+    "resnet50_pipe_1f1b": (
+        resnet50,
+        lambda: PipelineStrategy(micro_batches=2, schedule="1f1b", balance=[12, 22]),
         2,
         8,
         {},
     ),
-    "resnet_pipe_1f1b": (
-        resnet,
-        lambda: PipelineStrategy(micro_batches=2, schedule="1f1b", balance=[12, 22]),
+    "bottleneck_pipe_gpipe": (
+        bottleneck,
+        lambda: PipelineStrategy(micro_batches=2, schedule="gpipe", balance=[2, 6]),
+        2,
+        8,
+        {},
+    ),
+    "bottleneck_pipe_1f1b": (
+        bottleneck,
+        lambda: PipelineStrategy(micro_batches=2, schedule="1f1b", balance=[2, 6]),
         2,
         8,
         {},
     ),
     # Activation recomputation: against the same training without it.
-    "resnet_accumulated_recomputed": (recomputed, "auto", 1, 4, ACCUMULATED),
-    "resnet_dp_recomputed": (recomputed, DataParallelStrategy, 1, 4, ACCUMULATED),
-    "resnet_mmp": (resnet, lambda: ManualModelParallelStrategy(balance=[12, 22]), 2, 4, ACCUMULATED),
-    "resnet_mmp_recomputed": (recomputed, lambda: ManualModelParallelStrategy(balance=[12, 22]), 2, 4, ACCUMULATED),
-    "resnet_pipe_1f1b_recomputed": (
+    "bottleneck_accumulated_recomputed": (recomputed, "auto", 1, 4, ACCUMULATED),
+    "bottleneck_dp_recomputed": (recomputed, DataParallelStrategy, 1, 4, ACCUMULATED),
+    "bottleneck_mmp": (bottleneck, lambda: ManualModelParallelStrategy(balance=[2, 6]), 2, 4, ACCUMULATED),
+    "bottleneck_mmp_recomputed": (recomputed, lambda: ManualModelParallelStrategy(balance=[2, 6]), 2, 4, ACCUMULATED),
+    "bottleneck_pipe_1f1b_recomputed": (
         recomputed,
-        lambda: PipelineStrategy(micro_batches=2, schedule="1f1b", balance=[12, 22]),
+        lambda: PipelineStrategy(micro_batches=2, schedule="1f1b", balance=[2, 6]),
         2,
         8,
         {},
     ),
     # BatchNorm statistics of the whole batch: the pipeline against one device that defers them the same way.
-    "resnet_accumulated_deferred": (deferred, "auto", 1, 4, ACCUMULATED),
-    "resnet_pipe_deferred": (
-        resnet,
-        lambda: PipelineStrategy(micro_batches=2, balance=[12, 22], deferred_batch_norm=True),
+    "bottleneck_accumulated_deferred": (deferred, "auto", 1, 4, ACCUMULATED),
+    "bottleneck_pipe_deferred": (
+        bottleneck,
+        lambda: PipelineStrategy(micro_batches=2, balance=[2, 6], deferred_batch_norm=True),
         2,
         8,
         {},
     ),
-    "resnet_pipe_deferred_recomputed": (
+    "bottleneck_pipe_deferred_recomputed": (
         recomputed,
-        lambda: PipelineStrategy(micro_batches=2, balance=[12, 22], deferred_batch_norm=True),
+        lambda: PipelineStrategy(micro_batches=2, balance=[2, 6], deferred_batch_norm=True),
         2,
         8,
         {},
     ),
-    "resnet_ddp": (resnet, "ddp", 2, 2, ACCUMULATED),
-    "resnet_ddp_recomputed": (recomputed, "ddp", 2, 2, ACCUMULATED),
+    "bottleneck_ddp": (bottleneck, "ddp", 2, 2, ACCUMULATED),
+    "bottleneck_ddp_recomputed": (recomputed, "ddp", 2, 2, ACCUMULATED),
     # Sharded (FSDP2) against ddp on the same samples: parameters, BatchNorm buffers and momentum.
-    "resnet_fsdp": (resnet, lambda: FullyShardedStrategy(accumulate_whole_gradients=True), 2, 2, ACCUMULATED),
+    "bottleneck_fsdp": (bottleneck, lambda: FullyShardedStrategy(accumulate_whole_gradients=True), 2, 2, ACCUMULATED),
     # Recomputation and bf16-mixed, each block's gathered parameters kept until its backward pass.
-    "resnet_ddp_bf16_recomputed": (recomputed, "ddp", 2, 2, {"precision": "bf16-mixed", **ACCUMULATED}),
-    "resnet_fsdp_bf16_recomputed_kept": (
+    "bottleneck_ddp_bf16_recomputed": (recomputed, "ddp", 2, 2, {"precision": "bf16-mixed", **ACCUMULATED}),
+    "bottleneck_fsdp_bf16_recomputed_kept": (
         recomputed,
         lambda: FullyShardedStrategy(reshard_after_forward=False, accumulate_whole_gradients=True),
         2,
@@ -301,9 +314,9 @@ SETUPS = {
 
 
 WITH_MOMENTUM = {name for name in SETUPS if "fsdp" in name} | {
-    "resnet_ddp",
-    "resnet_ddp_recomputed",
-    "resnet_ddp_bf16_recomputed",
+    "bottleneck_ddp",
+    "bottleneck_ddp_recomputed",
+    "bottleneck_ddp_bf16_recomputed",
     "tiny_ddp_4",
     "tiny_ddp_accumulated_clipped",
 }

@@ -26,17 +26,16 @@ def test_throughput_harness_prints_its_table_and_writes_json_and_chart(tmp_path)
         "--warmup=1",
         "--batch-size=2",
         "--stem=imagenet",
-        "--rounds=2",
-        "--within=0",  # exactly 2 rounds
+        "--rounds=1",  # the rounds' intervals: test_throughput_runs_rounds_until_every_claim_is_within_its_target...
         f"--out={tmp_path}",
     ]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "round 2 of 2 (img/s): plain " in result.stdout and "\n2 rounds in " in result.stdout
+    assert "round 1 of 1 (img/s): plain " in result.stdout and "\n1 rounds in " in result.stdout
     table = result.stdout[result.stdout.index("config") :].splitlines()
     assert [line.split()[0] for line in table[1:4]] == ["plain", "app", "ddp"]
     figures = json.loads((tmp_path / "throughput.json").read_text())
-    assert figures["rounds"] == 2 and figures["minutes"] > 0
+    assert figures["rounds"] == 1 and figures["minutes"] > 0
     rows = {row["name"]: row for row in figures["results"]}
     assert rows["plain"]["vs_plain"] is None and rows["app"]["efficiency"] is None
     assert rows["plain"]["vs_plain_interval"] is None and rows["app"]["efficiency_interval"] is None
@@ -44,7 +43,7 @@ def test_throughput_harness_prints_its_table_and_writes_json_and_chart(tmp_path)
         low, high = rows[name][f"{field}_interval"]
         assert low <= rows[name][field] <= high, (name, field)
     for row in rows.values():  # the median round's figures, inside the rounds' interval
-        assert len(row["rounds_images_per_s"]) == 2 and row["images_per_s"] in row["rounds_images_per_s"]
+        assert len(row["rounds_images_per_s"]) == 1 and row["images_per_s"] in row["rounds_images_per_s"]
         assert row["images_per_s_interval"] == [min(row["rounds_images_per_s"]), max(row["rounds_images_per_s"])]
     # Images per step over all processes: the batch of 2 once, and once per ddp process.
     for name, images in (("plain", 2), ("app", 2), ("ddp", 4)):
@@ -105,7 +104,7 @@ def test_pipeline_benchmark_prints_where_each_process_spends_its_time(tmp_path):
         "--micro-batches=2",
         "--batch-size=4",
         "--steps=1",
-        "--rounds=2",
+        "--rounds=1",
         "--stem=imagenet",
         f"--out={tmp_path}",
     ]
@@ -114,7 +113,7 @@ def test_pipeline_benchmark_prints_where_each_process_spends_its_time(tmp_path):
     figures = json.loads((tmp_path / "pipeline_efficiency.json").read_text())
     assert [row["schedule"] for row in figures["results"]] == ["zbvzerobubble"]
     for row in figures["results"]:
-        assert len(row["rounds_images_per_s"]) == 2  # each round its own run, the figure their median
+        assert len(row["rounds_images_per_s"]) == 1  # each round its own run, the figure their median
         low, high = row["efficiency_interval"]
         assert low <= row["efficiency"] <= high
         assert len(row["clocks"]) == 2  # each process: forward, backward, send/recv, wait, other
@@ -368,13 +367,11 @@ def test_learning_benchmark_pairs_the_app_with_the_plain_loop_and_reports_the_di
     figures = json.loads((tmp_path / "out" / "learning.json").read_text())
     runs = {(run["side"], run["seed"]): run for run in figures["runs"]}
     assert set(runs) == {("app", 1), ("plain-paired", 1), ("plain-independent", 1)}
-    # The same weights, images and augmentation: the same epoch (TensorBoard keeps the app's figures in float32).
-    app, plain = runs["app", 1]["epochs"], runs["plain-paired", 1]["epochs"]
-    assert [row["test_acc"] for row in app] == pytest.approx([row["test_acc"] for row in plain], rel=1e-6)
-    assert [row["train_loss"] for row in app] == pytest.approx([row["train_loss"] for row in plain], rel=1e-6)
-    assert figures["summary"]["paired"]["interval"] == pytest.approx([0.0, 0.0], abs=1e-4)
-    low, high = figures["summary"]["independent"]["interval"]
-    assert low <= figures["summary"]["independent"]["mean_difference"] <= high
+    assert all(len(run["epochs"]) == 1 for run in runs.values())
+    # That the paired runs learn alike, step for step, is test_learning_parity's promise; here, the report's.
+    for protocol in ("paired", "independent"):
+        low, high = figures["summary"][protocol]["interval"]
+        assert low <= figures["summary"][protocol]["mean_difference"] <= high, protocol
     assert (tmp_path / "out" / "learning.png").read_bytes().startswith(b"\x89PNG")
 
 

@@ -1,6 +1,7 @@
 """A busy machine is noticed, not believed: ``plan`` checks the cores it profiles on, and says so when other
 processes keep them busy."""
 
+import os
 import subprocess
 import sys
 import time
@@ -27,13 +28,20 @@ def plan_on_2_cpus(tmp_path, *options: str) -> list[str]:
 
 @pytest.fixture
 def busy_machine():
-    """A process spinning on every core, as another training run would keep them."""
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores())]
+    """A process spinning on the one core this test runs on (both pinned to it), as another training run would keep
+    it: a convolution gets half of that core at most, on a loaded machine or a quiet one, and the other test
+    running beside keeps the machine's other cores."""
+    allowed = os.sched_getaffinity(0)
+    core = {min(allowed)}
+    os.sched_setaffinity(0, core)
+    spin = f"import os; os.sched_setaffinity(0, {core})\nwhile True: pass"
+    spinner = subprocess.Popen([sys.executable, "-c", spin])
     time.sleep(0.5)
+    assert cores() == 1
     yield
-    for spinner in spinners:
-        spinner.kill()
-        spinner.wait()
+    spinner.kill()
+    spinner.wait()
+    os.sched_setaffinity(0, allowed)
 
 
 def test_busy_cores_are_measured_as_busy(busy_machine, monkeypatch):

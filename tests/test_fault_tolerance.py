@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -16,8 +15,10 @@ import pytest
 import torch
 from helpers import (
     HELPERS_ENV,
+    LOSE_NODE,
     REPO,
     SMOKE,
+    KillAt,
     cli_main,
     free_port,
     helper_callback,
@@ -107,13 +108,14 @@ def test_a_ddp_run_cut_short_by_max_steps_resumes_inside_its_epoch(tmp_path, res
     saves, so last.ckpt is the one written as the limit ends the epoch); resumed with `--ckpt_path last`, each process
     trains the images the uninterrupted run trains, in its order, bit for bit, and epoch 0 is validated."""
 
-    def fit(name: str, *extra: str) -> None:
+    def fit(name: str, *extra: str) -> str:
         record = helper_callback(tmp_path, "RecordSamples", out_dir=tmp_path / name)
         args = [*_resumable_run(resumable.cifar), *DDP, *run_args(tmp_path, name), "--config", record, *extra]
-        result = run_cli(*args, env=HELPERS_ENV, timeout=180)
+        result = run_cli(*args, timeout=180)
         assert result.returncode == 0, result.stdout
+        return result.stdout
 
-    fit("uninterrupted")
+    assert "LightningEnvironment: 2 process(es) on 1 node(s), started by Lightning." in fit("uninterrupted")
     fit("cut", "--trainer.max_steps=3")
     cut = tmp_path / "checkpoints" / "cut"
     assert [path.name for path in cut.iterdir()] == ["last.ckpt"]
@@ -203,28 +205,10 @@ def _kill_config(tmp_path: Path, step: int, moment: str = "step", rank: int | No
     return helper_callback(tmp_path, "KillAt", step=step, moment=moment, rank=rank)
 
 
-def _start(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """``python main.py ARGS`` in a session of its own (so that its workers and processes can be killed at
-    once), its output in ``log``, with ``env`` over this process's environment."""
-    with open(log, "w") as out:
-        return subprocess.Popen(
-            [sys.executable, str(REPO / "main.py"), *args],
-            cwd=REPO,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"},
-            start_new_session=True,
-        )
-
-
-REFERENCE_TIMEOUT = 300  # seconds; an uninterrupted run takes 10 to 60 here
-
-
 @pytest.fixture(scope="module")
 def resumable(tmp_path_factory):
     """The tiny CIFAR, and ``reference(extra)``: the final checkpoint of ``_resumable_run`` with the
-    arguments ``extra``, never interrupted; each one is trained once per module. ``reference.timing``
-    keeps, for each, the seconds until its first checkpoint was written and until it ended."""
+    arguments ``extra``, never interrupted; each one is trained once per module."""
     root = tmp_path_factory.mktemp("resumable")
     cifar = write_tiny_cifar10(root / "cifar", per_batch=8)  # 40 training images
     finals: dict[tuple[str, ...], dict] = {}
@@ -232,24 +216,12 @@ def resumable(tmp_path_factory):
     def reference(extra: list[str]) -> dict:
         if tuple(extra) not in finals:
             name = f"reference{len(finals)}"
-            last = root / "checkpoints" / name / "last.ckpt"
-            start, first_save = time.monotonic(), None
-            process = _start([*_resumable_run(cifar), *extra, *run_args(root, name)], root / f"{name}.log")
-            while process.poll() is None:
-                if first_save is None and last.exists():
-                    first_save = time.monotonic() - start
-                if time.monotonic() - start > REFERENCE_TIMEOUT:  # a hang: fail with every process's stack
-                    os.killpg(process.pid, signal.SIGABRT)
-                    process.wait()
-                    pytest.fail(f"{name} ran past {REFERENCE_TIMEOUT} s:\n{(root / f'{name}.log').read_text()}")
-                time.sleep(0.05)
-            assert process.returncode == 0, (root / f"{name}.log").read_text()
-            reference.timing[tuple(extra)] = (first_save, time.monotonic() - start)
+            result = run_cli(*_resumable_run(cifar), *extra, *run_args(root, name))
+            assert result.returncode == 0, result.stdout
             finals[tuple(extra)] = _final_state(root, name)
         return finals[tuple(extra)]
 
     reference.cifar = cifar
-    reference.timing = {}
     return reference
 
 
@@ -285,26 +257,39 @@ def _assert_resumed_from(output: str, step: int | None, name: str) -> None:
         assert resumed == [str(step)], f"{name}: resumed from step {resumed}, the checkpoint holds {step}\n{output}"
 
 
-def _said_where_it_starts(output: str) -> bool:
-    """The run got as far as saying which checkpoint it resumes from, or that it starts from scratch."""
-    return re.search(r"Resuming from \S+ at step \d+\.|starting from scratch", output) is not None
+def _kill_seed() -> int:
+    """The seed kills are drawn with: ``MULTIGPU_KILL_SEED`` to replay a failure, else a new one."""
+    return int(os.environ.get("MULTIGPU_KILL_SEED", random.randrange(2**31)))
 
 
-def _run_killed_after(
-    args: list[str], seconds: float, log: Path, env: dict[str, str] | None = None
-) -> tuple[str, bool]:
-    """Run the CLI and SIGKILL it, its workers and its other processes ``seconds`` later, unless it has
-    ended by then; return its output and whether it was killed."""
-    process = _start(args, log, env)
-    try:
-        process.wait(timeout=seconds)
-        killed = False
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)  # the whole job at once, as a lost machine
-        process.wait()
-        killed = True
-    assert killed or process.returncode == 0, log.read_text()
-    return log.read_text(), killed
+def _draw_kills(seed: int, steps: int, ranks: list[int], count: int = 2) -> list[dict]:
+    """``count`` SIGKILLs of the whole job, at distinct optimizer steps of a ``steps``-step run in order, each at a
+    moment of ``helpers.KillAt.MOMENTS`` (as the step starts, before its backward pass or its optimizer step, at its
+    end, or while the checkpoint after it is written) on a rank of ``ranks``: the same seed draws the same kills,
+    on any machine's pace."""
+    draw = random.Random(seed)
+    kills = []
+    for step in sorted(draw.sample(range(steps), count)):
+        moment, rank = draw.choice(KillAt.MOMENTS), draw.choice(ranks)
+        # A save's kill names the step count its checkpoint holds; last.ckpt is written every 2 steps and as a run
+        # ends, so a kill drawn after an odd step strikes in the next save.
+        kills.append({"step": step + 1 if moment == "save" else step, "moment": moment, "rank": rank})
+    return kills
+
+
+def _killed_attempt(tmp_path: Path, args: list[str], kill: dict, attempt: int, env: dict | None = None) -> str:
+    """Run ``args`` with ``kill`` (``_draw_kills``): the job must end by it, and a checkpoint on disk must be
+    resumed from and never lost. Its output."""
+    on_disk = _step_on_disk(tmp_path, "killed")
+    config = helper_callback(tmp_path, "KillAt", whole_job=True, **kill)
+    result = run_cli(*args, "--config", config, env=env, timeout=180)
+    left = _step_on_disk(tmp_path, "killed")
+    print(f"attempt {attempt}: from step {on_disk}, killed at {kill}, left step {left}")
+    assert result.returncode == -signal.SIGKILL, f"attempt {attempt}, {kill}: not killed\n{result.stdout}"
+    if on_disk is not None:
+        _assert_resumed_from(result.stdout, on_disk, f"attempt {attempt}")
+    assert (left or 0) >= (on_disk or 0), f"attempt {attempt}: a kill lost a checkpoint"
+    return result.stdout
 
 
 @pytest.mark.slow
@@ -313,32 +298,20 @@ def _run_killed_after(
     [pytest.param(name, marks=pytest.mark.internals) if name in ("pipeline", "fsdp") else name for name in KILLED],
 )  # the pipeline's and fsdp's cases run on the lowest torch too
 def test_killed_at_random_moments_and_resumed_ends_bit_for_bit_like_an_uninterrupted_run(name, tmp_path, resumable):
-    """SIGKILL at random wall-clock moments (2 kills, each drawn from the uninterrupted run's length), each
-    followed by the same command with `--ckpt_path last`: every attempt resumes from the step on disk, and
-    the run ends with the parameters, BatchNorm buffers, optimizer and scheduler state of a run never killed.
+    """SIGKILL to the whole job at 2 random moments (a step, a moment within it and a rank, drawn from a seed), each
+    attempt the same command with `--ckpt_path last`: every attempt resumes from the step on disk, and the run ends
+    with the parameters, BatchNorm buffers, optimizer and scheduler state of a run never killed.
 
     Replay a failure with the seed it prints: MULTIGPU_KILL_SEED=<seed> pytest -k <name>.
     """
     extra = KILLED[name]
     expected = resumable(extra)
-    first_save, length = resumable.timing[tuple(extra)]
-    seed = int(os.environ.get("MULTIGPU_KILL_SEED", random.randrange(2**31)))
-    print(f"{name}: kill moments drawn with seed {seed} between {first_save:.1f} s and {length:.1f} s")
-    # From the uninterrupted run's first checkpoint to its end: a kill before the first one only restarts it.
-    draw = random.Random(seed)
-    moments = [draw.uniform(first_save, length) for _ in range(2)]
+    seed = _kill_seed()
+    kills = _draw_kills(seed, STEPS[name], ranks=[0, 1] if name in ("ddp", "pipeline", "fsdp") else [0])
+    print(f"{name}: kills drawn with seed {seed}: {kills}")
     args = [*_resumable_run(resumable.cifar), *extra, *run_args(tmp_path, "killed"), "--ckpt_path=last"]
-    for attempt, seconds in enumerate(moments):
-        on_disk = _step_on_disk(tmp_path, "killed")
-        output, killed = _run_killed_after(args, seconds, tmp_path / f"attempt{attempt}.log")
-        print(
-            f"attempt {attempt}: from step {on_disk}, {'killed' if killed else 'ended'} after {seconds:.1f} s, "
-            f"left step {_step_on_disk(tmp_path, 'killed')}"
-        )
-        # A kill while the process still starts (imports, a loaded machine) comes before it reads the checkpoint.
-        if on_disk != STEPS[name] and (not killed or _said_where_it_starts(output)):
-            _assert_resumed_from(output, on_disk, f"{name}, attempt {attempt} (seed {seed})")
-        assert (_step_on_disk(tmp_path, "killed") or 0) >= (on_disk or 0), f"{name}: a kill lost a checkpoint"
+    for attempt, kill in enumerate(kills):
+        _killed_attempt(tmp_path, args, kill, attempt)
     on_disk = _step_on_disk(tmp_path, "killed")
     resumed = run_cli(*args)
     assert resumed.returncode == 0, resumed.stdout
@@ -398,25 +371,17 @@ def test_ddp_killed_mid_epoch_and_resumed_on_one_device_accumulating_ends_like_t
 def test_killed_at_random_moments_and_resumed_on_another_device_count_ends_like_an_uninterrupted_run(
     tmp_path, resumable
 ):
-    """SIGKILL at 2 random moments, the attempts alternating between ddp over 2 processes and 1 device that
-    accumulates 2 batches (the same global batch and forward passes), then 1 device to the end: the uninterrupted
-    ddp run's step, and its weights within 1e-4. Replay with MULTIGPU_KILL_SEED=<seed>."""
+    """SIGKILL to the whole job at 2 random moments (drawn from a seed), the attempts alternating between ddp over 2
+    processes and 1 device that accumulates 2 batches (the same global batch and forward passes), then 1 device to
+    the end: the uninterrupted ddp run's step, and its weights within 1e-4. Replay with MULTIGPU_KILL_SEED=<seed>."""
     expected = resumable(DDP)
-    first_save, length = resumable.timing[tuple(DDP)]
-    seed = int(os.environ.get("MULTIGPU_KILL_SEED", random.randrange(2**31)))
-    print(f"another device count: kill moments drawn with seed {seed} between {first_save:.1f} s and {length:.1f} s")
-    draw = random.Random(seed)
+    seed = _kill_seed()
+    kills = _draw_kills(seed, STEPS["ddp"], ranks=[0])
+    kills[0]["rank"] = random.Random(seed).choice([0, 1])  # the ddp attempt's: either process
+    print(f"another device count: kills drawn with seed {seed}: {kills}")
     args = [*_resumable_run(resumable.cifar), *run_args(tmp_path, "killed"), "--ckpt_path=last"]
-    layouts = [DDP, ONE_DEVICE_ACCUMULATING]
-    for attempt in range(2):
-        on_disk = _step_on_disk(tmp_path, "killed")
-        log = tmp_path / f"attempt{attempt}.log"
-        with_layout = [*args, *layouts[attempt % 2]]
-        output, killed = _run_killed_after(with_layout, draw.uniform(first_save, length), log, ONE_THREAD)
-        left = _step_on_disk(tmp_path, "killed")
-        print(f"attempt {attempt}: from step {on_disk}, {'killed' if killed else 'ended'}, left step {left}")
-        if on_disk not in (None, STEPS["ddp"]) and (not killed or _said_where_it_starts(output)):
-            _assert_resumed_from(output, on_disk, f"attempt {attempt} (seed {seed})")
+    for attempt, (kill, layout) in enumerate(zip(kills, [DDP, ONE_DEVICE_ACCUMULATING])):
+        _killed_attempt(tmp_path, [*args, *layout], kill, attempt, env=ONE_THREAD)
     resumed = run_cli(*args, *ONE_DEVICE_ACCUMULATING, env=ONE_THREAD)
     assert resumed.returncode == 0, resumed.stdout
     _assert_close_state(_final_state(tmp_path, "killed"), expected, f"another device count (seed {seed})")
@@ -503,7 +468,6 @@ def test_torchrun_restarts_resume_from_the_last_checkpoint_on_their_own(tmp_path
 @pytest.mark.parametrize("rank", [1, 0])
 def test_a_failing_rank_ends_the_whole_job_quickly_with_its_error(rank, tmp_path):
     fail = helper_callback(tmp_path, "FailOnRank", rank=rank, step=2)
-    start = time.monotonic()
     result = run_cli(
         "fit",
         "--config",
@@ -515,11 +479,9 @@ def test_a_failing_rank_ends_the_whole_job_quickly_with_its_error(rank, tmp_path
         "--trainer.strategy=ddp",
         "--data.synthetic_size=64",
         *run_args(tmp_path),
-        env=HELPERS_ENV,
-        timeout=120,
+        timeout=300,  # not the 30 minutes of a collective's timeout: the other rank is ended, not left waiting
     )
     assert result.returncode != 0
-    assert time.monotonic() - start < 60
     assert f"RuntimeError: rank {rank} failed on purpose at step 2" in result.stdout
 
 
@@ -546,7 +508,9 @@ def _kill_tree(pid: int) -> None:
             os.kill(process, signal.SIGKILL)
 
 
-def _torchrun_node(args: list[str], port: int, hosts_rendezvous: bool, log: Path) -> subprocess.Popen:
+def _torchrun_node(
+    args: list[str], port: int, hosts_rendezvous: bool, log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen:
     """One elastic torchrun agent ("node") of 1 to 2 on 127.0.0.1 with one process; short heartbeats, so that
     the other node notices a lost one within seconds (torchrun's defaults take 15 s, and 30 s to start)."""
     conf = f"is_host={int(hosts_rendezvous)},last_call_timeout=5,keep_alive_interval=1,keep_alive_max_attempt=5"
@@ -560,7 +524,7 @@ def _torchrun_node(args: list[str], port: int, hosts_rendezvous: bool, log: Path
             cwd=REPO,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **ONE_THREAD, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, **HELPERS_ENV, **ONE_THREAD, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
 
 
@@ -568,37 +532,29 @@ def _torchrun_node(args: list[str], port: int, hosts_rendezvous: bool, log: Path
 @pytest.mark.internals  # torchrun's c10d rendezvous and the attempts' keys (multigpu.run.elastic)
 def test_torchrun_elastic_run_that_loses_a_node_goes_on_with_the_node_left(tmp_path, resumable):
     """`torchrun --nnodes=1:2` on two loopback "nodes" of one process each, sharing a checkpoint folder, with
-    `--data.global_batch_size=8`: ddp over 2 processes with batch 4. At a random moment after the first
-    checkpoint, the node that does not host the rendezvous is lost (SIGKILL to its agent and worker). The other
-    node's worker fails in its next all-reduce, torchrun restarts it on the one node left, and it resumes from
-    last.ckpt accumulating 2 batches: the uninterrupted ddp run's step, and its weights within 1e-4.
-    Replay with MULTIGPU_KILL_SEED=<seed>."""
+    `--data.global_batch_size=8`: ddp over 2 processes with batch 4. As a step drawn from a seed after the first
+    checkpoint starts, the node that does not host the rendezvous is lost (its worker SIGKILLs its agent and
+    itself). The other node's worker fails in its next all-reduce, torchrun restarts it on the one node left, and
+    it resumes from last.ckpt accumulating 2 batches: the uninterrupted ddp run's step, and its weights within
+    1e-4. Replay with MULTIGPU_KILL_SEED=<seed>."""
     expected = resumable(DDP)
-    first_save, length = resumable.timing[tuple(DDP)]
-    seed = int(os.environ.get("MULTIGPU_KILL_SEED", random.randrange(2**31)))
-    # Within the first third of what follows the first checkpoint: the rest is the last steps and the ending.
-    delay = random.Random(seed).uniform(0, (length - first_save) / 3)
-    print(f"elastic: the node is lost {delay:.1f} s after the first checkpoint (seed {seed})")
+    seed = _kill_seed()
+    step = random.Random(seed).randrange(3, STEPS["ddp"] - 1)  # after the first checkpoint (step 2), not the last
+    print(f"elastic: the node is lost as step {step} starts (seed {seed})")
     layout = ["--trainer.strategy=ddp", "--trainer.accelerator=cpu", "--trainer.devices=1", "--data.num_workers=1"]
     args = [*_resumable_run(resumable.cifar), *layout, "--data.global_batch_size=8", "--ckpt_path=last"]
-    args += run_args(tmp_path, "elastic")
+    args += [*run_args(tmp_path, "elastic"), "--config", helper_callback(tmp_path, "LoseNodeAt", step=step)]
     port = free_port()
     staying = _torchrun_node(args, port, True, tmp_path / "staying.log")
-    lost = _torchrun_node(args, port, False, tmp_path / "lost.log")
+    lost = _torchrun_node(args, port, False, tmp_path / "lost.log", {LOSE_NODE: "1"})
     try:
-        deadline = time.monotonic() + 180
-        while _step_on_disk(tmp_path, "elastic") is None:
-            assert time.monotonic() < deadline and staying.poll() is None, (tmp_path / "staying.log").read_text()
-            time.sleep(0.1)
-        time.sleep(delay)
-        assert lost.poll() is None, "the run ended before the node was lost"
-        _kill_tree(lost.pid)
-        lost.wait()
+        lost.wait(timeout=300)
         staying.wait(timeout=300)
     finally:  # a failed test leaves no agent, nor a worker in its own session, running
         for node in (staying, lost):
             if node.poll() is None:
                 _kill_tree(node.pid)
+    assert lost.returncode == -signal.SIGKILL, (tmp_path / "lost.log").read_text()
     output = (tmp_path / "staying.log").read_text()
     assert staying.returncode == 0, output
     print(f"elastic: {re.findall(r'Resuming from .*', output)}")

@@ -28,8 +28,8 @@ def _assert_within(found: dict, expected: dict, relative: float) -> None:
     ("sharded", "replicated", "relative"),
     [
         # 2 processes, 2 accumulated batches added up whole as DDP does: the same sums, bit for bit.
-        ("resnet_fsdp", "resnet_ddp", 0),
-        ("resnet_fsdp_bf16_recomputed_kept", "resnet_ddp_bf16_recomputed", 0),
+        ("bottleneck_fsdp", "bottleneck_ddp", 0),
+        ("bottleneck_fsdp_bf16_recomputed_kept", "bottleneck_ddp_bf16_recomputed", 0),
         # Sums in another order than DDP's (strategy_training.py says why not ResNet-50 there).
         ("tiny_fsdp_4", "tiny_ddp_4", 1e-6),  # 4 processes
         ("tiny_fsdp_2x2", "tiny_ddp_4", 1e-6),  # HSDP: 2 replicas of 2 shards

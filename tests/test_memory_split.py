@@ -58,12 +58,12 @@ def test_model_parallel_builds_each_block_once_where_it_goes(train_setup):
 @pytest.mark.parametrize(
     ("setup", "reference"),
     [
-        ("resnet_accumulated_recomputed", "resnet_accumulated"),
-        ("resnet_dp_recomputed", "resnet_accumulated"),
-        ("resnet_mmp_recomputed", "resnet_mmp"),  # (one process of 2 threads: its own sums)
-        ("resnet_pipe_1f1b_recomputed", "resnet_accumulated"),
-        ("resnet_ddp_recomputed", "resnet_ddp"),
-        ("resnet_pipe_deferred_recomputed", "resnet_pipe_deferred"),
+        ("bottleneck_accumulated_recomputed", "bottleneck_accumulated"),
+        ("bottleneck_dp_recomputed", "bottleneck_accumulated"),
+        ("bottleneck_mmp_recomputed", "bottleneck_mmp"),  # (one process of 2 threads: its own sums)
+        ("bottleneck_pipe_1f1b_recomputed", "bottleneck_accumulated"),
+        ("bottleneck_ddp_recomputed", "bottleneck_ddp"),
+        ("bottleneck_pipe_deferred_recomputed", "bottleneck_pipe_deferred"),
     ],
 )
 def test_recompute_activations_changes_no_bit(setup, reference, train_setup):

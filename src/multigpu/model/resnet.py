@@ -20,6 +20,10 @@ that a strategy can build each block alone where it goes (see ``lazy_blocks``):
 ``ResNet50Classifier`` holds them as ``LazyBlocks`` on the meta device until
 ``configure_model``. The layers are torchvision's own (its ``conv1x1``, ``conv3x3``),
 computed in the order of its ``Bottleneck``, with torchvision's initialisation.
+
+``bottleneck_block_factories(layers, width, ...)`` builds the same blocks for another depth and width: the tests
+whose promise is about a strategy, a checkpoint or the loop train such a network, of 4 to 8 channels per bottleneck
+(``tests/helpers.py``'s ``tiny_resnet``), through the very classes ResNet-50 is made of.
 """
 
 from collections.abc import Callable
@@ -36,14 +40,17 @@ __all__ = [
     "NUM_BLOCKS",
     "BottleneckEntry",
     "BottleneckExit",
+    "Layers",
     "Stem",
+    "bottleneck_block_factories",
     "resnet50_block_factories",
     "resnet50_blocks",
 ]
 
 Stem = Literal["cifar", "imagenet"]
+Layers = tuple[tuple[int, int, int], ...]
 NUM_BLOCKS = 34
-LAYERS = ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2))  # planes, bottlenecks, stride of the first
+LAYERS: Layers = ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2))  # planes, bottlenecks, stride of the first
 
 
 def _init_like_torchvision(build: Callable[[], nn.Module]) -> nn.Module:
@@ -58,14 +65,14 @@ def _init_like_torchvision(build: Callable[[], nn.Module]) -> nn.Module:
     return block
 
 
-def _stem(stem: Stem) -> nn.Module:
+def _stem(stem: Stem, width: int) -> nn.Module:
     if stem == "cifar":
         return nn.Sequential(
-            nn.Conv2d(3, 64, 3, stride=1, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True)
+            nn.Conv2d(3, width, 3, stride=1, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True)
         )
     return nn.Sequential(
-        nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False),
-        nn.BatchNorm2d(64),
+        nn.Conv2d(3, width, 7, stride=2, padding=3, bias=False),
+        nn.BatchNorm2d(width),
         nn.ReLU(inplace=True),
         nn.MaxPool2d(kernel_size=3, stride=2, padding=1),
     )
@@ -112,17 +119,19 @@ class BottleneckExit(nn.Module):
         return self.relu(out + identity)
 
 
-def _head(num_classes: int) -> nn.Module:
-    return nn.Sequential(
-        nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(1), nn.Linear(512 * Bottleneck.expansion, num_classes)
-    )
+def _head(features: int, num_classes: int) -> nn.Module:
+    return nn.Sequential(nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(1), nn.Linear(features, num_classes))
 
 
-def resnet50_block_factories(num_classes: int = 10, stem: Stem = "cifar") -> list[BlockFactory]:
-    """One function per block of torchvision's ResNet-50, each building its block alone, initialised as
-    torchvision does.
+def bottleneck_block_factories(
+    layers: Layers, width: int, num_classes: int = 10, stem: Stem = "cifar"
+) -> list[BlockFactory]:
+    """One function per block of a bottleneck ResNet laid out as ResNet-50 (stem, bottleneck halves, head), each
+    building its block alone, initialised as torchvision does.
 
     Args:
+        layers: per stage, its planes (a bottleneck's inner width), its bottlenecks and the stride of the first.
+        width: the stem's output channels.
         num_classes: width of the final fully connected layer.
         stem: ``"cifar"`` replaces the 7x7 stride-2 convolution and the max-pool by one
             3x3 stride-1 convolution, which keeps the 32x32 resolution of CIFAR images;
@@ -130,15 +139,20 @@ def resnet50_block_factories(num_classes: int = 10, stem: Stem = "cifar") -> lis
     """
     if stem not in ("cifar", "imagenet"):
         raise ValueError(f"stem must be 'cifar' or 'imagenet', not {stem!r}")
-    builds: list[Callable[[], nn.Module]] = [partial(_stem, stem)]
-    inplanes = 64
-    for planes, count, stride in LAYERS:
+    builds: list[Callable[[], nn.Module]] = [partial(_stem, stem, width)]
+    inplanes = width
+    for planes, count, stride in layers:
         for index in range(count):
             first_stride = stride if index == 0 else 1
             builds += [partial(half, inplanes, planes, first_stride) for half in (BottleneckEntry, BottleneckExit)]
             inplanes = planes * Bottleneck.expansion
-    builds.append(partial(_head, num_classes))
+    builds.append(partial(_head, inplanes, num_classes))
     return [partial(_init_like_torchvision, build) for build in builds]
+
+
+def resnet50_block_factories(num_classes: int = 10, stem: Stem = "cifar") -> list[BlockFactory]:
+    """One function per block of torchvision's ResNet-50 (see ``bottleneck_block_factories``)."""
+    return bottleneck_block_factories(LAYERS, 64, num_classes, stem)
 
 
 def resnet50_blocks(num_classes: int = 10, stem: Stem = "cifar") -> LazyBlocks:
