@@ -75,13 +75,19 @@ def cli_error(capsys, *args: str) -> str:
     return capsys.readouterr().err.strip().splitlines()[-1]
 
 
+class WholeBlock(nn.Sequential):
+    """A block of layers that ``--model.arch`` keeps whole (it opens a plain ``nn.Sequential`` into its children), as
+    ResNet-50's own stem and head are blocks."""
+
+
 def tiny_resnet(num_classes: int) -> nn.Sequential:
     """ResNet-50's own block classes at 4 and 8 channels per bottleneck (``--model.arch=helpers.tiny_resnet``, or
     ``TINY``), for the tests whose promise is about a strategy, a checkpoint, the sampler or the loop: the CIFAR stem
     (8 channels), two bottlenecks of 4 (the first with a downsampled shortcut, the second with its input as the
     shortcut), one of 8 with stride 2, and the head. 8 blocks, whose entries pass the pair ``(out, identity)`` to
     their exits, each with BatchNorm: a split after an odd block falls inside a bottleneck."""
-    return nn.Sequential(*(build() for build in bottleneck_block_factories(((4, 2, 1), (8, 1, 2)), 8, num_classes)))
+    blocks = [build() for build in bottleneck_block_factories(((4, 2, 1), (8, 1, 2)), 8, num_classes)]
+    return nn.Sequential(*(WholeBlock(*block) if type(block) is nn.Sequential else block for block in blocks))
 
 
 TINY = "--model.arch=helpers.tiny_resnet"

@@ -157,10 +157,11 @@ def test_resume_follows_the_command_line_and_refuses_another_network(tmp_path, c
 
     before = last.read_bytes()
     for other, said in (
-        ("--model.stem=cifar", "holds another network (stem imagenet, not cifar): use it with --model.stem=imagenet"),
+        ("--model.stem=imagenet", "holds another network (stem cifar, not imagenet): use it with --model.stem=cifar"),
         (
             "--model.arch=resnet18",
-            "holds another network (arch resnet50, not resnet18): use it with --model.arch=resnet50",
+            "holds another network (arch helpers.tiny_resnet, not resnet18): use it with "
+            "--model.arch=helpers.tiny_resnet",
         ),
         (
             "--data.dataset=cifar100",

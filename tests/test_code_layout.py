@@ -162,3 +162,13 @@ def test_the_private_name_check_finds_one(tmp_path):
     )
     used = private_names_used([path])
     assert [entry.split(": ", 1)[1] for entry in used] == ["_apply, of Module", "._signal_connector"]
+
+
+def test_docs_testing_lists_every_test_beside_its_promise():
+    """docs/testing.md's table (``scripts/testing_table.py``) names every test of tests/, each once, and no other."""
+    spec = importlib.util.spec_from_file_location("testing_table", REPO / "scripts" / "testing_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    listed = table.table_rows((REPO / "docs" / "testing.md").read_text())
+    assert sorted(listed) == sorted(table.test_functions()), "run python scripts/testing_table.py"
+    assert all(row[0] and row[2] for row in listed.values())  # each with its promise and network

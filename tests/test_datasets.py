@@ -37,7 +37,7 @@ def test_cifar100_trains_a_100_class_head_and_predicts_its_class_names(tmp_path)
     args = ["--config", SMOKE, *run_args(tmp_path), *FILES, "--data.dataset=cifar100", f"--data.data_dir={data}"]
     cli_main("fit", *args)
     checkpoint = torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt", weights_only=False)
-    assert checkpoint["state_dict"]["net.33.2.weight"].shape == (100, 2048)
+    assert checkpoint["state_dict"]["net.7.2.weight"].shape == (100, 32)  # tiny_resnet's head
     out = tmp_path / "predictions.csv"
     cli_main("predict", *args, "--ckpt_path=last", f"--predictions.path={out}")
     rows = list(csv.DictReader(open(out)))
@@ -51,7 +51,7 @@ def test_an_image_folder_trains_resnet18_under_ddp_with_its_own_classes(tmp_path
     classes."""
     folder = write_image_folder(tmp_path / "pets")
     args = [*run_args(tmp_path), "--data.synthetic=false", "--data.dataset=imagefolder", f"--data.data_dir={folder}"]
-    args += ["--model.arch=resnet18", "--data.batch_size=4", "--data.num_workers=1"]
+    args += ["--model.arch=resnet18", "--model.stem=imagenet", "--data.batch_size=4", "--data.num_workers=1"]
     stop = helper_callback(tmp_path, "KillAt", step=0, moment="sigterm")  # ends after step 1
     ddp = ["--trainer.strategy=ddp", "--trainer.devices=2", "--config", stop]
     fit = run_cli("fit", "--config", SMOKE, *args, *ddp, env=HELPERS_ENV)
@@ -88,18 +88,18 @@ def test_an_image_folder_run_killed_and_resumed_ends_bit_for_bit_like_an_uninter
     resumed run draws the masks the run never killed drew."""
     folder = write_image_folder(tmp_path / "pets", train=6)
     args = ["fit", "--config", SMOKE, "--data.synthetic=false", "--data.dataset=imagefolder"]
-    args += [f"--data.data_dir={folder}", "--model.arch=mobilenet_v3_small", "--data.batch_size=4"]
-    args += ["--data.num_workers=2"]
+    args += [f"--data.data_dir={folder}", "--data.batch_size=4", "--data.num_workers=2"]
     args += ["--data.persistent_workers=true", "--save_every_n_steps=2", "--trainer.max_epochs=2", "--ckpt_path=last"]
     one_thread = {**HELPERS_ENV, "OMP_NUM_THREADS": "1"}
-    whole = run_cli(*args, *run_args(tmp_path, "whole"), env=one_thread)
+    mobilenet = "--model.arch=mobilenet_v3_small"
+    whole = run_cli(*args, *run_args(tmp_path, "whole"), mobilenet, env=one_thread)
     assert whole.returncode == 0, whole.stdout
     kill = helper_callback(tmp_path, "KillAt", step=7)  # 4 steps an epoch, last.ckpt at step 6
     killed = run_cli(
-        *args, *run_args(tmp_path, "killed"), "--config", kill, env={**HELPERS_ENV, "OMP_NUM_THREADS": "1"}
+        *args, *run_args(tmp_path, "killed"), mobilenet, "--config", kill, env={**HELPERS_ENV, "OMP_NUM_THREADS": "1"}
     )
     assert killed.returncode != 0
-    resumed = run_cli(*args, *run_args(tmp_path, "killed"), env={"OMP_NUM_THREADS": "1"})
+    resumed = run_cli(*args, *run_args(tmp_path, "killed"), mobilenet, env={"OMP_NUM_THREADS": "1"})
     assert resumed.returncode == 0 and "Resuming from" in resumed.stdout and "at step 6." in resumed.stdout, (
         resumed.stdout
     )

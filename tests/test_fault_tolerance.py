@@ -70,7 +70,7 @@ def test_a_run_cut_short_by_max_steps_resumes_inside_its_epoch(tmp_path, caplog)
     """A 16-step run (2 epochs of 8 steps) stopped at step 3 by max_steps writes last.ckpt and no best-k file (it
     validated nothing); resumed with `--ckpt_path last` it trains the rest of epoch 0, validates it, and ends at step
     16, having trained the uninterrupted run's images in its order, bit for bit."""
-    base = ["fit", "--config", SMOKE, "--data.synthetic_size=64", "--model.arch=resnet18", "--trainer.max_epochs=2"]
+    base = ["fit", "--config", SMOKE, "--data.synthetic_size=64", "--trainer.max_epochs=2"]
 
     def args(name: str) -> list[str]:
         return [
@@ -216,7 +216,7 @@ def resumable(tmp_path_factory):
     def reference(extra: list[str]) -> dict:
         if tuple(extra) not in finals:
             name = f"reference{len(finals)}"
-            result = run_cli(*_resumable_run(cifar), *extra, *run_args(root, name))
+            result = run_cli(*_resumable_run(cifar), *run_args(root, name), *extra)
             assert result.returncode == 0, result.stdout
             finals[tuple(extra)] = _final_state(root, name)
         return finals[tuple(extra)]
@@ -309,7 +309,7 @@ def test_killed_at_random_moments_and_resumed_ends_bit_for_bit_like_an_uninterru
     seed = _kill_seed()
     kills = _draw_kills(seed, STEPS[name], ranks=[0, 1] if name in ("ddp", "pipeline", "fsdp") else [0])
     print(f"{name}: kills drawn with seed {seed}: {kills}")
-    args = [*_resumable_run(resumable.cifar), *extra, *run_args(tmp_path, "killed"), "--ckpt_path=last"]
+    args = [*_resumable_run(resumable.cifar), *run_args(tmp_path, "killed"), *extra, "--ckpt_path=last"]
     for attempt, kill in enumerate(kills):
         _killed_attempt(tmp_path, args, kill, attempt)
     on_disk = _step_on_disk(tmp_path, "killed")

@@ -19,7 +19,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import HELPERS_ENV, REPO, SMOKE, free_port, helper_callback, run_args, run_cli, write_tiny_cifar10
+from helpers import (
+    HELPERS_ENV,
+    REPO,
+    RESNET50,
+    SMOKE,
+    free_port,
+    helper_callback,
+    run_args,
+    run_cli,
+    write_tiny_cifar10,
+)
 
 STEPS = 7  # 5 steps an epoch: the warm-up (1 epoch), the cosine and the second epoch's new order and augmentation
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
@@ -38,7 +48,7 @@ def train_app(tmp_path: Path, data: Path, *options: str) -> Path:
         "fit",
         "--config", SMOKE,
         "--config", helper_callback(tmp_path, "RecordSteps", out_dir=record, steps=STEPS),
-        *run_args(tmp_path),
+        *run_args(tmp_path), *RESNET50,  # the promise: the application's ResNet-50 learns as the plain loop's
         "--data.synthetic=false", f"--data.data_dir={data}", "--data.download=false",
         "--data.verify_checksums=false", "--data.num_workers=1", "--data.persistent_workers=true",
         "--data.shuffle_seed=3", "--trainer.max_epochs=2", f"--trainer.max_steps={STEPS}", "--model.warmup_epochs=1",

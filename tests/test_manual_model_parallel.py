@@ -6,7 +6,7 @@ import time
 
 import pytest
 import torch
-from helpers import SMOKE, bare_trainer, cli_error, cli_main, run_args, run_cli
+from helpers import RESNET50, SMOKE, bare_trainer, cli_error, cli_main, run_args, run_cli
 from lightning.pytorch import Callback, LightningModule, seed_everything
 from torch import nn
 from torch.utils.data import DataLoader
@@ -135,7 +135,8 @@ def test_cli_trains_prints_its_split_and_resumes_under_ddp(tmp_path):
 
 
 def test_checkpoints_round_trip_with_single_device(tmp_path):
-    args = ["fit", "--config", SMOKE, *run_args(tmp_path)]
+    """ResNet-50 itself, split in two halves of its 34 blocks: model parallel at the real layout."""
+    args = ["fit", "--config", SMOKE, *run_args(tmp_path), *RESNET50]
     last = tmp_path / "checkpoints" / "test" / "last.ckpt"
     cli_main(*args)
     single_keys = torch.load(last)["state_dict"].keys()
@@ -169,7 +170,7 @@ def _fit_tiny(strategy, devices: int, module: LightningModule | None = None, pre
 
 
 def test_errors_in_the_request(capsys, tmp_path):
-    run = run_args(tmp_path)
+    run = [*run_args(tmp_path), *RESNET50]  # its 34 blocks
     strategy = "--trainer.strategy=manual_model_parallel"
     error = cli_error(capsys, strategy, "--trainer.strategy.devices_per_replica=2", "--trainer.devices=3", *run)
     assert error == (

@@ -4,7 +4,7 @@ import re
 
 import pytest
 import torch
-from helpers import SMOKE, cli_error, cli_main, run_args, run_cli
+from helpers import RESNET50, SMOKE, cli_error, cli_main, run_args, run_cli
 
 from multigpu.model.deferred_batch_norm import defer_batch_norm
 
@@ -115,7 +115,7 @@ def test_two_stages_per_process_train_and_evaluate_from_the_command_line(tmp_pat
 
 
 def test_errors_before_anything_is_launched(capsys, tmp_path):
-    run = run_args(tmp_path)
+    run = [*run_args(tmp_path), *RESNET50]  # its 34 blocks, and 1x1 images in layer4 under the ImageNet stem
     pipeline = ["--trainer.strategy=pipeline", "--trainer.devices=2"]
     error = cli_error(capsys, *pipeline, "--trainer.strategy.micro_batches=1", *run)
     assert error == (

@@ -65,9 +65,9 @@ def test_plan_forks_the_link_probes_ranks_before_it_runs_a_network_and_ends_them
 
     monkeypatch.setattr(command, "fork_ranks", lambda processes, cuda: Ranks(processes))
     monkeypatch.setattr(command, "setting_of", setting_of)
-    args = ["--config", SMOKE, "--trainer.accelerator=cpu", "--trainer.devices=2", "--model.arch=resnet18"]
+    args = ["--config", SMOKE, "--trainer.accelerator=cpu", "--trainer.devices=2", *run_args(tmp_path)]
     with pytest.raises(UsageError, match="stop here"):
-        command.plan([*args, *run_args(tmp_path)], [DEFAULT_CONFIG])
+        command.plan([*args, "--model.arch=resnet18"], [DEFAULT_CONFIG])
     assert calls == ["fork 2", "setting resnet18", "dismiss"]
 
 
@@ -265,6 +265,7 @@ def test_dry_run_forecasts_every_layout_with_its_estimate_and_runs_none(tmp_path
         "--plan.dry_run=true",
         "--plan.micro_batches=[2,16]",
         "--model.arch=resnet18",  # what a dry run does, for a network that profiles in a third of ResNet-50's time
+        "--model.stem=imagenet",
         BUSY_GO,
         cwd=tmp_path,
     )
@@ -300,8 +301,8 @@ def test_dry_run_forecasts_every_layout_with_its_estimate_and_runs_none(tmp_path
 
 @pytest.mark.slow
 def test_plan_forecasts_measures_the_best_marks_ties_and_writes_a_config_that_fit_trains_with(tmp_path):
-    """For ResNet-18 (``--model.arch``: any network is profiled, forecast and measured as ResNet-50 is)."""
-    arch = "--model.arch=resnet18"
+    """For ResNet-50's blocks at 4 to 8 channels (``--model.arch``: any network is profiled, forecast and measured as
+    ResNet-50 is)."""
     result = run_cli(
         "plan",
         "--config",
@@ -309,7 +310,6 @@ def test_plan_forecasts_measures_the_best_marks_ties_and_writes_a_config_that_fi
         "--trainer.accelerator=cpu",
         "--trainer.devices=2",
         *run_args(tmp_path),
-        arch,
         "--plan.strategies=[ddp,pipeline]",
         "--plan.schedules=[1f1b]",
         "--plan.micro_batches=[2,4]",
@@ -384,11 +384,13 @@ def test_plan_forecasts_measures_the_best_marks_ties_and_writes_a_config_that_fi
         "--config",
         str(folder / "plan.yaml"),
         *run_args(tmp_path, "winner"),
-        arch,
         cwd=tmp_path,
     )
     assert trained.returncode == 0, trained.stdout
-    assert torch.load(tmp_path / "checkpoints" / "winner" / "last.ckpt")["hyper_parameters"]["arch"] == "resnet18"
+    assert (
+        torch.load(tmp_path / "checkpoints" / "winner" / "last.ckpt")["hyper_parameters"]["arch"]
+        == "helpers.tiny_resnet"
+    )
 
 
 def test_a_time_budget_measures_the_reference_and_the_best_forecast_then_what_fits(monkeypatch, capsys, tmp_path):

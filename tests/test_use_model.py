@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import torchvision
-from helpers import SMOKE, cli_error, cli_main, run_args, run_cli
+from helpers import RESNET50, SMOKE, cli_error, cli_main, run_args, run_cli
 from PIL import Image
 
 from multigpu.data.cifar10 import CIFAR10_CLASSES
@@ -129,6 +129,7 @@ def test_an_export_to_torchvision_and_torchscript_gives_the_checkpoints_logits(t
         "--config",
         SMOKE,
         *run_args(tmp_path),
+        *RESNET50,  # the promise: ResNet-50 into torchvision's own
         "--model.stem=cifar",
         "--trainer.max_steps=1",
         "--trainer.limit_val_batches=0",
@@ -141,7 +142,7 @@ def test_an_export_to_torchvision_and_torchscript_gives_the_checkpoints_logits(t
         expected = network_of(checkpoint)(images)
         for to in ("torchvision", "torchscript"):
             out = tmp_path / f"exported-{to}.pt"
-            cli_main("export", "--config", SMOKE, *run_args(tmp_path), f"--to={to}", f"--out={out}")
+            cli_main("export", "--config", SMOKE, *run_args(tmp_path), *RESNET50, f"--to={to}", f"--out={out}")
             said = capsys.readouterr().out
             notes = out.with_name(f"{out.name}.input.json")
             assert f"export ({to}) from " in said and f": wrote {out}, {notes}; " in said, said
@@ -182,6 +183,7 @@ def test_a_run_starts_from_torchvision_weights_and_says_what_it_left(tmp_path):
         "--config",
         SMOKE,
         *run_args(tmp_path),
+        *RESNET50,
         "--model.stem=cifar",
         f"--model.init_from={tmp_path / 'resnet50.pth'}",
         "--model.base_lr=0",
