@@ -108,27 +108,28 @@ def test_a_ddp_run_cut_short_by_max_steps_resumes_inside_its_epoch(tmp_path, res
     saves, so last.ckpt is the one written as the limit ends the epoch); resumed with `--ckpt_path last`, each process
     trains the images the uninterrupted run trains, in its order, bit for bit, and epoch 0 is validated."""
 
-    def fit(name: str, *extra: str) -> str:
-        record = helper_callback(tmp_path, "RecordSamples", out_dir=tmp_path / name)
-        args = [*_resumable_run(resumable.cifar), *DDP, *run_args(tmp_path, name), "--config", record, *extra]
+    def fit(*extra: str) -> None:
+        record = helper_callback(tmp_path, "RecordSamples", out_dir=tmp_path / "cut")
+        args = [*_resumable_run(resumable.cifar), *run_args(tmp_path, "cut"), *DDP, "--config", record, *extra]
         result = run_cli(*args, timeout=180)
         assert result.returncode == 0, result.stdout
-        return result.stdout
 
-    assert "LightningEnvironment: 2 process(es) on 1 node(s), started by Lightning." in fit("uninterrupted")
-    fit("cut", "--trainer.max_steps=3")
+    resumable(DDP)  # the uninterrupted run, and the images each process trained
+    output, uninterrupted = resumable.run[tuple(DDP)]
+    assert "LightningEnvironment: 2 process(es) on 1 node(s), started by Lightning." in output
+    fit("--trainer.max_steps=3")
     cut = tmp_path / "checkpoints" / "cut"
     assert [path.name for path in cut.iterdir()] == ["last.ckpt"]
     stopped = torch.load(cut / "last.ckpt")
     assert stopped["global_step"] == 3 and stopped["CIFAR10DataModule"]["position"] == 24  # 3 steps of 8 images
-    fit("cut", "--ckpt_path=last")
+    fit("--ckpt_path=last")
     assert torch.load(cut / "last.ckpt")["global_step"] == STEPS["ddp"]
     assert sorted(path.name.partition("-val")[0] for path in cut.glob("epoch*")) == [
         "epoch000-step5",
         "epoch001-step10",
     ]
     for rank in (0, 1):
-        trained = [(tmp_path / name / f"rank{rank}.txt").read_text().split() for name in ("uninterrupted", "cut")]
+        trained = [(folder / f"rank{rank}.txt").read_text().split() for folder in (uninterrupted, tmp_path / "cut")]
         assert len(trained[1]) == STEPS["ddp"] * 4 and trained[1] == trained[0], rank
 
 
@@ -176,20 +177,15 @@ def _resumable_run(cifar: Path) -> list[str]:
 CPU2 = ["--trainer.accelerator=cpu", "--trainer.devices=2"]
 DDP = ["--trainer.strategy=ddp", *CPU2, "--data.num_workers=1"]
 PIPELINE = ["--trainer.strategy=pipeline", *CPU2, "--data.batch_size=8"]
-MODEL_PARALLEL = ["--trainer.strategy=manual_model_parallel", *CPU2, "--data.num_workers=1", "--data.batch_size=8"]
+# Model parallel over 2 devices of one process, with the batches and workers of one device.
+MODEL_PARALLEL = ["--trainer.strategy=manual_model_parallel", *CPU2, "--trainer.strategy.balance=[2,6]"]
 ON_DEVICE = ["--data.on_device=true", "--data.batch_size=8"]
 # MobileNet V3 under fsdp: its classifier's dropout draws the same masks in a resumed run as in the run never stopped.
 FSDP = ["--trainer.strategy=fsdp", *CPU2, "--data.num_workers=1", "--model.arch=mobilenet_v3_small"]
-STEPS = {"ddp": 10, "pipeline": 10, "manual_model_parallel": 10, "on_device": 10, "fsdp": 10}
+STEPS = {"ddp": 10, "pipeline": 10, "on_device": 10, "fsdp": 10}
 # Each configuration is killed at random moments; together they cover one process and several, 1 and
-# 2 workers (one device with 2 workers is killed at chosen moments below).
-KILLED = {
-    "ddp": DDP,
-    "pipeline": PIPELINE,
-    "manual_model_parallel": MODEL_PARALLEL,
-    "on_device": ON_DEVICE,
-    "fsdp": FSDP,
-}
+# 2 workers (model parallel with 2 workers is killed at chosen moments below).
+KILLED = {"ddp": DDP, "pipeline": PIPELINE, "on_device": ON_DEVICE, "fsdp": FSDP}
 
 
 def _final_state(tmp_path, run_name: str) -> dict:
@@ -208,7 +204,8 @@ def _kill_config(tmp_path: Path, step: int, moment: str = "step", rank: int | No
 @pytest.fixture(scope="module")
 def resumable(tmp_path_factory):
     """The tiny CIFAR, and ``reference(extra)``: the final checkpoint of ``_resumable_run`` with the
-    arguments ``extra``, never interrupted; each one is trained once per module."""
+    arguments ``extra``, never interrupted; each one is trained once per module. ``reference.run[extra]`` keeps its
+    output and the folder of the images each of its processes trained (``helpers.RecordSamples``)."""
     root = tmp_path_factory.mktemp("resumable")
     cifar = write_tiny_cifar10(root / "cifar", per_batch=8)  # 40 training images
     finals: dict[tuple[str, ...], dict] = {}
@@ -216,12 +213,15 @@ def resumable(tmp_path_factory):
     def reference(extra: list[str]) -> dict:
         if tuple(extra) not in finals:
             name = f"reference{len(finals)}"
-            result = run_cli(*_resumable_run(cifar), *run_args(root, name), *extra)
+            record = helper_callback(root, "RecordSamples", out_dir=root / f"{name}-samples")
+            result = run_cli(*_resumable_run(cifar), *run_args(root, name), *extra, "--config", record)
             assert result.returncode == 0, result.stdout
             finals[tuple(extra)] = _final_state(root, name)
+            reference.run[tuple(extra)] = (result.stdout, root / f"{name}-samples")
         return finals[tuple(extra)]
 
     reference.cifar = cifar
+    reference.run = {}
     return reference
 
 
@@ -262,14 +262,14 @@ def _kill_seed() -> int:
     return int(os.environ.get("MULTIGPU_KILL_SEED", random.randrange(2**31)))
 
 
-def _draw_kills(seed: int, steps: int, ranks: list[int], count: int = 2) -> list[dict]:
+def _draw_kills(seed: int, steps: int, ranks: list[int], count: int = 2, first: int = 0) -> list[dict]:
     """``count`` SIGKILLs of the whole job, at distinct optimizer steps of a ``steps``-step run in order, each at a
     moment of ``helpers.KillAt.MOMENTS`` (as the step starts, before its backward pass or its optimizer step, at its
     end, or while the checkpoint after it is written) on a rank of ``ranks``: the same seed draws the same kills,
     on any machine's pace."""
     draw = random.Random(seed)
     kills = []
-    for step in sorted(draw.sample(range(steps), count)):
+    for step in sorted(draw.sample(range(first, steps), count)):
         moment, rank = draw.choice(KillAt.MOMENTS), draw.choice(ranks)
         # A save's kill names the step count its checkpoint holds; last.ckpt is written every 2 steps and as a run
         # ends, so a kill drawn after an odd step strikes in the next save.
@@ -349,39 +349,28 @@ def _assert_close_state(final: dict, expected: dict, name: str, tolerance: float
 
 
 @pytest.mark.slow
-def test_ddp_killed_mid_epoch_and_resumed_on_one_device_accumulating_ends_like_the_uninterrupted_run(
-    tmp_path, resumable
-):
-    """ddp over 2 processes with batch 4, SIGKILLed at step 3, resumed on 1 device with batch 4 and 2 accumulated
-    batches: it says what it kept, and ends with the uninterrupted ddp run's global step and weights within 1e-4."""
-    args = [*_resumable_run(resumable.cifar), *run_args(tmp_path, "moved"), "--ckpt_path=last"]
-    killed = run_cli(*args, *DDP, "--config", _kill_config(tmp_path, 3), env=HELPERS_ENV, timeout=180)
-    assert killed.returncode != 0 and _step_on_disk(tmp_path, "moved") == 2
-    resumed = run_cli(*args, *ONE_DEVICE_ACCUMULATING, env=ONE_THREAD)
-    assert resumed.returncode == 0, resumed.stdout
-    assert (
-        "Resuming with another layout (strategy DDPStrategy -> SingleDeviceStrategy, world size 2 -> 1, replicas "
-        "2 -> 1, accumulated batches 1 -> 2): kept the global batch 8 and images per forward pass 4, so the same "
-        "steps train the same images; epoch 0 goes on after its first 16 of 40 images." in resumed.stdout
-    ), resumed.stdout
-    _assert_close_state(_final_state(tmp_path, "moved"), resumable(DDP), "ddp -> 1 device")
-
-
-@pytest.mark.slow
 def test_killed_at_random_moments_and_resumed_on_another_device_count_ends_like_an_uninterrupted_run(
     tmp_path, resumable
 ):
-    """SIGKILL to the whole job at 2 random moments (drawn from a seed), the attempts alternating between ddp over 2
-    processes and 1 device that accumulates 2 batches (the same global batch and forward passes), then 1 device to
-    the end: the uninterrupted ddp run's step, and its weights within 1e-4. Replay with MULTIGPU_KILL_SEED=<seed>."""
+    """SIGKILL to the whole job at 2 random moments from step 3 on (drawn from a seed), the attempts alternating
+    between ddp over 2 processes and 1 device that accumulates 2 batches (the same global batch and forward passes),
+    then 1 device to the end: the second attempt says what it kept of ddp's checkpoint, and the run ends with the
+    uninterrupted ddp run's step, and its weights within 1e-4. Replay with MULTIGPU_KILL_SEED=<seed>."""
     expected = resumable(DDP)
     seed = _kill_seed()
-    kills = _draw_kills(seed, STEPS["ddp"], ranks=[0])
+    kills = _draw_kills(seed, STEPS["ddp"], ranks=[0], first=3)  # after ddp's first checkpoint (step 2)
     kills[0]["rank"] = random.Random(seed).choice([0, 1])  # the ddp attempt's: either process
     print(f"another device count: kills drawn with seed {seed}: {kills}")
     args = [*_resumable_run(resumable.cifar), *run_args(tmp_path, "killed"), "--ckpt_path=last"]
-    for attempt, (kill, layout) in enumerate(zip(kills, [DDP, ONE_DEVICE_ACCUMULATING])):
+    outputs = [
         _killed_attempt(tmp_path, [*args, *layout], kill, attempt, env=ONE_THREAD)
+        for attempt, (kill, layout) in enumerate(zip(kills, [DDP, ONE_DEVICE_ACCUMULATING]))
+    ]
+    assert (
+        "Resuming with another layout (strategy DDPStrategy -> SingleDeviceStrategy, world size 2 -> 1, replicas "
+        "2 -> 1, accumulated batches 1 -> 2): kept the global batch 8 and images per forward pass 4, so the same "
+        "steps train the same images" in outputs[1]
+    ), outputs[1]
     resumed = run_cli(*args, *ONE_DEVICE_ACCUMULATING, env=ONE_THREAD)
     assert resumed.returncode == 0, resumed.stdout
     _assert_close_state(_final_state(tmp_path, "killed"), expected, f"another device count (seed {seed})")
@@ -392,13 +381,14 @@ def test_killed_at_chosen_moments_and_resumed_ends_bit_for_bit_like_an_uninterru
     """The moments a random draw rarely hits, each followed by `--ckpt_path last`, give the state of a run
     never killed: Ctrl-C (SIGINT to the process and its loader workers, as a terminal sends it: the step ends and
     last.ckpt is written), SIGKILL while a checkpoint is being written, and SIGTERM in an epoch's last step (the
-    process saves once Lightning has counted the epoch, then exits cleanly)."""
+    process saves once Lightning has counted the epoch, then exits cleanly). Under model parallel: 2 devices of one
+    process, their blocks split inside a bottleneck."""
     kills = [
         (3, "ctrl-c", "Ctrl-C to the whole job (its 2 loader workers too) mid-epoch"),
         (8, "save", "during a save"),
         (9, "sigterm", "SIGTERM in the epoch's last step"),
     ]
-    args = [*_resumable_run(resumable.cifar), *run_args(tmp_path, "killed"), "--ckpt_path=last"]
+    args = [*_resumable_run(resumable.cifar), *run_args(tmp_path, "killed"), *MODEL_PARALLEL, "--ckpt_path=last"]
     for step, moment, name in kills:
         killed = run_cli(*args, "--config", _kill_config(tmp_path, step, moment), env=HELPERS_ENV)
         if moment in ("sigterm", "ctrl-c"):  # saves the step it finished, then exits cleanly
@@ -409,7 +399,7 @@ def test_killed_at_chosen_moments_and_resumed_ends_bit_for_bit_like_an_uninterru
             assert killed.returncode == -signal.SIGKILL, f"{name}: {killed.stdout}"
     resumed = run_cli(*args)
     assert resumed.returncode == 0 and "Restored all states" in resumed.stdout, resumed.stdout
-    _assert_same_state(_final_state(tmp_path, "killed"), resumable([]), 20, "chosen moments")
+    _assert_same_state(_final_state(tmp_path, "killed"), resumable(MODEL_PARALLEL), 20, "chosen moments")
 
 
 @pytest.mark.slow

@@ -44,8 +44,8 @@ def test_a_resnet_pipeline_equals_one_device_accumulating_the_micro_batches(accu
 
 @pytest.mark.slow
 def test_cli_trains_evaluates_and_shares_checkpoints_with_ddp_and_one_device(tmp_path):
-    """ResNet-18 (``--model.arch``, split by its family's rule), on the smoke preset."""
-    args = ["--config", SMOKE, "--trainer.accelerator=cpu", *run_args(tmp_path), "--model.arch=resnet18"]
+    """ResNet-50's blocks at 4 to 8 channels (``--model.arch=helpers.tiny_resnet``), on the smoke preset."""
+    args = ["--config", SMOKE, "--trainer.accelerator=cpu", *run_args(tmp_path)]
     pipeline = ["--trainer.strategy=pipeline", "--trainer.devices=2"]
     last = tmp_path / "checkpoints" / "test" / "last.ckpt"
     first = run_cli("fit", *args, *pipeline)
