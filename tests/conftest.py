@@ -52,9 +52,12 @@ def _clean_process_state(monkeypatch):
 
 @pytest.fixture(scope="session")
 def train_setup(tmp_path_factory):
-    """``train_setup(name)`` runs ``tests/strategy_training.py NAME`` in a subprocess, once per session, and returns
-    the trained state dict. The workers of ``pytest -n`` share what one of them trained, through a folder of the
-    session's that they all see, until the one that trained it ends (then another would train it again)."""
+    """``train_setup(name)`` runs ``tests/strategy_training.py`` for setup ``name`` and the others of its launch (those
+    of its process count, ``strategy_training.LAUNCHES``) in a subprocess, once per session, and returns the trained
+    state dict. The workers of ``pytest -n`` share what one of them trained, through a folder of the session's that
+    they all see, until the one that trained it ends (then another would train it again)."""
+    from strategy_training import launch_of
+
     base = tmp_path_factory.getbasetemp()
     folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "strategy_training"
     folder.mkdir(exist_ok=True)
@@ -63,26 +66,29 @@ def train_setup(tmp_path_factory):
 
     def train(setup: str) -> dict:
         if setup not in trained:
-            out = folder / f"{setup}.pt"
-            with FileLock(f"{out}.lock"):  # a worker asking for the same setup waits for this one
-                if not out.exists():
+            launch = launch_of(setup)
+            with FileLock(folder / f"{launch[0]}.lock"):  # a worker asking for a setup of this launch waits
+                missing = [name for name in launch if not (folder / f"{name}.pt").exists()]
+                if setup in missing:
                     result = subprocess.run(
-                        [sys.executable, str(REPO / "tests" / "strategy_training.py"), setup, str(out)],
+                        [sys.executable, str(REPO / "tests" / "strategy_training.py"), ",".join(missing), str(folder)],
                         capture_output=True,
                         text=True,
-                        timeout=300,
+                        timeout=900,
                     )
+                    outs = [folder / f"{name}.pt" for name in missing]
                     if result.returncode != 0 or ABORTED_AT_EXIT in result.stderr:
-                        out.unlink(missing_ok=True)
+                        for out in outs:
+                            out.unlink(missing_ok=True)
                         pytest.fail(result.stdout + result.stderr)
-                    written.append(out)
-                trained[setup] = torch.load(out)
+                    written.extend(outs)
+                trained[setup] = torch.load(folder / f"{setup}.pt")
         return trained[setup]
 
     train.folder = folder  # where each setup's files are (strategy_training.py writes records beside it)
     yield train
     for out in written:  # ResNet-50 state dicts, 100 MB each
-        with FileLock(f"{out}.lock"):
+        with FileLock(folder / f"{launch_of(out.stem)[0]}.lock"):
             out.unlink()
 
 

@@ -2,7 +2,11 @@
 
 Run as a script (Lightning relaunches it once per process):
 
-    python tests/strategy_training.py SETUP OUT.pt
+    python tests/strategy_training.py SETUP[,SETUP...] OUT_DIR    # writes OUT_DIR/SETUP.pt for each
+
+The setups of one launch train one after the other in the same processes (``LAUNCHES``: those of one process
+count), as ``network_training.py`` trains its layouts: a process's start-up, not its training, is most of a setup's
+time.
 
 The samples come in order, the same for every setup: each data-parallel replica takes
 every n-th one, so one process with n times the batch sees the union of the shards.
@@ -322,7 +326,33 @@ WITH_MOMENTUM = {name for name in SETUPS if "fsdp" in name} | {
 }
 
 
-def main(name: str, out: str) -> None:
+# Setups that share a launch: those of one process count. A setup of no list (model parallel over 2 processes of 2
+# devices, and the factory's, which count the blocks each process ever built) has a launch of its own.
+LAUNCHES = [
+    [
+        "single", "single_clipped", "mmp_1x2", "single_fp16", "mmp_fp16", "resnet50_accumulated",
+        "bottleneck_accumulated", "bottleneck_accumulated_recomputed", "bottleneck_dp_recomputed", "bottleneck_mmp",
+        "bottleneck_mmp_recomputed", "bottleneck_accumulated_deferred",
+    ],
+    [
+        "pipe_gpipe", "pipe_1f1b", "pipe_clipped", "resnet50_pipe_1f1b", "bottleneck_pipe_gpipe",
+        "bottleneck_pipe_1f1b", "bottleneck_pipe_1f1b_recomputed", "bottleneck_pipe_deferred",
+        "bottleneck_pipe_deferred_recomputed", "bottleneck_ddp", "bottleneck_ddp_recomputed", "bottleneck_fsdp",
+        "bottleneck_ddp_bf16_recomputed", "bottleneck_fsdp_bf16_recomputed_kept", "tiny_ddp_accumulated_clipped",
+        "tiny_fsdp_accumulated_clipped", "ddp_fp16", "pipe_fp16",
+    ],
+    ["pipe_2x2", "tiny_ddp_4", "tiny_fsdp_4", "tiny_fsdp_2x2", "pipe_2x2_fp16"],
+]  # fmt: skip
+
+
+def launch_of(setup: str) -> list[str]:
+    """The setups trained in the launch that trains ``setup``."""
+    return next((launch for launch in LAUNCHES if setup in launch), [setup])
+
+
+def train(name: str, out: str) -> None:
+    """Train setup ``name`` in this process (and the others of its launch); save its state to ``out``."""
+    BUILT.clear()
     build, strategy, devices, batch_size, trainer_arguments = SETUPS[name]
     trainer_arguments = {key: value() if callable(value) else value for key, value in trainer_arguments.items()}
     callbacks = trainer_arguments.pop("callbacks", []) + ([HeldBlocks(out)] if build is factory else [])
@@ -346,6 +376,11 @@ def main(name: str, out: str) -> None:
             state[f"momentum.{index}"] = parameter_state["momentum_buffer"]
     if trainer.is_global_zero:
         torch.save({key: value.cpu() for key, value in state.items()}, out)
+
+
+def main(names: str, folder: str) -> None:
+    for name in names.split(","):
+        train(name, str(Path(folder) / f"{name}.pt"))
     end_process_groups()
 
 
