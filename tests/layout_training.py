@@ -4,6 +4,7 @@
 Run as a script (Lightning relaunches it once per process):
 
     python tests/layout_training.py LAYOUT FOLDER ATTEMPT STEPS [KILL_AT]
+    python tests/layout_training.py LAYOUT,LAYOUT... FOLDER ATTEMPT STEPS  # of one process count, in FOLDER/LAYOUT
 
 ``FOLDER`` holds the run's checkpoints (``last.ckpt`` every step), ``records/ATTEMPT/rank<N>.txt`` (the
 images of each step, ``helpers.RecordIndices``) and ``final.pt`` (every parameter and buffer). With
@@ -59,11 +60,9 @@ LAYOUTS = {
 SAMPLES = 48
 
 
-def main(layout: str, folder: str, attempt: str, steps: str, kill_at: str | None = None) -> None:
+def train(layout: str, folder: Path, attempt: str, steps: str, kill_at: str | None = None) -> None:
     strategy, devices, batch_size, accumulation = LAYOUTS[layout]
-    torch.set_num_threads(1)
     seed_everything(0)
-    folder = Path(folder)
     callbacks = [RunMetadata(), LastCheckpoint(str(folder / "checkpoints"), 1)]
     callbacks.append(RecordIndices(str(folder / "records" / attempt)))
     if kill_at is not None:
@@ -86,6 +85,13 @@ def main(layout: str, folder: str, attempt: str, steps: str, kill_at: str | None
     state = trainer.strategy.lightning_module_state_dict()
     if trainer.is_global_zero:
         torch.save({key: value.cpu() for key, value in state.items()}, folder / "final.pt")
+
+
+def main(layouts: str, folder: str, attempt: str, steps: str, kill_at: str | None = None) -> None:
+    torch.set_num_threads(1)
+    names = layouts.split(",")
+    for name in names:  # several: one after the other in the same processes, each in FOLDER/LAYOUT
+        train(name, Path(folder) / name if len(names) > 1 else Path(folder), attempt, steps, kill_at)
     end_process_groups()
 
 

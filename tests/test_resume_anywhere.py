@@ -163,8 +163,9 @@ def test_one_device_ddp_and_fsdp_on_the_same_forward_groups_train_the_same_weigh
     """A global batch of 16 in forward passes of 4: 1 device x 4 accumulated, ddp 2 x 2, ddp 4 x 1 and fsdp 4 train
     the same images per step and, after 4 steps in float32, every parameter and BatchNorm buffer within 1e-5."""
     finals, steps = {}, {}
+    for launch in ("one_device_x4", "ddp_2_x2", "ddp_4,fsdp_4"):  # the 4-process layouts in one launch
+        _train(launch, tmp_path if "," in launch else tmp_path / launch, "a0", 4)
     for layout in ("one_device_x4", "ddp_2_x2", "ddp_4", "fsdp_4"):
-        _train(layout, tmp_path / layout, "a0", 4)
         finals[layout] = torch.load(tmp_path / layout / "final.pt")
         steps[layout] = {
             step: sorted(images) for step, images in trained_steps([tmp_path / layout / "records" / "a0"]).items()
