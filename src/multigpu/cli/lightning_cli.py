@@ -81,7 +81,8 @@ class OneLineErrorParser(LightningArgumentParser):
             sys.exit(2)
         # jsonargparse spreads a refused value over several lines: the key, each expected type, the value.
         message = re.sub(r'^Parser key "([^"]+)":', r"--\1:", message)
-        message = re.sub(r"^Unrecognized arguments:", "unrecognized arguments:", message)  # argparse's case; older jsonargparse capitalises it
+        # argparse's words, which jsonargparse before 4.45 capitalises
+        message = re.sub(r"^Unrecognized arguments:", "unrecognized arguments:", message)
         lines = [re.sub(r"^\s*(- )?", "", line).strip() for line in message.splitlines()]
         kept = [line for line in lines if line and not line.startswith(("Subtypes:", "Given value type:", "Errors:"))]
         print(f"error: {' '.join(kept)}{self._nearest_options(message)} (see --help)", file=sys.stderr)
