@@ -22,8 +22,11 @@ BEGIN, END = "<!-- promises -->", "<!-- end promises -->"
 
 # What a test's source says, the network it trains: the first of each group that matches.
 NETWORKS = [
-    (r"RESNET50|resnet50_|models\.resnet50|ResNet50Classifier\((?!arch)[^)]*\)|\"(throughput|memory|pipeline_efficiency|"
-     r"learning)\.py\"|PLAIN", "ResNet-50"),
+    (
+        r"RESNET50|resnet50_|models\.resnet50|ResNet50Classifier\((?!arch)[^)]*\)|\"(throughput|memory|pipeline_efficiency|"
+        r"learning)\.py\"|PLAIN",
+        "ResNet-50",
+    ),
     (r"resnet18", "ResNet-18"),
     (r"mobilenet_v3_small", "MobileNet V3"),
     (r"convnext_tiny", "ConvNeXt-Tiny"),
