@@ -13,6 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import fork_server
 import numpy as np
 import pytest
 import torch
@@ -38,11 +39,17 @@ ABORTED_AT_EXIT = "terminate called without an active exception"
 HELPERS_ENV = {"PYTHONPATH": str(Path(__file__).parent)}
 
 
-def run_cli(*args: str, cwd: Path = REPO, timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run ``python main.py ARGS`` in a subprocess and return it (output in ``.stdout``). A run still going after
-    ``timeout`` seconds fails the test with the stack of every one of its processes (SIGABRT, faulthandler)."""
+def run_cli(
+    *args: str, cwd: Path = REPO, timeout: int = 300, env: dict | None = None, fresh: bool = False
+) -> subprocess.CompletedProcess:
+    """Run ``python main.py ARGS`` and return it (output in ``.stdout``). A run still going after ``timeout`` seconds
+    fails the test with the stack of every one of its processes (SIGABRT, faulthandler). The run is forked from this
+    worker's ``fork_server``, its imports done, unless ``fresh`` (a test of the entry point or a launcher) or
+    ``MULTIGPU_TEST_FRESH=1``: then a new interpreter."""
     command = [sys.executable, str(REPO / "main.py"), *args]
     full_env = {**os.environ, **HELPERS_ENV, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **(env or {})}
+    if not fresh and os.environ.get("MULTIGPU_TEST_FRESH") != "1":
+        return _forked_run(command, cwd, full_env, timeout)
     with subprocess.Popen(
         command, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,  # its ranks and loader workers: one group, so that a hang is dumped whole
@@ -55,6 +62,54 @@ def run_cli(*args: str, cwd: Path = REPO, timeout: int = 300, env: dict | None =
             pytest.fail(f"{command} ran past {timeout} s; its processes' stacks:\n{output[-30000:]}")
     assert ABORTED_AT_EXIT not in output, output
     return subprocess.CompletedProcess(command, process.returncode, output)
+
+
+# This process's fork server (by pid: a process forked from this one starts its own): its address, and the write end
+# of the pipe whose closing ends it.
+_FORK_SERVERS: dict[int, tuple[Path, int]] = {}
+
+
+def _fork_server() -> Path:
+    """The address of this process's ``fork_server``, started on first use; it ends with this process."""
+    if os.getpid() not in _FORK_SERVERS:
+        folder = Path(tempfile.mkdtemp(prefix="multigpu-fork-server-"))
+        address = folder / "socket"
+        alive, keep = os.pipe()
+        server = subprocess.Popen(
+            [sys.executable, str(REPO / "tests" / "fork_server.py"), str(address), str(alive)],
+            env={**os.environ, **HELPERS_ENV, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"},
+            stdout=subprocess.PIPE, pass_fds=(alive,), start_new_session=True,
+        )  # fmt: skip
+        os.close(alive)
+        os.set_inheritable(keep, False)  # held by this process alone: the server ends when it closes
+        if server.stdout.readline().strip() != b"ready":
+            raise RuntimeError(f"the tests' fork server did not start (exit status {server.wait()})")
+        _FORK_SERVERS[os.getpid()] = address, keep
+    return _FORK_SERVERS[os.getpid()][0]
+
+
+def _forked_run(command: list[str], cwd: Path, env: dict, timeout: int) -> subprocess.CompletedProcess:
+    """``command`` (``python main.py ARGS``) run by the fork server; as ``run_cli``'s fresh run."""
+    with (
+        tempfile.NamedTemporaryFile(prefix="multigpu-run-", suffix=".log") as output,
+        socket.socket(socket.AF_UNIX) as connection,
+    ):
+        connection.connect(str(_fork_server()))
+        request = {"main": command[1], "args": command[2:], "cwd": str(cwd), "env": env, "output": output.name}
+        fork_server.send(connection, request)
+        pid = fork_server.receive(connection)
+        connection.settimeout(timeout)
+        try:
+            returncode = fork_server.receive(connection)
+        except TimeoutError:
+            os.killpg(pid, signal.SIGABRT)
+            connection.settimeout(None)
+            fork_server.receive(connection)
+            text = Path(output.name).read_text(errors="replace")
+            pytest.fail(f"{command} ran past {timeout} s; its processes' stacks:\n{text[-30000:]}")
+        text = Path(output.name).read_text(errors="replace")
+    assert ABORTED_AT_EXIT not in text, text
+    return subprocess.CompletedProcess(command, returncode, text)
 
 
 def cli_main(*args: str) -> None:

@@ -101,7 +101,7 @@ def test_a_mistyped_command_is_answered_with_the_nearest_in_one_line(capsys):
 
 @pytest.mark.slow
 def test_help_and_print_config():
-    helped = run_cli("--help")
+    helped = run_cli("--help", fresh=True)  # the entry point, as a user starts it
     assert helped.returncode == 0
     for command in ("fit", "validate", "test", "predict", "plan", "export"):
         assert any(line.split()[:1] == [command] for line in helped.stdout.splitlines()), command
@@ -121,8 +121,9 @@ def test_help_and_print_config():
 @pytest.mark.slow
 def test_ddp_spawn_two_cpu_processes(tmp_path):
     result = run_cli(
-        "fit", "--config", SMOKE, "--trainer.strategy=ddp_spawn", "--trainer.devices=2", *run_args(tmp_path)
-    )
+        "fit", "--config", SMOKE, "--trainer.strategy=ddp_spawn", "--trainer.devices=2", *run_args(tmp_path),
+        fresh=True,  # the launcher is the promise
+    )  # fmt: skip
     assert result.returncode == 0, result.stdout
     assert torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt")["global_step"] == 2
 
