@@ -92,9 +92,11 @@ def _take(connection: socket.socket) -> dict:
 def serve(address: str, alive: int) -> None:
     """Import ``PRELOADED``, then fork a run for each connection to ``address``, until ``alive`` (the read end of a
     pipe whose write end the test process holds) closes."""
+    gc.disable()  # while the imports run, as in main.py
     for name in PRELOADED:
         importlib.import_module(name)
-    gc.freeze()  # as main.py does
+    gc.freeze()
+    gc.enable()
     assert threading.active_count() == 1, threading.enumerate()
     base_path = sys.path[1 + len(_pythonpath(os.environ)) :]  # after the script's folder and PYTHONPATH
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the go-betweens are reaped as they end

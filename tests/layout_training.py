@@ -12,6 +12,11 @@ images of each step, ``helpers.RecordIndices``) and ``final.pt`` (every paramete
 thread, so that the order of a convolution's sums does not depend on the layout.
 """
 
+import gc
+
+if __name__ == "__main__":
+    gc.disable()  # while the imports run, as in main.py
+
 import sys
 from functools import partial
 from pathlib import Path
@@ -96,4 +101,6 @@ def main(layouts: str, folder: str, attempt: str, steps: str, kill_at: str | Non
 
 
 if __name__ == "__main__":
+    gc.freeze()  # as main.py does
+    gc.enable()
     main(*sys.argv[1:])

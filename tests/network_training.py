@@ -14,6 +14,10 @@ layers of its own class, which ``--model.arch`` splits by the same rule (``tiny_
 """
 
 import gc
+
+if __name__ == "__main__":
+    gc.disable()  # while the imports run, as in main.py
+
 import sys
 from collections.abc import Callable
 from functools import partial
@@ -153,4 +157,5 @@ def main(layouts: str, out_dir: str, archs: str = ",".join(ARCHS)) -> None:
 
 if __name__ == "__main__":
     gc.freeze()  # as main.py does
+    gc.enable()
     main(*sys.argv[1:])

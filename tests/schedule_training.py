@@ -12,6 +12,10 @@ One thread per process, so the sums of a micro-batch do not depend on the thread
 """
 
 import gc
+
+if __name__ == "__main__":
+    gc.disable()  # while the imports run, as in main.py
+
 import sys
 
 import torch
@@ -109,5 +113,6 @@ def main(layout: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    gc.freeze()  # as main.py does: each of these processes ends about 1 s sooner
+    gc.freeze()  # as main.py does
+    gc.enable()
     main(*sys.argv[1:])

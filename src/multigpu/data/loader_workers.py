@@ -24,8 +24,9 @@ from lightning.fabric.utilities.seed import pl_worker_init_function
 
 # Imported in the fork server before any worker starts, so each worker finds what it unpickles (the datasets, their
 # transforms, ``start_worker``) already loaded and starts in milliseconds, sharing these pages with the server. The data
-# modules only: ``main.py``, which a worker runs again as ``__mp_main__``, imports the CLI under its ``__main__`` guard.
-PRELOADED = ["multigpu.data.datamodule"]
+# modules only (``worker_preload``): ``main.py``, which a worker runs again as ``__mp_main__``, imports the CLI under
+# its ``__main__`` guard.
+PRELOADED = ["multigpu.data.worker_preload"]
 
 
 def worker_start(workers: int, rank: int = 0) -> dict[str, Any]:
