@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 from machine import machine
-from throughput import HERE, REPO, add_run_options, fit_command, where
+from throughput import HERE, REPO, add_run_options, fit_command, network_name, where
 
 from multigpu.planning.timed_runs import RunFailed, launch
 
@@ -118,7 +118,8 @@ def main() -> None:
     # What the strategies hold, in memory glibc hands back when freed: main.py's runs keep it on the CPU
     # (docs/speed.md), up to 43% more at this batch, and 4 such processes would not fit a 24 GB machine.
     os.environ["MULTIGPU_KEEP_FREED_MEMORY"] = "0"
-    print(f"ResNet-50 ({args.stem} stem), batch {args.batch_size} per process, {args.precision}, {device}", flush=True)
+    title = f"{network_name(args.arch, args.stem)}, batch {args.batch_size} per process, {args.precision}, {device}"
+    print(title, flush=True)
     settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
     data = {"machine": machine(device), "settings": settings, "results": measure(args)}
     print("\n" + markdown(data))

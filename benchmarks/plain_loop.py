@@ -18,6 +18,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from multigpu.data.cifar10 import ImageTensorDataset, train_transform
+from multigpu.model.architectures import DEFAULT_ARCH, network_blocks
+from multigpu.model.lazy_blocks import LazyBlocks
 from multigpu.model.resnet import resnet50_blocks
 from multigpu.planning.step_timer import peak_memory_bytes, result
 from multigpu.run.device_sync import synchronize
@@ -61,6 +63,7 @@ def main() -> None:
     parser.add_argument("--data", choices=["synthetic", "torchvision"], default="synthetic")
     parser.add_argument("--workers", type=int, default=4, help="loader workers with --data torchvision")
     parser.add_argument("--stem", choices=["cifar", "imagenet"], default="cifar")
+    parser.add_argument("--arch", default=DEFAULT_ARCH, help="the network, as the app's --model.arch names it")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", required=True, help="JSON file for the figures")
     args = parser.parse_args()
@@ -68,7 +71,11 @@ def main() -> None:
     keep_freed_memory()  # as main.py does: a process setting, not part of the recipe
     device = torch.device(args.device)
     memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
-    model = resnet50_blocks(10, args.stem).to(device, memory_format=memory_format)
+    if args.arch == DEFAULT_ARCH:
+        model = resnet50_blocks(10, args.stem)
+    else:  # the app's blocks of another network, chained
+        model = nn.Sequential(*LazyBlocks(network_blocks(args.arch, 10, args.stem), seed=0))
+    model = model.to(device, memory_format=memory_format)
     criterion = nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)
     bf16 = args.precision == "bf16-mixed"

@@ -46,6 +46,7 @@ from pathlib import Path
 import torch
 from machine import machine, this_cpu
 
+from multigpu.model.architectures import DEFAULT_ARCH
 from multigpu.planning.bar_chart import write_bar_chart
 from multigpu.planning.busy_cores import note_if_busy, read_cpu_clock
 from multigpu.planning.intervals import median_interval
@@ -126,6 +127,11 @@ def configs(processes: int) -> dict[str, Config]:
     return {config.name: config for config in every}
 
 
+def network_name(arch: str, stem: str) -> str:
+    """The network a table is about, in words: ``ResNet-50 (cifar stem)``, or ``--model.arch``'s name."""
+    return f"ResNet-50 ({stem} stem)" if arch == DEFAULT_ARCH else arch
+
+
 def default_configs(cuda: bool) -> list[str]:
     if cuda:
         names = ["plain-torchvision", "plain", "app", "plain-fast", "fast", "fast-compiled", "fast-on-device"]
@@ -146,6 +152,7 @@ def command(config: Config, args: argparse.Namespace, folder: Path) -> list[str]
             f"--warmup={args.warmup}",
             f"--precision={precision}",
             f"--stem={args.stem}",
+            f"--arch={args.arch}",
             f"--out={out}",
             f"--workers={args.workers}",
             *config.plain,
@@ -180,6 +187,7 @@ def fit_command(
         f"--data.num_workers={args.workers if args.cuda else 0}",
         f"--trainer.precision={precision}",
         f"--model.stem={args.stem}",
+        f"--model.arch={args.arch}",
         "--model.warmup_epochs=0",
     ]
     return timed_fit_command(
@@ -332,7 +340,8 @@ def markdown(data: dict) -> str:
         f" (asked: ±{settings['within']:.1%}, in at most {settings['max_rounds']} rounds)" if settings["within"] else ""
     )
     lines = [
-        f"ResNet-50 ({settings['stem']} stem), batch {settings['batch_size']} per process, {settings['precision']}, "
+        f"{network_name(settings.get('arch', DEFAULT_ARCH), settings['stem'])}, batch {settings['batch_size']} per "
+        f"process, {settings['precision']}, "
         f"{settings['warmup']} warm-up + {settings['steps']} timed steps, {data['rounds']} rounds in "
         f"{data['minutes']:.0f} minutes; each figure the median of its rounds, each interval holds that median "
         f"{rows[0]['interval_coverage']:.0%} of the time; the widest lies within ±{share:.1%} of its median "
@@ -377,6 +386,11 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--precision", choices=["32-true", "bf16-mixed"], default="32-true")
     parser.add_argument("--stem", choices=["cifar", "imagenet"], default="cifar")
+    parser.add_argument(
+        "--arch",
+        default=DEFAULT_ARCH,
+        help="the network (--model.arch): a small one at a small batch shows the time each step spends outside it",
+    )
     parser.add_argument("--threads", type=int, default=1, help="threads per process on the CPU")
     parser.add_argument("--workers", type=int, default=8, help="loader workers on GPUs")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results", help="folder for JSON and PNG")
@@ -453,7 +467,7 @@ def main() -> None:
     if unknown := [name for name in names if name not in table]:
         sys.exit(f"error: unknown configuration {unknown[0]!r}; --list shows them all.")
     title = (
-        f"ResNet-50 ({args.stem} stem), batch {args.batch_size} per process, {args.precision}, {device}, "
+        f"{network_name(args.arch, args.stem)}, batch {args.batch_size} per process, {args.precision}, {device}, "
         f"{args.warmup} warm-up + {args.steps} timed steps, "
         + (
             f"{args.rounds} to {args.max_rounds} rounds, until within ±{args.within:.1%}"

@@ -112,7 +112,7 @@ def test_step_statistics_of_one_replica_are_those_of_batch_norm_run_micro_batch_
             images = torch.randn(5, 3, 6, 6) * (step + 1) + step
             plain(images)
             recorded(images)
-        commit_step_statistics(recorded, replicas=1, replica=0, per_batch=3)
+        commit_step_statistics(recorded, 6, replicas=1, replica=0, per_batch=3)
     for name, expected in plain.state_dict().items():
         torch.testing.assert_close(recorded.state_dict()[name], expected, rtol=1e-6, atol=1e-7)
     assert int(recorded[1].num_batches_tracked) == 12

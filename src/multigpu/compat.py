@@ -44,6 +44,7 @@ __all__ = [
     "PRIVATE_HOOKS",
     "STAGE_HOOKS_OF_TORCH_211",
     "found_inf_flags",
+    "is_log_step",
     "launches_subprocesses",
     "layer_sync",
     "pipeline_stage",
@@ -51,6 +52,7 @@ __all__ = [
     "save_last_checkpoint",
     "schedule_actions",
     "set_default_process_group_backend",
+    "skip_sigterm_broadcast",
     "split_backward",
     "should_skip_saving",
     "stop_after_this_step_as_on_sigterm",
@@ -319,6 +321,19 @@ def stop_after_this_step_as_on_sigterm(trainer: Trainer) -> None:
     trainer._signal_connector.received_sigterm = True
 
 
+def skip_sigterm_broadcast(trainer: Trainer) -> None:
+    """Leave out the broadcast of the first process's SIGTERM flag that Lightning's training loop makes before every
+    step of a run of several processes, and reads back (a wait for the GPU): ``CheckpointOnStopSignal`` has every
+    process agree on a stop signal, and raise the flag, at the same step, which then stops each of them after it."""
+    trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
+
+
+def is_log_step(trainer: Trainer) -> bool:
+    """Whether Lightning writes the logged metrics after this training step (every ``log_every_n_steps`` optimizer
+    steps, and the step a run stops after): its own test, which it does not make public."""
+    return trainer._logger_connector.should_update_logs
+
+
 def should_skip_saving(callback: ModelCheckpoint, trainer: Trainer) -> bool:
     """ModelCheckpoint's own test of whether this moment may not write a checkpoint (sanity check, fast_dev_run,
     not fitting, the same step written already). It has no public counterpart."""
@@ -386,6 +401,23 @@ PRIVATE_HOOKS = (
         "_signal_connector",
         "stop_after_this_step_as_on_sigterm",
         instance=lambda: Trainer(accelerator="cpu", logger=False),
+    ),
+    PrivateHook(
+        "lightning.pytorch.loops.training_epoch_loop._TrainingEpochLoop",
+        "_broadcast_sigterm_tensor",
+        "skip_sigterm_broadcast",
+        ("self",),
+    ),
+    PrivateHook(
+        "lightning.pytorch.Trainer",
+        "_logger_connector",
+        "is_log_step",
+        instance=lambda: Trainer(accelerator="cpu", logger=False),
+    ),
+    PrivateHook(
+        "lightning.pytorch.trainer.connectors.logger_connector.logger_connector._LoggerConnector",
+        "should_update_logs",
+        "is_log_step",
     ),
     PrivateHook(_CHECKPOINT, "_should_skip_saving_checkpoint", "should_skip_saving", ("self", "trainer")),
     PrivateHook(

@@ -5,6 +5,8 @@ and gets ``ReplicaStatistics`` from its ``configure_callbacks``, so that any Tra
 all-reduce a step, over the replicas that hold the same layers. The module itself talks to no other process.
 """
 
+from typing import Any
+
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
@@ -31,13 +33,25 @@ def micro_batches_per_step(trainer: Trainer) -> int:
 
 
 class ReplicaStatistics(Callback):
-    """Commits the step's BatchNorm statistics of every replica before the optimizer step (one all-reduce)."""
+    """Commits the step's BatchNorm statistics of every replica before the optimizer step (one all-reduce). It
+    counts the step's training batches itself: the layers' own counts are on the device, and reading them would
+    make the host wait for it."""
+
+    def __init__(self) -> None:
+        self._batches = 0  # training batches since the last commit
+
+    @override
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        self._batches += 1
 
     @override
     def on_before_optimizer_step(
         self, trainer: Trainer, pl_module: LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
+        batches, self._batches = self._batches, 0
         replicas = data_parallel_size(trainer)
         if replicas > 1:
             rank, micro_batches = data_parallel_rank(trainer), micro_batches_per_batch(trainer)
-            commit_step_statistics(pl_module.net, replicas, rank, micro_batches, replica_group(trainer))
+            commit_step_statistics(
+                pl_module.net, batches * micro_batches, replicas, rank, micro_batches, replica_group(trainer)
+            )

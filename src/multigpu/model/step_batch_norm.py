@@ -15,6 +15,8 @@ and backward passes are unchanged. The records are buffers outside the state dic
 checkpoints stay interchangeable with every layout.
 """
 
+import functools
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -70,45 +72,59 @@ def record_step_statistics(module: nn.Module, micro_batches: int) -> nn.Module:
     )
 
 
-def _weights(norm: StepBatchNorm, places: list[int], total: int) -> tuple[float, list[float]]:
-    """What the running statistics keep, and each recorded micro-batch's weight, for ``total`` micro-batches
-    of which this replica ran those at ``places``."""
-    if norm.momentum is None:  # a cumulative average over every micro-batch so far
-        tracked = int(norm.num_batches_tracked)
-        return tracked / (tracked + total), [1 / (tracked + total)] * len(places)
-    keep = 1 - norm.momentum
-    return keep**total, [norm.momentum * keep ** (total - 1 - place) for place in places]
+def _cumulative_weights(norm: StepBatchNorm, places: tuple[int, ...], total: int) -> tuple[float, list[float]]:
+    """What the running statistics of a cumulative average (``momentum=None``) keep, and each recorded micro-batch's
+    weight, for ``total`` micro-batches of which this replica ran those at ``places``: they depend on the count so
+    far, which the device holds (a wait, for these layers alone)."""
+    tracked = int(norm.num_batches_tracked)
+    return tracked / (tracked + total), [1 / (tracked + total)] * len(places)
+
+
+def _momentum_weights(momentum: float, places: tuple[int, ...], total: int) -> tuple[float, list[float]]:
+    """The same for a running average of ``momentum``."""
+    keep = 1 - momentum
+    return keep**total, [momentum * keep ** (total - 1 - place) for place in places]
+
+
+@functools.cache
+def _weights_on(momentum: float, places: tuple[int, ...], total: int, device: torch.device) -> tuple[float, Tensor]:
+    """``_momentum_weights`` with the weights on ``device``, made once per layout: a tensor made from Python numbers
+    is a copy to the device, which the host waits for."""
+    keep, weights = _momentum_weights(momentum, places, total)
+    return keep, torch.tensor(weights, dtype=torch.float64, device=device)
 
 
 def commit_step_statistics(
-    module: nn.Module, replicas: int, replica: int, per_batch: int = 1, group: dist.ProcessGroup | None = None
+    module: nn.Module,
+    recorded: int,
+    replicas: int,
+    replica: int,
+    per_batch: int = 1,
+    group: dist.ProcessGroup | None = None,
 ) -> None:
     """Update the running statistics of every ``StepBatchNorm`` of ``module`` that ran this step, as one device
     that ran all ``replicas``' micro-batches in order would, and start the next step's records.
 
-    This replica's ``k``-th micro-batch of the step is micro-batch ``(a x replicas + replica) x per_batch + j`` of
-    the global batch, with ``a, j = divmod(k, per_batch)``: its ``a``-th loader batch, cut into ``per_batch``
-    micro-batches (a pipeline's; 1 otherwise). Every process of ``group`` (the replicas that hold these
-    layers; default all) calls it at the same point. The sums travel on the first layer's device; the device
-    is asked once for the layers' counts.
+    Each layer recorded ``recorded`` micro-batches this step (the host counts them: the layers' own counts are on
+    the device, and reading them would make it wait). This replica's ``k``-th micro-batch of the step is micro-batch
+    ``(a x replicas + replica) x per_batch + j`` of the global batch, with ``a, j = divmod(k, per_batch)``: its
+    ``a``-th loader batch, cut into ``per_batch`` micro-batches (a pipeline's; 1 otherwise). Every process of
+    ``group`` (the replicas that hold these layers; default all) calls it at the same point. The sums travel on
+    the first layer's device.
     """
     norms = [norm for norm in module.modules() if isinstance(norm, StepBatchNorm)]
     norms = [norm for norm in norms if norm.running_mean.device.type != "meta"]
-    if not norms:
+    if not norms or not recorded:
         return
     device = norms[0].running_mean.device
-    counts = torch.stack([norm._recorded.to(device) for norm in norms]).tolist()  # one synchronisation
-    norms, counts = [norm for norm, n in zip(norms, counts) if n], [n for n in counts if n]
-    if not norms:
-        return
-    sums, updates, weights_of = [], [], {}
-    for norm, recorded in zip(norms, counts):
-        places = [(k // per_batch * replicas + replica) * per_batch + k % per_batch for k in range(recorded)]
-        key = (norm.momentum, recorded, norm._statistics.device)
-        if norm.momentum is None or key not in weights_of:  # the same for every layer of a momentum
-            keep, weights = _weights(norm, places, recorded * replicas)
-            weights_of[key] = keep, torch.tensor(weights, dtype=torch.float64, device=norm._statistics.device)
-        keep, weighted = weights_of[key]
+    sums, updates = [], []
+    places = tuple((k // per_batch * replicas + replica) * per_batch + k % per_batch for k in range(recorded))
+    for norm in norms:
+        if norm.momentum is None:
+            keep, weights = _cumulative_weights(norm, places, recorded * replicas)
+            weighted = torch.tensor(weights, dtype=torch.float64, device=norm._statistics.device)
+        else:
+            keep, weighted = _weights_on(norm.momentum, places, recorded * replicas, norm._statistics.device)
         sums.append((norm._statistics[:recorded].double() * weighted[:, None, None]).sum(0).flatten().to(device))
         updates.append((norm, keep, recorded * replicas))
     summed = torch.cat(sums)

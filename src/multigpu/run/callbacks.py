@@ -17,9 +17,11 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
 from multigpu.compat import (
+    is_log_step,
     launches_subprocesses,
     save_last_checkpoint,
     should_skip_saving,
+    skip_sigterm_broadcast,
     stop_after_this_step_as_on_sigterm,
 )
 from multigpu.errors import UsageError
@@ -268,9 +270,13 @@ class CheckpointOnStopSignal(Callback):
     processes at slightly different moments, their collectives no longer pair up and the
     job hangs (seen with 2 gloo processes under the Slurm script). Here the handler only
     notes the signal, and passes SIGTERM on to the processes Lightning started, as Lightning
-    does (a terminal's Ctrl-C reaches every process of the job already). At the end of every
-    training step the processes agree, with one all-reduce, whether any of them has seen it;
-    then all of them raise Lightning's flag, and Lightning stops them after that same step.
+    does (a terminal's Ctrl-C reaches every process of the job already). After every log step
+    (``--trainer.log_every_n_steps``) and after each epoch's last step, the processes agree, with
+    one all-reduce, whether any of them has seen it; then all of them raise Lightning's flag, and
+    Lightning stops them after that same step. A signal thus stops the run within
+    ``log_every_n_steps`` steps (50 where nothing is logged), and the steps in between hold no
+    collective and no wait for the GPU of ours (Lightning's own per-step broadcast of its flag is
+    left out: ``skip_sigterm_broadcast``). One process stops after the step it is in.
     """
 
     SIGNALS = ("SIGTERM", "Ctrl-C")  # as the processes agree on them: the higher wins
@@ -282,6 +288,7 @@ class CheckpointOnStopSignal(Callback):
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._signal, self._trainer = None, trainer
+        skip_sigterm_broadcast(trainer)
         if threading.current_thread() is threading.main_thread():
             # Replace Lightning's handlers for this run; Lightning restores the previous ones at its teardown.
             signal.signal(signal.SIGTERM, self._note)
@@ -310,12 +317,25 @@ class CheckpointOnStopSignal(Callback):
     ) -> None:
         signalled = self.SIGNALS.index(self._signal) + 1 if self._signal else 0
         if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
+            if not self._agree_now(trainer):
+                return  # the processes agree after log steps only
             flag = torch.tensor([signalled], device=trainer.strategy.root_device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             signalled = int(flag.item())
         if signalled:
             self._signal = self.SIGNALS[signalled - 1]  # the same on every process
             stop_after_this_step_as_on_sigterm(trainer)
+
+    WITHOUT_LOGS = 50  # steps between agreements when nothing is logged (``log_every_n_steps=0``)
+
+    def _agree_now(self, trainer: Trainer) -> bool:
+        """Whether the processes agree on a stop signal after this batch: after a log step, an epoch's last step,
+        or every ``WITHOUT_LOGS`` steps of a run that logs nothing."""
+        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            return True
+        if trainer.log_every_n_steps:
+            return is_log_step(trainer)
+        return trainer.global_step % self.WITHOUT_LOGS == 0
 
     @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:

@@ -10,13 +10,14 @@ before its forward and backward pass and freed after; each process keeps 1/N of 
 its gradient and its momentum.
 
 The maths are ``ddp``'s: the reduce-scatter averages the gradients over all processes as DDP's
-all-reduce does, the parameters and buffers start as the first process's, and BatchNorm's buffers
-are sent from the first process when DDP sends them (``broadcast_buffers``: before a forward pass
-that follows one which synchronised gradients). Over the batches a step accumulates, the gradients
-are reduce-scattered after each batch and stay sharded (Lightning's own FSDP does the same); DDP
-adds them up whole first, so the sums differ in their last bits. ``accumulate_whole_gradients``
-adds them up whole and reduce-scatters once, as DDP does: the same bits, and one whole copy of
-the gradients per process while a step accumulates.
+all-reduce does, and the parameters and buffers start as the first process's. Like ``ddp`` here
+(``multigpu.strategies``), it sends no buffers before a forward pass: BatchNorm's stay the same on
+every process, one device's statistics (``multigpu.model.step_batch_norm``).
+
+Over the batches a step accumulates, the gradients are reduce-scattered after each batch and stay
+sharded (Lightning's own FSDP does the same); DDP adds them up whole first, so the sums differ in
+their last bits. ``accumulate_whole_gradients`` adds them up whole and reduce-scatters once, as DDP
+does: the same bits, and one whole copy of the gradients per process while a step accumulates.
 
 A checkpoint holds the whole state in every strategy's layout (``full_state.py``), so it resumes
 under one device, ``ddp``, model parallel or a pipeline, and theirs here.
@@ -35,7 +36,6 @@ from torch import Tensor, nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.optim import Optimizer
-from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
 from multigpu.errors import UsageError
@@ -91,9 +91,6 @@ class FullyShardedStrategy(DDPStrategy):
         self.shard_size = shard_size
         self.accumulate_whole_gradients = accumulate_whole_gradients
         self._net: nn.Module | None = None  # the sharded network, while fitting
-        self._hooks: list[RemovableHandle] = []
-        self._gradient_sync = True
-        self._buffers_due = True  # DDP's require_forward_param_sync
 
     def mesh_shape(self, world_size: int) -> tuple[int, ...]:
         """``(world_size,)``, or ``(replicas, shard_size)`` for HSDP; a ``UsageError`` when they do not divide."""
@@ -152,37 +149,19 @@ class FullyShardedStrategy(DDPStrategy):
             fully_shard(block, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
         fully_shard(blocks, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
         self._net = blocks
-        buffers = list(blocks.buffers())
-        if buffers:
-            self._hooks.append(blocks.register_forward_pre_hook(lambda module, args: self._sync_buffers(buffers)))
-            self._hooks.append(blocks.register_forward_hook(lambda module, args, output: self._after_forward()))
-
-    def _sync_buffers(self, buffers: list[Tensor]) -> None:
-        if self._buffers_due:
-            with torch.no_grad():
-                broadcast_from_first(buffers)
-
-    def _after_forward(self) -> None:
-        self._buffers_due = torch.is_grad_enabled() and self._gradient_sync
 
     @contextmanager
     @override
     def block_backward_sync(self) -> Iterator[None]:
-        # The batches a step accumulates before its last: no buffers sent after them (DDP's no_sync), and with
-        # accumulate_whole_gradients no reduce-scatter either.
-        if self._net is None:
+        # The batches a step accumulates before its last: with accumulate_whole_gradients, no reduce-scatter.
+        if self._net is None or not self.accumulate_whole_gradients:
             yield
             return
-        whole = self.accumulate_whole_gradients
-        if whole:
-            self._net.set_requires_gradient_sync(False)
-        self._gradient_sync = False
+        self._net.set_requires_gradient_sync(False)
         try:
             yield
         finally:
-            if whole:
-                self._net.set_requires_gradient_sync(True)
-            self._gradient_sync = True
+            self._net.set_requires_gradient_sync(True)
 
     @override
     def setup(self, trainer) -> None:
@@ -218,10 +197,3 @@ class FullyShardedStrategy(DDPStrategy):
             return super().load_optimizer_state_dict(checkpoint)
         for optimizer, state in zip(self.optimizers, checkpoint["optimizer_states"]):
             load_full_optimizer_state(optimizer, state)
-
-    @override
-    def teardown(self) -> None:
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks.clear()
-        super().teardown()

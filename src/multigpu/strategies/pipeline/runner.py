@@ -141,8 +141,10 @@ class StageRunner:
             schedule, forward_only, modules, 0 in held, last in held, rank_of(last), group, device, precision_plugin
         )
 
-    def run(self, batch: Any, train: bool) -> Tensor:
-        """Run the batch through the pipeline; every stage gets the last stage's output."""
+    def run(self, batch: Any, train: bool, shared: bool = True) -> Tensor:
+        """Run the batch through the pipeline; every stage gets the last stage's output, or with ``shared`` false
+        only the last stage, the others zeros of its shape (no collective: a training step whose figures nobody
+        reads)."""
         x, y = batch[0], batch[1]
         size = len(x)
         if train and self.train_batch_size is None:
@@ -160,19 +162,22 @@ class StageRunner:
             else:  # forward only; inference tensors would end up in the stage's buffers
                 with torch.inference_mode(False), torch.no_grad():
                     output = self.forward_only.run(x if self.is_first else None, size)
-        return self._share_output(output, size)
+        return self._share_output(output, size, shared)
 
-    def _share_output(self, output: Tensor | None, size: int) -> Tensor:
+    def _share_output(self, output: Tensor | None, size: int, shared: bool) -> Tensor:
         if self._output_width is None:
             width = torch.tensor([output.shape[1] if self.is_last else 0], device=self.device)
             dist.broadcast(width, src=self.last_rank, group=self.group)
             self._output_width = int(width.item())
         if self.is_last:
-            shared = output.detach().float().contiguous()
+            everyones = output.detach().float().contiguous()
+        elif shared:
+            everyones = torch.empty(size, self._output_width, device=self.device)  # every stage reads the same batch
         else:
-            shared = torch.empty(size, self._output_width, device=self.device)  # every stage reads the same batch
-        dist.broadcast(shared, src=self.last_rank, group=self.group)
-        return shared
+            return torch.zeros(size, self._output_width, device=self.device)
+        if shared:
+            dist.broadcast(everyones, src=self.last_rank, group=self.group)
+        return everyones
 
     @contextmanager
     def _gradients_held(self) -> Iterator[None]:

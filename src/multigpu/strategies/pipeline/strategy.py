@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from multigpu.compat import layer_sync
+from multigpu.compat import is_log_step, layer_sync
 from multigpu.errors import UsageError
 from multigpu.model.deferred_batch_norm import defer_batch_norm
 from multigpu.strategies.block_timing import time_blocks
@@ -228,9 +228,17 @@ class PipelineStrategy(SplitNetworkStrategy):
     # --- steps --------------------------------------------------------------------------------
 
     def _step(self, hook: str, batch: Any, *args: Any, train: bool, **kwargs: Any) -> STEP_OUTPUT:
-        output = self._runner.run(batch, train)
+        output = self._runner.run(batch, train, shared=not train or self._figures_read())
         with network_returns(self.lightning_module, output):
             return getattr(super(), hook)(batch, *args, **kwargs)
+
+    def _figures_read(self) -> bool:
+        """Whether the figures the LightningModule logs in this training step (its loss, its accuracy) are read:
+        after a log step, and at the epoch's end (the epoch's line, the progress bar). Only then does every stage
+        get the last stage's output to compute them from; in the other steps the first stage, which writes the
+        logs, computes them from zeros, and nothing reads them: no broadcast a step."""
+        trainer = self.lightning_module.trainer
+        return is_log_step(trainer) or trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
 
     @override
     def training_step(self, *args: Any, **kwargs: Any) -> STEP_OUTPUT:
