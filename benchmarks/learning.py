@@ -78,6 +78,7 @@ def train_app(args, seed: int, init: Path, out: Path) -> list[dict]:
             f"--model.init_from={init}", f"--model.stem={args.stem}", f"--data.data_dir={args.data_dir}",
             f"--data.batch_size={args.batch_size}", f"--trainer.max_epochs={args.epochs}",
             f"--model.warmup_epochs={args.warmup_epochs}", "--trainer.accelerator=cpu", f"--run_name={name}",
+            "--trainer.log_every_n_steps=1",  # every step's loss, for the epoch's mean the plain loop reports
             f"--checkpoint_root={out / 'runs' / name / 'checkpoints'}",
             f"--trainer.default_root_dir={out / 'runs' / name / 'logs'}",
         ],

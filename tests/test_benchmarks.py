@@ -292,7 +292,8 @@ def test_cuda_paths_keeps_a_failing_path_with_its_reason_and_writes_every_round(
 
     monkeypatch.setattr(throughput, "run", run)
     args = argparse.Namespace(
-        processes=1, cuda=True, precision="32-true", batch_size=8, steps=2, warmup=1, stem="cifar", workers=0,
+        processes=1, cuda=True, precision="32-true", batch_size=8, steps=2, warmup=1, stem="cifar", arch="resnet50",
+        workers=0,
         rounds=3, threads=1, timeout_s=60.0,
     )  # fmt: skip
     written = []
@@ -335,7 +336,8 @@ def test_throughput_runs_rounds_until_every_claim_is_within_its_target_or_the_mo
 
     monkeypatch.setattr(throughput, "run", run)
     args = argparse.Namespace(
-        processes=2, cuda=False, precision="32-true", batch_size=8, steps=2, warmup=1, stem="cifar", workers=0,
+        processes=2, cuda=False, precision="32-true", batch_size=8, steps=2, warmup=1, stem="cifar", arch="resnet50",
+        workers=0,
         rounds=5, max_rounds=20, threads=1, timeout_s=60.0,
     )  # fmt: skip
     enough = throughput.claims_within(0.03)  # what --within 0.03 stops on

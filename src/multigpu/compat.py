@@ -49,6 +49,7 @@ __all__ = [
     "layer_sync",
     "pipeline_stage",
     "rendezvous_handlers",
+    "replace_sigterm_notifier",
     "save_last_checkpoint",
     "schedule_actions",
     "set_default_process_group_backend",
@@ -321,6 +322,13 @@ def stop_after_this_step_as_on_sigterm(trainer: Trainer) -> None:
     trainer._signal_connector.received_sigterm = True
 
 
+def replace_sigterm_notifier(trainer: Trainer, note: Callable[[int, Any], None]) -> None:
+    """Have the SIGTERM handler Lightning registers as ``fit`` starts call ``note(signum, frame)`` in place of its
+    notifier, which broadcasts a flag from inside the signal handler and so waits there for every other process.
+    Call it before the Trainer registers its handlers (``setup``)."""
+    trainer._signal_connector._sigterm_notifier_fn = note
+
+
 def skip_sigterm_broadcast(trainer: Trainer) -> None:
     """Leave out the broadcast of the first process's SIGTERM flag that Lightning's training loop makes before every
     step of a run of several processes, and reads back (a wait for the GPU): ``CheckpointOnStopSignal`` has every
@@ -401,6 +409,12 @@ PRIVATE_HOOKS = (
         "_signal_connector",
         "stop_after_this_step_as_on_sigterm",
         instance=lambda: Trainer(accelerator="cpu", logger=False),
+    ),
+    PrivateHook(
+        "lightning.pytorch.trainer.connectors.signal_connector._SignalConnector",
+        "_sigterm_notifier_fn",
+        "replace_sigterm_notifier",
+        ("self", "signum", "_"),
     ),
     PrivateHook(
         "lightning.pytorch.loops.training_epoch_loop._TrainingEpochLoop",

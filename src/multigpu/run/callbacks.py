@@ -19,6 +19,7 @@ from typing_extensions import override
 from multigpu.compat import (
     is_log_step,
     launches_subprocesses,
+    replace_sigterm_notifier,
     save_last_checkpoint,
     should_skip_saving,
     skip_sigterm_broadcast,
@@ -286,8 +287,16 @@ class CheckpointOnStopSignal(Callback):
         self._trainer: Trainer | None = None
 
     @override
-    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        # Before Lightning registers its SIGTERM handler (as fit starts), so that the handler it registers calls
+        # this one's note in place of its own notifier, which broadcasts from inside the handler: a process
+        # signalled before training starts (during the sanity check, say) would wait there for the others.
         self._signal, self._trainer = None, trainer
+        replace_sigterm_notifier(trainer, self._note)
+
+    @override
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._trainer = trainer
         skip_sigterm_broadcast(trainer)
         if threading.current_thread() is threading.main_thread():
             # Replace Lightning's handlers for this run; Lightning restores the previous ones at its teardown.
