@@ -74,7 +74,8 @@ def main() -> None:
     if args.arch == DEFAULT_ARCH:
         model = resnet50_blocks(10, args.stem)
     else:  # the app's blocks of another network, chained
-        model = nn.Sequential(*LazyBlocks(network_blocks(args.arch, 10, args.stem), seed=0))
+        model = LazyBlocks(network_blocks(args.arch, 10, args.stem), seed=0)
+        model.materialize()
     model = model.to(device, memory_format=memory_format)
     criterion = nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)
