@@ -2,6 +2,7 @@
 official files, free ports, the bare Trainer that strategy tests train with, and the test-only Lightning callbacks
 that configs load by class path (``helpers.<Name>``, found through ``HELPERS_ENV``)."""
 
+import contextlib
 import hashlib
 import os
 import pickle
@@ -11,6 +12,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import fork_server
@@ -88,6 +90,14 @@ def _fork_server() -> Path:
     return _FORK_SERVERS[os.getpid()][0]
 
 
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def _forked_run(command: list[str], cwd: Path, env: dict, timeout: int) -> subprocess.CompletedProcess:
     """``command`` (``python main.py ARGS``) run by the fork server; as ``run_cli``'s fresh run."""
     with (
@@ -99,12 +109,21 @@ def _forked_run(command: list[str], cwd: Path, env: dict, timeout: int) -> subpr
         fork_server.send(connection, request)
         pid = fork_server.receive(connection)
         connection.settimeout(timeout)
+        deadline = time.monotonic() + timeout
         try:
             returncode = fork_server.receive(connection)
+            # As a fresh run's output pipe stays open while any of its processes lives: the run is over when its
+            # whole group is (ranks, loader workers, their fork servers).
+            while _group_alive(pid):
+                if time.monotonic() > deadline:
+                    raise TimeoutError
+                time.sleep(0.05)
         except TimeoutError:
             os.killpg(pid, signal.SIGABRT)
             connection.settimeout(None)
-            fork_server.receive(connection)
+            with contextlib.suppress(EOFError):
+                fork_server.receive(connection)
+            time.sleep(1)  # the group's stacks, written as each process aborts
             text = Path(output.name).read_text(errors="replace")
             pytest.fail(f"{command} ran past {timeout} s; its processes' stacks:\n{text[-30000:]}")
         text = Path(output.name).read_text(errors="replace")

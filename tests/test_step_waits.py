@@ -6,11 +6,16 @@ from helpers import REPO, SMOKE, run_args, run_cli
 from step_waits import quiet_counts
 
 CPU2 = ["--trainer.accelerator=cpu", "--trainer.devices=2"]
-REPLICAS = {"ddp": 2, "fsdp": 2}  # the others: one
+REPLICAS = {"ddp": 2, "fsdp": 2, "manual_model_parallel replicas": 2}  # the others: one
 STRATEGIES = {
     "one device": [],
     "dp": ["--trainer.strategy=dp"],
     "manual_model_parallel": ["--trainer.strategy=manual_model_parallel", *CPU2],
+    "manual_model_parallel replicas": [
+        "--trainer.strategy=manual_model_parallel",
+        *CPU2,
+        "--trainer.strategy.devices_per_replica=1",
+    ],
     "ddp": ["--trainer.strategy=ddp", *CPU2],
     "fsdp": ["--trainer.strategy=fsdp", *CPU2],
     "pipeline": ["--trainer.strategy=pipeline", *CPU2],

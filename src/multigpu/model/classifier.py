@@ -81,10 +81,14 @@ def check_recipe(
         )
 
 
-def _fuses(params: list[Tensor]) -> bool:
+def _fuses(params: list[Tensor], trainer: Trainer) -> bool:
     """Whether SGD updates ``params`` in one fused kernel per device (``fused=True``): where they are all plain CUDA
-    tensors. Elsewhere torch's default (``foreach``) stays: the CPU, whose tests pin the numbers, and ``fsdp``'s
-    sharded parameters (DTensors). The update is the same arithmetic; its last bits may differ from foreach's."""
+    tensors and no gradient scaler (16-mixed) runs, which Lightning unscales and clips with only for optimizers that
+    do not unscale themselves, as fused ones do. Elsewhere torch's default (``foreach``) stays: the CPU, whose tests
+    pin the numbers, and ``fsdp``'s sharded parameters (DTensors). The update is the same arithmetic; its last bits
+    may differ from foreach's."""
+    if getattr(trainer.precision_plugin, "scaler", None) is not None:
+        return False
     return bool(params) and all(param.is_cuda and type(param) is nn.Parameter for param in params)
 
 
@@ -299,7 +303,7 @@ class ResNet50Classifier(LightningModule):
             momentum=hp.momentum,
             nesterov=hp.nesterov,
             weight_decay=hp.weight_decay,
-            fused=_fuses([param for group in groups for param in group["params"]]) or None,
+            fused=_fuses([param for group in groups for param in group["params"]], trainer) or None,
         )
         if math.isinf(trainer.estimated_stepping_batches):
             raise UsageError(LR_SCHEDULE_NEEDS_AN_END)

@@ -292,7 +292,8 @@ class CheckpointOnStopSignal(Callback):
         # this one's note in place of its own notifier, which broadcasts from inside the handler: a process
         # signalled before training starts (during the sanity check, say) would wait there for the others.
         self._signal, self._trainer = None, trainer
-        replace_sigterm_notifier(trainer, self._note)
+        if stage == "fit":  # validate, test and predict stop at Lightning's next batch, as Lightning has them
+            replace_sigterm_notifier(trainer, self._note)
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -324,6 +325,9 @@ class CheckpointOnStopSignal(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        epoch_loop = trainer.fit_loop.epoch_loop
+        if (batch_idx + 1) % trainer.accumulate_grad_batches and not epoch_loop.batch_progress.is_last_batch:
+            return  # inside a step that accumulates batches: a stop waits for its optimizer step
         signalled = self.SIGNALS.index(self._signal) + 1 if self._signal else 0
         if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
             if not self._agree_now(trainer):

@@ -19,10 +19,10 @@ import inspect
 from collections.abc import Sequence
 
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
-from torch.nn.parallel import DistributedDataParallel
 
 from multigpu.errors import UsageError
 from multigpu.strategies.data_parallel import DataParallelStrategy
+from multigpu.strategies.ddp_options import ddp_options
 from multigpu.strategies.fully_sharded import FullyShardedStrategy
 from multigpu.strategies.manual_model_parallel import ManualModelParallelStrategy
 from multigpu.strategies.pipeline import PipelineStrategy
@@ -44,20 +44,6 @@ for _strategy in _OUR_STRATEGY_CLASSES:  # ``fsdp`` takes the name from Lightnin
     )
 
 
-def _ddp_options() -> dict[str, bool]:
-    """What Lightning's ``ddp`` names (``ddp``, ``ddp_spawn``, ``ddp_fork``...) give torch's DDP wrapper here: the
-    gradients kept in DDP's buckets, with no copy between the two (``gradient_as_bucket_view``), and no broadcast
-    of the first process's buffers before every forward pass. BatchNorm's, the only buffers a torchvision
-    classifier has, are the same in every process already (``multigpu.model.step_batch_norm`` commits one device's
-    statistics on each, and ``SyncBatchNorm`` computes the same on each); torch would send all of them (159 in
-    ResNet-50) every step. torch 2.13 renamed the option ``forward_sync_buffers`` (which still syncs them as DDP
-    starts); before it, ``broadcast_buffers=False`` also leaves out that first sync, which the runs' shared seed and
-    checkpoint make unneeded."""
-    takes = inspect.signature(DistributedDataParallel).parameters
-    buffers = "forward_sync_buffers" if "forward_sync_buffers" in takes else "broadcast_buffers"
-    return {"gradient_as_bucket_view": True, buffers: False}
-
-
 for _name, _entry in list(StrategyRegistry.items()):
     if _entry["strategy"] is DDPStrategy:
         StrategyRegistry.register(
@@ -65,7 +51,7 @@ for _name, _entry in list(StrategyRegistry.items()):
             DDPStrategy,
             description=_entry["description"],
             override=True,
-            **{**_entry["init_params"], **_ddp_options()},
+            **{**_entry["init_params"], **ddp_options()},
         )
 
 

@@ -26,6 +26,7 @@ from typing_extensions import override
 from multigpu.compat import set_default_process_group_backend
 from multigpu.errors import UsageError
 from multigpu.strategies.block_timing import time_blocks
+from multigpu.strategies.ddp_options import ddp_options
 from multigpu.strategies.network_lookup import block_sequence
 from multigpu.strategies.partition import BalanceBy, choose_balance, split_table, stage_ranges
 from multigpu.strategies.split_network import SplitNetworkStrategy
@@ -69,7 +70,7 @@ class ManualModelParallelStrategy(SplitNetworkStrategy):
         devices_per_replica: int | None = None,
         process_group_backend: str | None = None,
     ) -> None:
-        super().__init__(process_group_backend=process_group_backend)
+        super().__init__(process_group_backend=process_group_backend, **ddp_options())
         if devices_per_replica is not None and devices_per_replica < 1:
             raise UsageError(f"devices_per_replica must be at least 1, not {devices_per_replica}.")
         if balance is not None and devices_per_replica is not None and len(balance) != devices_per_replica:

@@ -234,11 +234,13 @@ class PipelineStrategy(SplitNetworkStrategy):
 
     def _figures_read(self) -> bool:
         """Whether the figures the LightningModule logs in this training step (its loss, its accuracy) are read:
-        after a log step, and at the epoch's end (the epoch's line, the progress bar). Only then does every stage
-        get the last stage's output to compute them from; in the other steps the first stage, which writes the
-        logs, computes them from zeros, and nothing reads them: no broadcast a step."""
+        after a log step, and at the end of an epoch or of the run (the epoch's line, the progress bar). Only then
+        does every stage get the last stage's output to compute them from; in the other steps the first stage,
+        which writes the logs, computes them from zeros, and nothing reads them: no broadcast a step. (A run
+        ``max_time`` ends reads the zeros' figures of its last step.)"""
         trainer = self.lightning_module.trainer
-        return is_log_step(trainer) or trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        last_step = 0 < trainer.max_steps <= trainer.global_step + 1  # the run's, where max_steps ends it
+        return is_log_step(trainer) or trainer.fit_loop.epoch_loop.batch_progress.is_last_batch or last_step
 
     @override
     def training_step(self, *args: Any, **kwargs: Any) -> STEP_OUTPUT:
