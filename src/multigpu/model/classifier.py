@@ -236,7 +236,7 @@ class ResNet50Classifier(LightningModule):
         # Seeded here from the run's seed, the step, the batch within the step and the process, they draw the same
         # masks in a run resumed from its checkpoint as in the run never stopped. The generators of the device types
         # the run uses only: ``torch.manual_seed`` also seeds those of accelerators not in use, each of which defers
-        # the call with a copy of the stack (about 0.5 ms a step each).
+        # the call with a copy of the stack (docs/speed.md, "Overhead per step").
         trainer = self.trainer
         within = batch_idx % trainer.accumulate_grad_batches
         key = f"{os.environ.get('PL_GLOBAL_SEED', '')}/{trainer.global_step}/{within}/{trainer.global_rank}"
