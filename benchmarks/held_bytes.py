@@ -7,7 +7,7 @@ from lightning.pytorch import Callback
 from torch.distributed.tensor import DTensor
 from typing_extensions import override
 
-from multigpu.planning.step_timer import peak_memory_bytes
+from multigpu.timing.step_timer import peak_memory_bytes
 
 
 def _bytes(tensors) -> int:

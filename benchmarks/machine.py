@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from multigpu.planning.profile import cores
+from multigpu.timing.busy_cores import cores
 
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:

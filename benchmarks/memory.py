@@ -31,7 +31,7 @@ from pathlib import Path
 from machine import machine
 from throughput import HERE, REPO, add_run_options, fit_command, network_name, where
 
-from multigpu.planning.timed_runs import RunFailed, launch
+from multigpu.timing.timed_runs import RunFailed, launch
 
 PARAMS = "--trainer.strategy.balance_by=params"
 LAYOUTS = {

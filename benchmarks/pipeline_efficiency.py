@@ -20,7 +20,7 @@ processes; the first ``--warmup`` steps are not timed. It runs ``--rounds`` roun
 once per round in a rotated order, so that a slow period of the machine falls on all of them alike; each
 efficiency is taken within its round (the pipeline against the accumulating process of the same round), and each
 figure is the median of its rounds with the order-statistic interval of that median
-(``multigpu.planning.intervals``; with 5 rounds the lowest and the highest, 15 times in 16); the clocks are those
+(``multigpu.timing.intervals``; with 5 rounds the lowest and the highest, 15 times in 16); the clocks are those
 of the median round. Writes ``<out>/pipeline_efficiency.json`` and a chart of efficiency against micro-batches,
 one line per schedule with its intervals, to ``<out>/pipeline_efficiency.png``.
 """
@@ -41,12 +41,12 @@ from torch.utils.data import DataLoader
 
 from multigpu.data.cifar10 import SyntheticCIFAR10
 from multigpu.model.classifier import ResNet50Classifier
-from multigpu.planning.intervals import median_interval
-from multigpu.planning.step_timer import StepTimer
 from multigpu.run.host_memory import keep_freed_memory
 from multigpu.run.process_groups import end_process_groups
 from multigpu.strategies import PipelineStrategy
 from multigpu.strategies.pipeline.stage_placement import SCHEDULES, natural_stages_per_process
+from multigpu.timing.intervals import median_interval
+from multigpu.timing.step_timer import StepTimer
 
 PROCESSES = 2
 

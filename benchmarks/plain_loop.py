@@ -21,9 +21,9 @@ from multigpu.data.cifar10 import ImageTensorDataset, train_transform
 from multigpu.model.architectures import DEFAULT_ARCH, network_blocks
 from multigpu.model.lazy_blocks import LazyBlocks
 from multigpu.model.resnet import resnet50_blocks
-from multigpu.planning.step_timer import peak_memory_bytes, result
 from multigpu.run.device_sync import synchronize
 from multigpu.run.host_memory import keep_freed_memory
+from multigpu.timing.step_timer import peak_memory_bytes, result
 
 
 def batches(data: str, batch_size: int, count: int, device: torch.device, workers: int):

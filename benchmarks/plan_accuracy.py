@@ -9,7 +9,7 @@ It runs ``python main.py plan --config configs/smoke.yaml --trainer.accelerator=
 forecast and trained in each run), reads the ``plan.json`` each writes, and prints for every layout the
 median over the runs of its forecast images per second, of its measured ones (each run's figure is the median of
 its windows) and of the forecast's error in each run, with the order-statistic interval of each median
-(``multigpu.planning.intervals``: with 3 runs, the lowest and the highest, which hold the true median 3 times in
+(``multigpu.timing.intervals``: with 3 runs, the lowest and the highest, which hold the true median 3 times in
 4; with 5, 15 in 16). Below the table: the largest error of any layout in any run, the median error, the rank
 correlation between the median forecasts and measurements (Spearman's), whether the layout forecast
 fastest measured within the interval of the layout measured fastest, and how much the same layout's measurements
@@ -32,8 +32,8 @@ from pathlib import Path
 
 from machine import machine
 
-from multigpu.planning.intervals import median_interval
 from multigpu.planning.ranking import FORECAST_ERROR
+from multigpu.timing.intervals import median_interval
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -26,8 +26,8 @@ from pathlib import Path
 
 from machine import machine
 
-from multigpu.planning.intervals import median_interval
 from multigpu.planning.ranking import FORECAST_ERROR
+from multigpu.timing.intervals import median_interval
 
 REPO = Path(__file__).resolve().parents[1]
 PLAN = "python main.py plan --config configs/smoke.yaml --trainer.accelerator=cpu --trainer.devices={devices}"

@@ -23,9 +23,9 @@ the benchmark with the reason. The table shows, for each configuration:
     efficiency     multi-process runs: img/s over (processes x the one-process img/s)
 
 Each figure is that of the configuration's median round, and each interval the rounds' order-statistic
-interval of the median (``multigpu.planning.intervals``): with 5 rounds, the slowest and the fastest, which
+interval of the median (``multigpu.timing.intervals``): with 5 rounds, the slowest and the fastest, which
 enclose the true median 15 times in 16 whatever the noise. On the CPU it checks the cores before and after
-the rounds (``multigpu.planning.busy_cores``) and says so when another process keeps them busy, or a virtual
+the rounds (``multigpu.timing.busy_cores``) and says so when another process keeps them busy, or a virtual
 machine's host stole more than a tenth of its cores' time during the rounds; the share of the cores its check got,
 and the share stolen (``stolen_share``), are in ``throughput.json``'s ``machine``, with ``busy``. On a 2-core
 CPU a round of ``--configs plain app ddp`` takes 3.6 to 5.7 minutes (docs/speed.md), so the defaults take 20
@@ -48,12 +48,11 @@ from machine import machine, this_cpu
 
 from multigpu.model.architectures import DEFAULT_ARCH
 from multigpu.planning.bar_chart import write_bar_chart
-from multigpu.planning.busy_cores import note_if_busy, read_cpu_clock
-from multigpu.planning.intervals import median_interval
-from multigpu.planning.measurement import last_error
-from multigpu.planning.step_timer import step_timer
-from multigpu.planning.timed_runs import RunFailed, run
-from multigpu.planning.timed_runs import fit_command as timed_fit_command
+from multigpu.timing.busy_cores import note_if_busy, read_cpu_clock
+from multigpu.timing.intervals import median_interval
+from multigpu.timing.step_timer import step_timer
+from multigpu.timing.timed_runs import RunFailed, last_error, run
+from multigpu.timing.timed_runs import fit_command as timed_fit_command
 
 REPO = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent

@@ -9,8 +9,8 @@ import time
 import pytest
 from helpers import SMOKE, cli_main, run_args
 
-from multigpu.planning import busy_cores
-from multigpu.planning.profile import cores
+from multigpu.timing import busy_cores
+from multigpu.timing.busy_cores import cores
 
 
 def plan_on_2_cpus(tmp_path, *options: str) -> list[str]:

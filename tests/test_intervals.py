@@ -1,10 +1,10 @@
-"""The median of repeated measurements and its distribution-free interval (``multigpu.planning.intervals``)."""
+"""The median of repeated measurements and its distribution-free interval (``multigpu.timing.intervals``)."""
 
 import random
 
 import pytest
 
-from multigpu.planning.intervals import median_interval
+from multigpu.timing.intervals import median_interval
 
 
 @pytest.mark.parametrize(("n", "k", "coverage"), [(1, 1, 0.0), (5, 1, 30 / 32), (6, 1, 62 / 64), (9, 2, 1 - 20 / 512)])

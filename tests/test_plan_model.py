@@ -31,10 +31,11 @@ from multigpu.planning.link_probe import REPEATS, SHARDED_ROUNDS, SIZES, _sharde
 from multigpu.planning.links import ForkedRanks, Link, Links, fork_ranks
 from multigpu.planning.memory_estimate import BlockMemory
 from multigpu.planning.pipeline_simulation import simulate_step
-from multigpu.planning.profile import BlockProfile, PassTimes, threads_per_process
+from multigpu.planning.profile import BlockProfile, PassTimes
 from multigpu.planning.ranking import Outcome, choice, tied, to_measure
 from multigpu.planning.report import print_report
 from multigpu.strategies.pipeline.stage_placement import SCHEDULES, StagePlacement, natural_stages_per_process
+from multigpu.timing.busy_cores import threads_per_process
 
 pytestmark = pytest.mark.internals  # the schedules' action lists come from a private torch module
 
@@ -524,7 +525,7 @@ def test_copies_at_once_follow_each_pass_alone_and_give_the_contention(monkeypat
     """On the CPU a size that a layout of several processes computes is also timed with as many copies of the network
     at once, right after its pass alone in each round: the contention and the lockstep come from the same moments as
     the level they scale."""
-    monkeypatch.setattr("multigpu.planning.profile.cores", lambda: 2)  # 2 processes: 1 thread each
+    monkeypatch.setattr("multigpu.timing.busy_cores.cores", lambda: 2)  # 2 processes: 1 thread each
     factories = [lambda: nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 16)), nn.ReLU, lambda: nn.Linear(16, 10)]
     profile = BlockProfile(LazyBlocks(factories, seed=0), Precision(), torch.device("cpu"), MOMENTUM)
     calls = []
@@ -597,7 +598,7 @@ def test_a_timed_run_leaves_no_process_behind(tmp_path):
     """What a timed run leaves running when it ends is stopped, so that the next run, or the check of the cores
     after it, finds them as they were: here a child that would sleep a minute (in a real run, a short run's loader
     workers' fork server, still importing its modules on one core for 5-8 s)."""
-    from multigpu.planning.timed_runs import launch
+    from multigpu.timing.timed_runs import launch
 
     out, pid = tmp_path / "figures.json", tmp_path / "pid"
     leaves = (

@@ -11,7 +11,7 @@ what would not fit. It times each block on the first device (``profile``), balan
 layouts by those times, measures the links between the devices (``links``) and forecasts each
 layout's images per second (``forecast``). Then it trains, in fresh processes through
 ``main.py fit`` on synthetic data of CIFAR-10's shape, the reference (one device) and the best
-forecast layouts (``ranking``), timing repeated windows of steps (``multigpu.planning.timed_runs``, as
+forecast layouts (``ranking``), timing repeated windows of steps (``multigpu.timing.timed_runs``, as
 the benchmarks do), and picks the simplest of the layouts tied with the fastest (``report``).
 
 The measurements stop when the time budget (``--plan.budget_s``, counted from the start of the process, Python's
@@ -35,7 +35,6 @@ from typing_extensions import override
 
 from multigpu.cli.lightning_cli import MultiGPUCLI
 from multigpu.errors import UsageError
-from multigpu.planning.busy_cores import CoreCheck, check_cores, note_if_busy, read_cpu_clock, until_quiet
 from multigpu.planning.forecast import forecast, timed_input
 from multigpu.planning.layouts import Layout, Refusal, candidate_layouts
 from multigpu.planning.links import ForkedRanks, fork_ranks, measure_links
@@ -47,6 +46,7 @@ from multigpu.planning.resources import budget as memory_budget
 from multigpu.planning.selection import Setting, choose, devices_of, setting_of
 from multigpu.renamed_options import add_old_names
 from multigpu.run.host_memory import give_back_freed_memory
+from multigpu.timing.busy_cores import CoreCheck, check_cores, note_if_busy, read_cpu_clock, until_quiet
 
 __all__ = ["PlanCLI", "plan", "process_age_s"]
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from multigpu.errors import UsageError
 from multigpu.planning import link_probe
-from multigpu.planning.profile import threads_per_process
+from multigpu.timing.busy_cores import threads_per_process
 
 __all__ = ["ForkedRanks", "Link", "Links", "fork_ranks", "measure_links"]
 

@@ -9,18 +9,18 @@ from dataclasses import replace
 from pathlib import Path
 
 from multigpu.errors import UsageError
-from multigpu.planning.busy_cores import IF_BUSY, note_if_busy, read_cpu_clock, wait_for_quiet
 from multigpu.planning.forecast import timed_input
 from multigpu.planning.layouts import Layout, Refusal
 from multigpu.planning.options import BUSY_REMEDY, without_plan_options
 from multigpu.planning.profile import BlockProfile
 from multigpu.planning.ranking import Outcome, ends_by
 from multigpu.planning.selection import Setting
-from multigpu.planning.step_timer import step_timer
-from multigpu.planning.timed_runs import RunFailed, fit_command, run
 from multigpu.strategies.partition import balance_by_cost
+from multigpu.timing.busy_cores import IF_BUSY, note_if_busy, read_cpu_clock, wait_for_quiet
+from multigpu.timing.step_timer import step_timer
+from multigpu.timing.timed_runs import RunFailed, fit_command, last_error, run
 
-__all__ = ["LAYOUT_TIMEOUT_S", "balanced", "last_error", "measure"]
+__all__ = ["LAYOUT_TIMEOUT_S", "balanced", "measure"]
 
 LAYOUT_TIMEOUT_S = 1200  # a layout still training after 20 minutes has hung (a deadlock, say): it is stopped
 
@@ -161,12 +161,3 @@ def _trained(outcome: Outcome, command: list[str], stem: Path) -> Outcome:
         if "still running" in str(failure):
             return replace(outcome, failure=f"still training after {LAYOUT_TIMEOUT_S} s: stopped")
         return replace(outcome, failure=last_error(log.read_text()))
-
-
-def last_error(log: str) -> str:
-    """The line of a failed run's output that says what went wrong."""
-    lines = [line.strip() for line in log.splitlines() if line.strip()]
-    for line in reversed(lines):
-        if line.startswith("error:") or "Error" in line.split(":", 1)[0]:
-            return line[:300]
-    return lines[-1][:300] if lines else "no output"

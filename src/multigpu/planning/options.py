@@ -7,9 +7,9 @@ from typing import Literal
 import yaml
 
 from multigpu.errors import UsageError, check_at_least
-from multigpu.planning.busy_cores import IF_BUSY
 from multigpu.planning.layouts import PLANNED_STRATEGIES
 from multigpu.strategies.pipeline.stage_placement import SCHEDULES
+from multigpu.timing.busy_cores import IF_BUSY
 
 __all__ = ["BUSY_REMEDY", "PlanOptions", "check_no_plan_section", "without_plan_options"]
 

@@ -28,7 +28,6 @@ the same convolution in ``plan``'s process), each plan's `ddp` forecast moved wi
 """
 
 import copy
-import os
 import statistics
 import threading
 import time
@@ -49,8 +48,9 @@ from multigpu.model.lazy_blocks import LazyBlocks
 from multigpu.run.device_sync import synchronize
 from multigpu.strategies.block_timing import block_pass_times_together, cut_from_graph, timed_update
 from multigpu.strategies.micro_batch_check import micro_batch_refusal
+from multigpu.timing.busy_cores import threads_per_process
 
-__all__ = ["CPU_IMAGES", "BlockProfile", "PassTimes", "cores", "precision_plugin", "threads_per_process"]
+__all__ = ["CPU_IMAGES", "BlockProfile", "PassTimes", "precision_plugin"]
 
 CPU_IMAGES = 32
 # Timed passes of the whole network and its updates (their mean) and of the split ratio's (the fastest), after one
@@ -65,16 +65,6 @@ BLOCK_REPEATS = 1
 # images on one CPU thread), so that scaled to the whole network as one, the first stage's backward pass was
 # forecast 16% long and the others' 10 to 13% short.
 SEGMENTS = 4
-
-
-def cores() -> int:
-    """The CPU cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def threads_per_process(processes: int) -> int:
-    """The threads each of ``processes`` processes on this machine gets from Lightning's launcher."""
-    return max(1, cores() // processes)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ time stolen while its convolution ran, and a check after a measurement the share
 each of the time the cores ran or waited to run.
 """
 
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -27,7 +28,6 @@ import torch
 import torch.nn.functional as F
 
 from multigpu.errors import UsageError
-from multigpu.planning.profile import threads_per_process
 
 __all__ = [
     "IF_BUSY",
@@ -37,11 +37,24 @@ __all__ = [
     "CoreCheck",
     "CpuClock",
     "check_cores",
+    "cores",
     "note_if_busy",
     "read_cpu_clock",
+    "threads_per_process",
     "until_quiet",
     "wait_for_quiet",
 ]
+
+
+def cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def threads_per_process(processes: int) -> int:
+    """The threads each of ``processes`` processes on this machine gets from Lightning's launcher."""
+    return max(1, cores() // processes)
+
 
 QUIET_SHARE = 0.85  # the share of their cores below which the threads found them busy
 STOLEN_SHARE = 0.10  # the share of the cores' time stolen by a virtual machine's host above which they were busy

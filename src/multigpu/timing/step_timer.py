@@ -3,7 +3,7 @@
 ``StepTimer`` times the optimizer steps after a warm-up; each rank writes the peak memory
 of its devices to ``<out>.rank<N>``, and rank 0 writes the images per second and the mean
 step time to ``<out>`` (``result``). ``step_timer`` gives the ``fit`` options that add it;
-``multigpu.planning.timed_runs`` launches such a run and reads the files back.
+``multigpu.timing.timed_runs`` launches such a run and reads the files back.
 """
 
 import json
@@ -114,7 +114,7 @@ class StepTimer(Callback):
 def step_timer(warmup: int, out: Path, window: int | None = None) -> list[str]:
     """The ``fit`` options that add a ``StepTimer``."""
     return [
-        "--trainer.callbacks+=multigpu.planning.step_timer.StepTimer",
+        "--trainer.callbacks+=multigpu.timing.step_timer.StepTimer",
         f"--trainer.callbacks.warmup={warmup}",
         f"--trainer.callbacks.out={out}",
         *([f"--trainer.callbacks.window={window}"] if window else []),

@@ -2,7 +2,7 @@
 
 A run is a command (usually ``main.py fit`` with ``step_timer``'s options, which add a ``StepTimer``) in
 processes of its own; ``run`` starts it and reads back the files its ``StepTimer`` wrote
-(``multigpu.planning.step_timer``).
+(``multigpu.timing.step_timer``).
 """
 
 import json
@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["RunFailed", "fit_command", "launch", "run"]
+__all__ = ["RunFailed", "fit_command", "last_error", "launch", "run"]
 
 
 class RunFailed(RuntimeError):
@@ -109,3 +109,12 @@ def run(
     figures = json.loads(out.read_text())
     figures["peak_memory_bytes"] += [peak for rank in peaks for peak in (rank if isinstance(rank, list) else [rank])]
     return figures
+
+
+def last_error(log: str) -> str:
+    """The line of a failed run's output that says what went wrong."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if line.startswith("error:") or "Error" in line.split(":", 1)[0]:
+            return line[:300]
+    return lines[-1][:300] if lines else "no output"
