@@ -314,9 +314,9 @@ def test_a_layout_measured_while_the_host_stole_the_cores_is_measured_again_or_m
 
     from multigpu.errors import UsageError
     from multigpu.planning import measurement, ranking
-    from multigpu.planning.layouts import Layout
     from multigpu.planning.ranking import Outcome
     from multigpu.planning.report import print_report
+    from multigpu.strategies.layouts import LAYOUTS
 
     runs, steals = [], iter(stolen)
 
@@ -341,7 +341,7 @@ def test_a_layout_measured_while_the_host_stole_the_cores_is_measured_again_or_m
     # 1 + 1 x 2 steps, 4.8 s at 10 img/s, 5.76 s with the forecast's 20%; it starts at 1 s and would end by 6.76 s,
     # within a deadline of 7.5 s, past one of 3 s; measured again from 2 s, it would end past either.
     order = [
-        Outcome(Layout(name, strategy, 2, 2, 8), [1], forecast)
+        Outcome(LAYOUTS[strategy](name, 2, 2, 8), [1], forecast)
         for name, strategy, forecast in (("1 device", "auto", 9.0), ("ddp", "ddp", 10.0))
     ]
     setting = SimpleNamespace(batch_size=8, devices=2, device_ids=None)

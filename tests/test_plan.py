@@ -22,7 +22,7 @@ from multigpu.planning import command
 from multigpu.planning.command import PlanCLI
 from multigpu.planning.layouts import candidate_layouts
 from multigpu.planning.links import Links
-from multigpu.planning.memory_estimate import block_memory, estimate
+from multigpu.planning.memory_estimate import block_memory
 from multigpu.planning.ranking import FORECAST_ERROR
 from multigpu.planning.selection import Setting, choose
 
@@ -146,16 +146,16 @@ def test_memory_estimate_splits_the_state_and_recomputation_shrinks_the_activati
     assert 89 * 2**20 < params < 90 * 2**20  # ResNet-50 with 10 classes: 23.5 million float32 parameters
     layouts, _ = candidate_layouts(devices=2, cuda=True, batch_size=128, compiled=False)
     by_name = {layout.name: layout for layout in layouts}
-    one = estimate(by_name["1 device"], memory, optimizer_states=1)
+    one = by_name["1 device"].device_memory(memory, optimizer_states=1)
     (whole,) = one[0]
     assert whole > 3 * params  # parameters, gradients, momentum, and activations
     pipeline = replace(by_name["pipeline 2 gpipe m4"], balance=(28, 6), batch_size=128)
-    stages = estimate(pipeline, memory, optimizer_states=1)
+    stages = pipeline.device_memory(memory, optimizer_states=1)
     assert len(stages) == 2 and all(stage[0] < whole for stage in stages)
-    recomputed = estimate(replace(by_name["1 device"], recompute=True), memory, optimizer_states=1)
+    recomputed = replace(by_name["1 device"], recompute=True).device_memory(memory, optimizer_states=1)
     assert recomputed[0][0] < 0.6 * whole  # measured on this CPU: 4,482 -> 2,552 MiB (-43%)
     # fsdp over 2 devices: half the state of one, plus the largest block's parameters three times over.
-    sharded = estimate(by_name["fsdp"], memory, optimizer_states=1)
+    sharded = by_name["fsdp"].device_memory(memory, optimizer_states=1)
     assert [len(process) for process in sharded] == [1, 1]
     assert abs(sharded[0][0] - (whole - 1.5 * params + 3 * max(memory.params))) <= 1
 
@@ -398,9 +398,9 @@ def test_a_time_budget_measures_the_reference_and_the_best_forecast_then_what_fi
     then each one whose forecast training time still ends before the deadline; the rest are named, unmeasured,
     and ``plan.json`` says which. Where the first two end past the deadline, a line says by how much."""
     from multigpu.planning import measurement
-    from multigpu.planning.layouts import Layout
     from multigpu.planning.ranking import Outcome, in_measuring_order
     from multigpu.planning.report import write_outputs
+    from multigpu.strategies.layouts import LAYOUTS
 
     trained = []
 
@@ -411,7 +411,7 @@ def test_a_time_budget_measures_the_reference_and_the_best_forecast_then_what_fi
     monkeypatch.setattr(measurement, "run", fake_run)
     monkeypatch.setattr("sys.argv", ["main.py"])
     outcomes = [
-        Outcome(Layout(name, strategy, 2, 2, 8), [1], forecast)
+        Outcome(LAYOUTS[strategy](name, 2, 2, 8), [1], forecast)
         for name, strategy, forecast in (
             ("ddp", "ddp", 15.0),
             ("1 device", "auto", 10.0),  # the slowest forecast, and the reference
@@ -430,7 +430,7 @@ def test_a_time_budget_measures_the_reference_and_the_best_forecast_then_what_fi
         capsys.readouterr().out
     )
     basis = {"passes_s": {"8 images on 2 thread(s)": 0.9}, "links": Links(world=1).figures()}
-    outcomes = [*measured, Outcome(Layout("dp", "dp", 2, 1, 8), [1], 9.0)]
+    outcomes = [*measured, Outcome(LAYOUTS["dp"]("dp", 2, 1, 8), [1], 9.0)]
     write_outputs(outcomes, tmp_path, None, {}, "", measured, 2.0, basis)
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["budget_s"] == 2.0 and plan["basis"] == basis
@@ -460,8 +460,8 @@ def test_the_budget_stretches_a_forecast_by_the_most_a_run_took_for_its_own(monk
     times the largest such stretch so far (here 2.5, not the first run's 2 or their mean) and 20% for its own
     error (``FORECAST_ERROR``), on the clock from which ``deadline`` counts."""
     from multigpu.planning import measurement, ranking
-    from multigpu.planning.layouts import Layout
     from multigpu.planning.ranking import Outcome
+    from multigpu.strategies.layouts import LAYOUTS
 
     clock = [0.0]
     took = {"auto": 4.8, "manual_model_parallel": 6.0, "ddp": 8.0, "fsdp": 10.0}  # forecast 2.4, 2.4, 3.2, 4 s
@@ -478,7 +478,7 @@ def test_the_budget_stretches_a_forecast_by_the_most_a_run_took_for_its_own(monk
         monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     monkeypatch.setattr("sys.argv", ["main.py"])
     order = [
-        Outcome(Layout(name, strategy, 2, 2, 8), [1], forecast)
+        Outcome(LAYOUTS[strategy](name, 2, 2, 8), [1], forecast)
         for name, strategy, forecast in (
             ("1 device", "auto", 10.0),
             ("model parallel 2", "manual_model_parallel", 20.0),

@@ -25,15 +25,15 @@ from multigpu.compat import schedule_actions
 from multigpu.model.lazy_blocks import LazyBlocks
 from multigpu.planning import link_probe
 from multigpu.planning import links as links_module
-from multigpu.planning.forecast import forecast, overlapped_reduction
-from multigpu.planning.layouts import Layout
+from multigpu.planning.forecast import forecast
 from multigpu.planning.link_probe import REPEATS, SHARDED_ROUNDS, SIZES, _sharded_costs, _timed
 from multigpu.planning.links import ForkedRanks, Link, Links, fork_ranks
-from multigpu.planning.memory_estimate import BlockMemory
-from multigpu.planning.pipeline_simulation import simulate_step
 from multigpu.planning.profile import BlockProfile, PassTimes
 from multigpu.planning.ranking import Outcome, choice, tied, to_measure
 from multigpu.planning.report import print_report
+from multigpu.strategies.layouts import LAYOUTS, BlockMemory, PipelineLayout
+from multigpu.strategies.layouts.layout import overlapped_reduction
+from multigpu.strategies.pipeline.simulation import simulate_step
 from multigpu.strategies.pipeline.stage_placement import SCHEDULES, StagePlacement, natural_stages_per_process
 from multigpu.timing.busy_cores import threads_per_process
 
@@ -102,8 +102,8 @@ def test_a_pipelines_processes_update_after_its_last_action_and_the_step_waits_f
     second stage's 2 s before; the second stage's update of 3 s starts only then (the output's broadcast), and the
     step waits for it (the SIGTERM flag's all-reduce), so it ends at 18 s, not at 16 (13 s and its update)."""
     memory = BlockMemory(params=[0, 0], activations=[0.0] * 2, inputs=[0.0] * 2, tensors=[0] * 2)
-    options = {"num_stages": 2, "stages_per_process": 1}
-    layout = Layout("p", "pipeline", 2, 2, 4, options=options, balance=(1, 1), schedule="gpipe", micro_batches=4)
+    options = {"num_stages": 2, "stages_per_process": 1, "schedule": "gpipe"}
+    layout = PipelineLayout("p", 2, 2, 4, options=options, balance=(1, 1), micro_batches=4)
     step = layout.batch_size / forecast(layout, _FlatProfile(2, updates=[0.5, 3.0]), Links(world=2), memory)
     assert step == pytest.approx((4 + 2 - 1) * 3 + 3.0)
 
@@ -111,7 +111,7 @@ def test_a_pipelines_processes_update_after_its_last_action_and_the_step_waits_f
 def test_fsdp_on_the_cpu_pays_its_collectives_and_its_runtime_per_block_and_per_byte_in_turn_with_the_passes():
     blocks, nbytes = 3, 10**6
     memory = BlockMemory(params=[nbytes] * blocks, activations=[0.0] * blocks, inputs=[0.0] * blocks, tensors=[0] * 3)
-    layout = Layout("fsdp", "fsdp", devices=2, processes=2, batch_size=6)
+    layout = LAYOUTS["fsdp"]("fsdp", devices=2, processes=2, batch_size=6)
     gathers = Link(0.0, 1e6)  # a whole block's gather moves half its bytes: 0.5 s; so does its reduce-scatter
     links = Links(world=2, gathers=gathers, scatters=gathers, sharded_block=0.25, sharded_byte=1e-6)
     compute, collectives = blocks * (1.0 + 2.0), blocks * 3 * 0.5  # two gathers (forward, backward), one scatter
@@ -141,8 +141,8 @@ def test_the_split_factor_lengthens_only_the_split_halves_and_the_first_stages_i
 def test_a_zero_bubble_schedule_pays_for_its_split_backward_pass_and_the_others_do_not(schedule, splits):
     blocks = 4
     memory = BlockMemory(params=[0] * blocks, activations=[0.0] * blocks, inputs=[0.0] * blocks, tensors=[0] * 4)
-    options = {"num_stages": 4, "stages_per_process": 2}
-    layout = Layout("p", "pipeline", 2, 2, 8, options=options, balance=(1, 1, 1, 1), schedule=schedule, micro_batches=4)
+    options = {"num_stages": 4, "stages_per_process": 2, "schedule": schedule}
+    layout = PipelineLayout("p", 2, 2, 8, options=options, balance=(1, 1, 1, 1), micro_batches=4)
     links = Links(world=2)
     whole = forecast(layout, _FlatProfile(blocks), links, memory)
     split = forecast(layout, _FlatProfile(blocks, split=1.5), links, memory)
@@ -152,21 +152,12 @@ def test_a_zero_bubble_schedule_pays_for_its_split_backward_pass_and_the_others_
 def test_ddp_and_fsdp_go_at_the_pace_of_their_slowest_process_and_a_pipeline_does_not():
     blocks = 4
     memory = BlockMemory(params=[0] * blocks, activations=[0.0] * blocks, inputs=[0.0] * blocks, tensors=[0] * 4)
-    pipeline = Layout(
-        "p",
-        "pipeline",
-        2,
-        2,
-        8,
-        options={"num_stages": 2, "stages_per_process": 1},
-        balance=(2, 2),
-        schedule="1f1b",
-        micro_batches=4,
-    )
+    options = {"num_stages": 2, "stages_per_process": 1, "schedule": "1f1b"}
+    pipeline = PipelineLayout("p", 2, 2, 8, options=options, balance=(2, 2), micro_batches=4)
     even, paced = Links(world=2), Links(world=2, lockstep=1.25)  # links that cost nothing: only the passes count
     step = lambda layout, links: 1 / forecast(layout, _FlatProfile(blocks), links, memory)  # noqa: E731
     for strategy in ("ddp", "fsdp"):
-        layout = Layout(strategy, strategy, 2, 2, 8)
+        layout = LAYOUTS[strategy](strategy, 2, 2, 8)
         assert step(layout, paced) == pytest.approx(1.25 * step(layout, even))
         # measured over 4 processes: 2 of them are charged a third of the way from even to the slowest of 4
         assert step(layout, replace(paced, world=4)) == pytest.approx((1 + 0.25 / 3) * step(layout, even))
@@ -362,7 +353,7 @@ def test_the_forked_link_probe_ends_when_plan_ends_first():
 
 
 def _outcome(name: str, processes: int, forecast: float, windows: list[float] | None = None, peak: int = 1) -> Outcome:
-    layout = Layout(name, "auto" if name == "1 device" else "ddp", processes, processes, 8)
+    layout = LAYOUTS["auto" if name == "1 device" else "ddp"](name, processes, processes, 8)
     figures = {"images_per_s": 0.0, "window_images_per_s": windows, "peak_memory_bytes": [peak]} if windows else None
     return Outcome(layout, [0], forecast, figures)
 

@@ -27,6 +27,7 @@ from multigpu.cli.config_files import resolve_data_dir, unreadable_config
 from multigpu.cli.saved_options import take_saved_normalisation, take_saved_options
 from multigpu.cli.trainer_options import USUAL_STRATEGIES, check_trainer_options, precision_error
 from multigpu.compat import CheckpointPathCLI
+from multigpu.contracts import layout_of
 from multigpu.data.datamodule import CIFAR10DataModule, class_count
 from multigpu.errors import RunFinished, UsageError, check_at_least, check_writable
 from multigpu.model.classifier import (
@@ -319,9 +320,7 @@ class MultiGPUCLI(CheckpointPathCLI):
 
     def before_validate(self) -> None:
         """Let the strategy refuse the model before it launches any process."""
-        check_model = getattr(self.trainer.strategy, "check_model", None)
-        if check_model is not None:
-            check_model(self.model)
+        layout_of(self.trainer).check_model(self.model)
 
     before_test = before_predict = before_validate
 
@@ -329,9 +328,7 @@ class MultiGPUCLI(CheckpointPathCLI):
         """Let the strategy refuse the model, and what only training cannot run, before it launches any process;
         make the accumulated batches give ``--data.global_batch_size`` on this layout."""
         self.before_validate()
-        check_training = getattr(self.trainer.strategy, "check_training", None)
-        if check_training is not None:
-            check_training(self.model)
+        layout_of(self.trainer).check_training(self.model)
         global_batch_size = self.datamodule.hparams.global_batch_size
         if global_batch_size is not None:
             trainer = self.trainer

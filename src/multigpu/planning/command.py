@@ -35,8 +35,8 @@ from typing_extensions import override
 
 from multigpu.cli.lightning_cli import MultiGPUCLI
 from multigpu.errors import UsageError
-from multigpu.planning.forecast import forecast, timed_input
-from multigpu.planning.layouts import Layout, Refusal, candidate_layouts
+from multigpu.planning.forecast import forecast
+from multigpu.planning.layouts import candidate_layouts
 from multigpu.planning.links import ForkedRanks, fork_ranks, measure_links
 from multigpu.planning.measurement import balanced, measure
 from multigpu.planning.options import BUSY_REMEDY, PlanOptions, check_no_plan_section
@@ -46,6 +46,7 @@ from multigpu.planning.resources import budget as memory_budget
 from multigpu.planning.selection import Setting, choose, devices_of, setting_of
 from multigpu.renamed_options import add_old_names
 from multigpu.run.host_memory import give_back_freed_memory
+from multigpu.strategies.layouts import Layout, Refusal
 from multigpu.timing.busy_cores import CoreCheck, check_cores, note_if_busy, read_cpu_clock, until_quiet
 
 __all__ = ["PlanCLI", "plan", "process_age_s"]
@@ -251,7 +252,7 @@ def _forecasts(
     the whole network's update and the zero-bubble schedules' split factor at every thread count timed, the links'
     figures), which ``plan.json`` records."""
     profile = setting.profile(config["model"])
-    profile.measure_together({timed_input(layout) for layout in layouts})
+    profile.measure_together({layout.timed_input for layout in layouts})
     layouts, refusals = balanced(layouts, profile)
     chosen, left_out = choose(layouts, setting, budget, options.recompute, bool(config["model"]["compile"]))
     refusals += left_out

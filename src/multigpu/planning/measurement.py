@@ -9,12 +9,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from multigpu.errors import UsageError
-from multigpu.planning.forecast import timed_input
-from multigpu.planning.layouts import Layout, Refusal
 from multigpu.planning.options import BUSY_REMEDY, without_plan_options
 from multigpu.planning.profile import BlockProfile
 from multigpu.planning.ranking import Outcome, ends_by
 from multigpu.planning.selection import Setting
+from multigpu.strategies.layouts import Layout, Refusal
 from multigpu.strategies.partition import balance_by_cost
 from multigpu.timing.busy_cores import IF_BUSY, note_if_busy, read_cpu_clock, wait_for_quiet
 from multigpu.timing.step_timer import step_timer
@@ -32,7 +31,7 @@ def balanced(layouts: list[Layout], profile: BlockProfile) -> tuple[list[Layout]
     balanced, refusals = [], []
     for layout in layouts:
         if layout.num_stages > 1:
-            times = profile.times(*timed_input(layout))
+            times = profile.times(*layout.timed_input)
             if isinstance(times, str):
                 refusals.append(Refusal(layout.label, times))
                 continue

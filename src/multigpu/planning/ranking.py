@@ -15,11 +15,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from multigpu.planning.layouts import Layout
+from multigpu.strategies.layouts import Layout
 
 __all__ = [
     "FORECAST_ERROR",
-    "REFERENCE",
     "Outcome",
     "choice",
     "ends_by",
@@ -30,7 +29,6 @@ __all__ = [
 ]
 
 FORECAST_ERROR = 0.2
-REFERENCE = "auto"  # one device: the strategy of the layout every other one is compared with
 
 
 def ends_by(deadline: float | None, run_s: float) -> bool:
@@ -83,12 +81,12 @@ def to_measure(outcomes: Sequence[Outcome], top: int) -> list[Outcome]:
     best = by_forecast[0].forecast if by_forecast else 0.0
     kept = {id(o) for o in by_forecast[:top]}
     kept |= {id(o) for o in by_forecast if o.forecast >= best * (1 - FORECAST_ERROR)}
-    return [o for o in outcomes if id(o) in kept or o.layout.strategy == REFERENCE]
+    return [o for o in outcomes if id(o) in kept or o.layout.reference]
 
 
 def in_measuring_order(outcomes: Sequence[Outcome]) -> list[Outcome]:
     """The reference first, then by forecast, the best first: the order in which a time budget measures them."""
-    return sorted(outcomes, key=lambda o: (o.layout.strategy != REFERENCE, -(o.forecast or 0.0)))
+    return sorted(outcomes, key=lambda o: (not o.layout.reference, -(o.forecast or 0.0)))
 
 
 def ranked(outcomes: Sequence[Outcome]) -> list[Outcome]:

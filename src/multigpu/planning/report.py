@@ -10,8 +10,8 @@ from typing import Any
 import yaml
 
 from multigpu.planning.bar_chart import write_bar_chart
-from multigpu.planning.layouts import Refusal
-from multigpu.planning.ranking import REFERENCE, Outcome, choice, ranked, tied
+from multigpu.planning.ranking import Outcome, choice, ranked, tied
+from multigpu.strategies.layouts import Refusal
 
 __all__ = ["dry_run_line", "print_report", "write_outputs"]
 
@@ -20,9 +20,7 @@ MIB = 2**20
 
 def _efficiency(outcome: Outcome, outcomes: Sequence[Outcome]) -> float | None:
     """img/s over (devices x one device's img/s)."""
-    reference = next(
-        (o for o in outcomes if o.layout.strategy == REFERENCE and o.figures and not o.layout.recompute), None
-    )
+    reference = next((o for o in outcomes if o.layout.reference and o.figures and not o.layout.recompute), None)
     if reference is None or not outcome.figures:
         return None
     return outcome.images_per_s / (outcome.layout.devices * reference.images_per_s)
@@ -168,7 +166,7 @@ def write_outputs(
         notes,
         f"python main.py plan: {title}",
         folder / "plan.png",
-        grey=[o.layout.strategy == REFERENCE for o in bars],
+        grey=[o.layout.reference for o in bars],
     )
     measured = sum(1 for outcome in outcomes if outcome.figures)
     print(

@@ -8,11 +8,11 @@ import torch
 from multigpu.cli.trainer_options import accelerator_name, device_request
 from multigpu.model.architectures import network_blocks
 from multigpu.model.lazy_blocks import LazyBlocks
-from multigpu.planning.layouts import Layout, Refusal
-from multigpu.planning.memory_estimate import BlockMemory, block_memory, estimate
+from multigpu.planning.memory_estimate import block_memory
 from multigpu.planning.profile import BlockProfile, precision_plugin
 from multigpu.planning.resources import resident_bytes
 from multigpu.strategies.block_timing import sgd_options
+from multigpu.strategies.layouts import BlockMemory, Layout, Refusal
 
 __all__ = ["MIB", "Setting", "choose", "fits", "setting_of"]
 
@@ -42,7 +42,7 @@ class Setting:
 
     def estimated_peaks(self, layout: Layout) -> list[int]:
         """Estimated peak of each device (CUDA), or of each process (CPU), in the order the runs report them."""
-        processes = estimate(layout, self.memory, self.optimizer_states)
+        processes = layout.device_memory(self.memory, self.optimizer_states)
         if self.cuda:
             return [device for process in processes for device in process]
         return [sum(process) + self.overhead for process in processes]

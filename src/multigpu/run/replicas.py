@@ -2,19 +2,16 @@
 
 from lightning.pytorch import Trainer
 
+from multigpu.contracts import layout_of
 from multigpu.errors import UsageError
 
 __all__ = ["accumulation_for", "data_parallel_rank", "data_parallel_size", "micro_batches_per_batch", "replica_group"]
 
 
 def data_parallel_size(trainer: Trainer) -> int:
-    """The number of data-parallel replicas: the world size, unless the strategy says otherwise.
-
-    The processes of one pipeline share their samples, so a pipeline strategy gives
-    ``data_parallel_size`` as the world size divided by its processes per pipeline (its stages
-    divided by ``stages_per_process``).
-    """
-    return getattr(trainer.strategy, "data_parallel_size", trainer.world_size)
+    """The number of data-parallel replicas (``StrategyLayout.data_parallel_size``): the world size, but for a
+    pipeline, whose processes share their samples."""
+    return layout_of(trainer).data_parallel_size
 
 
 def data_parallel_rank(trainer: Trainer) -> int:
@@ -28,12 +25,12 @@ def data_parallel_rank(trainer: Trainer) -> int:
 def replica_group(trainer: Trainer):
     """The process group of the replicas that hold the same layers as this process: a pipeline's processes of
     the same stages, else all processes (``None``, the default group)."""
-    return getattr(trainer.strategy, "replica_group", None)
+    return layout_of(trainer).replica_group
 
 
 def micro_batches_per_batch(trainer: Trainer) -> int:
     """The micro-batches each loader batch is cut into for its forward passes: a pipeline's, else 1."""
-    return getattr(trainer.strategy, "micro_batches", 1)
+    return layout_of(trainer).micro_batches
 
 
 def accumulation_for(global_batch_size: int, batch_size: int, replicas: int) -> int:

@@ -20,6 +20,7 @@ from torch.nn.parallel import DataParallel
 from typing_extensions import override
 
 from multigpu.compat import layer_sync
+from multigpu.contracts import StrategyLayout
 from multigpu.errors import UsageError
 from multigpu.strategies.network_lookup import network
 
@@ -69,7 +70,7 @@ def _add_module_prefix(module: nn.Module, state_dict: dict, prefix: str, *args: 
         state_dict[prefix + "module." + key[len(prefix) :]] = state_dict.pop(key)
 
 
-class DataParallelStrategy(ParallelStrategy):
+class DataParallelStrategy(ParallelStrategy, StrategyLayout):
     """Single-process data parallelism over the devices of ``--trainer.devices`` (a count or a list)."""
 
     strategy_name = "dp"
@@ -108,6 +109,12 @@ class DataParallelStrategy(ParallelStrategy):
     def num_nodes(self) -> int:
         return 1
 
+    @property
+    @override
+    def process_devices(self) -> list[torch.device]:
+        assert self.parallel_devices is not None
+        return self.parallel_devices
+
     @num_nodes.setter
     def num_nodes(self, num_nodes: int) -> None:
         if num_nodes != 1:
@@ -136,6 +143,7 @@ class DataParallelStrategy(ParallelStrategy):
             raise UsageError("--trainer.sync_batchnorm=true needs one process per device: use ddp, not dp.")
         super().setup_environment()
 
+    @override
     def check_model(self, pl_module: LightningModule) -> nn.Module:
         """Refuse a LightningModule dp cannot run, before training; return its network."""
         return network(pl_module, self.strategy_name)

@@ -38,6 +38,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from multigpu.contracts import StrategyLayout
 from multigpu.errors import UsageError
 from multigpu.strategies.full_state import full_model_state, full_optimizer_state, load_full_optimizer_state
 from multigpu.strategies.network_lookup import block_sequence
@@ -59,7 +60,7 @@ def broadcast_from_first(tensors: list[Tensor]) -> None:
             offset += tensor.numel()
 
 
-class FullyShardedStrategy(DDPStrategy):
+class FullyShardedStrategy(DDPStrategy, StrategyLayout):
     """Parameters, gradients and optimizer state sharded over the processes (FSDP2), block by block.
 
     Args:
@@ -102,6 +103,7 @@ class FullyShardedStrategy(DDPStrategy):
             )
         return (world_size,) if shards == world_size else (world_size // shards, shards)
 
+    @override
     def check_model(self, pl_module: LightningModule) -> nn.Sequential:
         """Refuse a LightningModule this strategy cannot shard, before training; return its blocks."""
         blocks = block_sequence(pl_module, self.strategy_name)
@@ -113,6 +115,7 @@ class FullyShardedStrategy(DDPStrategy):
             )
         return blocks
 
+    @override
     def check_training(self, pl_module: LightningModule) -> None:
         """Refuse a layout the processes cannot form, before any process is launched."""
         assert self.parallel_devices is not None

@@ -114,6 +114,11 @@ class ManualModelParallelStrategy(SplitNetworkStrategy):
 
     @property
     @override
+    def process_devices(self) -> list[torch.device]:
+        return self.stage_devices
+
+    @property
+    @override
     def root_device(self) -> torch.device:
         return torch.device("cpu") if self._unbound_group else self.stage_devices[0]
 
@@ -131,6 +136,7 @@ class ManualModelParallelStrategy(SplitNetworkStrategy):
         finally:
             self._unbound_group = False
 
+    @override
     def check_model(self, pl_module: LightningModule) -> nn.Sequential:
         """Refuse a LightningModule this strategy cannot split, before training; return its blocks."""
         return block_sequence(pl_module, self.strategy_name)

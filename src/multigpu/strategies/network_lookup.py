@@ -1,8 +1,10 @@
-"""Where a strategy finds the network it places or wraps: the LightningModule's ``net``, checked."""
+"""Where a strategy finds the network it places or wraps: the LightningModule's ``net`` (``HoldsNetwork``),
+checked."""
 
 from lightning.pytorch import LightningModule
 from torch import nn
 
+from multigpu.contracts import HoldsNetwork
 from multigpu.errors import UsageError
 
 __all__ = ["block_sequence", "network"]
@@ -14,8 +16,7 @@ def network(pl_module: LightningModule, strategy: str) -> nn.Module:
     Our strategies move, replicate or split the network's blocks, which a network compiled
     as a whole does not follow: they refuse ``compile``.
     """
-    net = getattr(pl_module, "net", None)
-    if not isinstance(net, nn.Module):
+    if not isinstance(pl_module, HoldsNetwork) or not isinstance(net := pl_module.net, nn.Module):
         raise UsageError(
             f"strategy {strategy} needs the network as a module in `self.net` of the LightningModule; "
             f"{type(pl_module).__name__} has none."

@@ -19,6 +19,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from multigpu.compat import without_child
+from multigpu.contracts import HoldsNetwork, StrategyLayout
 from multigpu.model.lazy_blocks import is_materialized, placed
 from multigpu.strategies.network_lookup import block_sequence
 
@@ -27,7 +28,7 @@ __all__ = ["SplitNetworkStrategy"]
 META = torch.device("meta")
 
 
-class SplitNetworkStrategy(DDPStrategy):
+class SplitNetworkStrategy(DDPStrategy, StrategyLayout):
     """A DDP-launched strategy that places each block of the network itself (see the module's docstring)."""
 
     def block_devices(self) -> list[torch.device | None]:
@@ -79,7 +80,7 @@ class SplitNetworkStrategy(DDPStrategy):
     @override
     def teardown(self) -> None:
         pl_module = self.lightning_module
-        net = getattr(pl_module, "net", None)
+        net = pl_module.net if isinstance(pl_module, HoldsNetwork) else None
         if not isinstance(net, nn.Sequential) or all(is_materialized(block) for block in net):
             return super().teardown()
         with without_child(pl_module, "net") as net:  # Lightning moves the module to the CPU, which meta blocks refuse

@@ -16,9 +16,9 @@ import torch
 from lightning.pytorch import Callback
 from typing_extensions import override
 
+from multigpu.contracts import layout_of
 from multigpu.run.device_sync import synchronize
 from multigpu.run.replicas import data_parallel_size
-from multigpu.strategies import DataParallelStrategy
 
 __all__ = ["StepTimer", "peak_memory_bytes", "result", "step_timer"]
 
@@ -30,19 +30,9 @@ def peak_memory_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-def _devices_of(trainer) -> list[torch.device]:
-    """The devices this process trains on, in the order of its strategy: several for ``dp`` and
-    ``manual_model_parallel``, else its root device."""
-    strategy = trainer.strategy
-    devices = getattr(strategy, "stage_devices", None)  # manual_model_parallel
-    if devices is None and isinstance(strategy, DataParallelStrategy):
-        devices = strategy.parallel_devices
-    return list(devices or [strategy.root_device])
-
-
 def _peaks_of_this_process(trainer) -> list[int]:
     """The peak of each CUDA device this process trains on, or on the CPU its resident memory."""
-    devices = [device for device in _devices_of(trainer) if device.type == "cuda"]
+    devices = [device for device in layout_of(trainer).process_devices if device.type == "cuda"]
     if not devices:
         return [peak_memory_bytes(trainer.strategy.root_device)]
     return [peak_memory_bytes(device) for device in devices]

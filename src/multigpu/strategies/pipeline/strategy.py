@@ -95,6 +95,7 @@ class PipelineStrategy(SplitNetworkStrategy):
         return self.placement.num_stages
 
     @property
+    @override
     def data_parallel_size(self) -> int:
         """Replicas of the whole pipeline: the processes that see different samples."""
         return self.num_nodes * self.num_processes // self.placement.processes
@@ -147,6 +148,7 @@ class PipelineStrategy(SplitNetworkStrategy):
 
     # --- the model ------------------------------------------------------------------------------
 
+    @override
     def check_model(self, pl_module: LightningModule) -> nn.Sequential:
         """Refuse a LightningModule this pipeline cannot run, before any process is launched; return its blocks."""
         if layer_sync(self) is not None:
@@ -156,6 +158,7 @@ class PipelineStrategy(SplitNetworkStrategy):
             )
         return pipeline_blocks(pl_module, self.micro_batches, self.num_stages, self.balance, self.balance_by)
 
+    @override
     def check_training(self, pl_module: LightningModule) -> None:
         """Refuse, before launch, micro-batches too small to train (``refuse_untrainable_micro_batches``)."""
         refuse_untrainable_micro_batches(self.check_model(pl_module), pl_module, self.micro_batches)

@@ -12,7 +12,7 @@ the network's measured split, how much longer a backward pass takes split than w
 next to nothing and its weight-gradient half is its whole backward pass (traced on a 2-core CPU: 0.2 ms and
 1.05 times the whole, where the other stages' halves added up to 1.08 to 1.21 times theirs). A whole backward
 pass of these schedules (DualPipeV's are most of its) takes as long as it is given.
-Each action also costs the schedule's own time per action, measured with ``links``. The step ends
+Each action also costs the schedule's own time per action, measured by ``plan``. The step ends
 when the last process finishes.
 """
 

@@ -1,0 +1,92 @@
+"""The two contracts between the strategies and the rest of the project, written down.
+
+``StrategyLayout``: what the data module, the metrics, the callbacks, the timing and the CLI read from a strategy.
+Its bodies are the default, stated once here: each process holds the whole network on its root device and is a
+replica of its own, one forward pass per loader batch, nothing to refuse before launch. Lightning's strategies
+(one device, ``ddp``, ``ddp_spawn``) are read through ``layout_of``, which gives them that default; ours subclass
+``StrategyLayout`` and say what differs.
+
+``HoldsNetwork`` and ``TrainsNetwork``: what a strategy reads from the LightningModule: the network it places, wraps
+or splits (``net``, a plain ``nn.Module``; the splitting ones need an ``nn.Sequential`` of blocks), and the loss a
+pipeline's last stage computes (``criterion``). A pipeline swaps ``net`` for its own module while it runs.
+"""
+
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import nn
+from torch.distributed import ProcessGroup
+
+__all__ = ["HoldsNetwork", "StrategyLayout", "TrainsNetwork", "layout_of"]
+
+
+class StrategyLayout(Protocol):
+    """What the project reads from a strategy, with the default of a whole network in every process."""
+
+    replica_group: ProcessGroup | None = None
+    """The processes that hold the same layers as this one, one per replica; ``None``: all of them."""
+
+    micro_batches: int = 1
+    """The forward passes each loader batch is cut into."""
+
+    @property
+    def world_size(self) -> int: ...  # Lightning's own
+
+    @property
+    def root_device(self) -> torch.device: ...  # Lightning's own
+
+    @property
+    def data_parallel_size(self) -> int:
+        """The replicas, the processes that train on different samples: what the global batch and the throughput
+        count."""
+        return self.world_size
+
+    @property
+    def process_devices(self) -> list[torch.device]:
+        """The devices this process trains on, in the order of its stages."""
+        return [self.root_device]
+
+    def check_model(self, pl_module: "HoldsNetwork") -> object:
+        """Refuse, before any process is launched, a LightningModule this strategy cannot run."""
+
+    def check_training(self, pl_module: "HoldsNetwork") -> None:
+        """Refuse, before any process is launched, what this strategy cannot train (it may evaluate it)."""
+
+
+class _WholeNetworkInEachProcess(StrategyLayout):
+    """A strategy of Lightning's, read through the default."""
+
+    def __init__(self, world_size: int, root_device: torch.device) -> None:
+        self._world_size, self._root_device = world_size, root_device
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def root_device(self) -> torch.device:
+        return self._root_device
+
+
+def layout_of(trainer) -> StrategyLayout:
+    """What ``trainer``'s strategy says of itself: ours answer, Lightning's get the default."""
+    strategy = trainer.strategy
+    if StrategyLayout in type(strategy).__mro__:  # by name: testing the shape reads properties that may raise
+        return strategy
+    return _WholeNetworkInEachProcess(trainer.world_size, strategy.root_device)
+
+
+@runtime_checkable
+class HoldsNetwork(Protocol):
+    """What every strategy of ours reads from the LightningModule."""
+
+    net: nn.Module
+    """The network as a plain module; for the strategies that split it, an ``nn.Sequential`` of blocks."""
+
+
+@runtime_checkable
+class TrainsNetwork(HoldsNetwork, Protocol):
+    """What a pipeline reads from the LightningModule besides its network."""
+
+    criterion: nn.Module
+    """The loss of the network's output and the targets, which a pipeline's last stage computes."""

@@ -1,0 +1,68 @@
+"""``manual_model_parallel`` (``ManualModelParallelStrategy``): consecutive blocks on consecutive devices of one
+process, optionally replicated with DDP."""
+
+from typing import ClassVar
+
+from multigpu.strategies.layouts.layout import (
+    Layout,
+    LayoutRequest,
+    Refuse,
+    activations,
+    boundary_bytes,
+    held,
+    overlapped_reduction,
+    state,
+)
+from multigpu.strategies.partition import stage_ranges
+
+__all__ = ["ModelParallelLayout"]
+
+DEVICES_PER_REPLICA = (2, 4)
+
+
+class ModelParallelLayout(Layout):
+    """The stages one after another for the whole batch, the activations and their gradients sent between devices,
+    and with several replicas ``ddp``'s all-reduce (and its buckets); each device holds its stage's blocks, for
+    the whole batch."""
+
+    strategy: ClassVar[str] = "manual_model_parallel"
+
+    @classmethod
+    def offered(cls, request: LayoutRequest, refuse: Refuse) -> list[Layout]:
+        layouts: list[Layout] = []
+        for per_replica in DEVICES_PER_REPLICA:
+            what = f"manual_model_parallel over {per_replica} devices per replica"
+            if request.compiled:
+                refuse(what, "places the blocks itself and cannot run --model.compile")
+            elif request.devices % per_replica:
+                refuse(what, f"needs a multiple of {per_replica} devices, not --trainer.devices={request.devices}")
+            else:
+                replicas = request.devices // per_replica
+                name = f"model parallel {per_replica}" + (f" x{replicas}" if replicas > 1 else "")
+                options = {"devices_per_replica": per_replica}
+                layouts.append(cls(name, request.devices, replicas, request.batch_size * per_replica, options=options))
+        return layouts
+
+    @property
+    def num_stages(self) -> int:
+        return self.options["devices_per_replica"]
+
+    def device_memory(self, memory, optimizer_states) -> list[list[int]]:
+        if self.balance is None:
+            raise ValueError("a split layout needs its balance before its memory is estimated")
+        buckets = self.replicas > 1
+        devices = [
+            int(
+                state(memory, blocks, optimizer_states)
+                + (held(memory, blocks) if buckets else 0)
+                + activations(memory, blocks, self.batch_size, self.recompute)
+            )
+            for blocks in stage_ranges(self.balance)
+        ]
+        return [devices for _ in range(self.processes)]
+
+    def step_seconds(self, forward, backward, update, links, memory, profile) -> float:
+        sends = boundary_bytes(memory, self.balance, self.batch_size) if links.cuda else []  # CPU: one memory
+        moved = 2 * sum(links.send(nbytes) for nbytes in sends)  # activations forward, their gradients back
+        reduce = lambda nbytes: links.all_reduce(nbytes, self.replicas)  # noqa: E731
+        return sum(forward) + moved + overlapped_reduction(backward, memory.params, reduce, links.overlap) + sum(update)
