@@ -40,7 +40,7 @@ from stage_clock import PARTS, StageClock
 from torch.utils.data import DataLoader
 
 from multigpu.data.cifar10 import SyntheticCIFAR10
-from multigpu.model.classifier import ResNet50Classifier
+from multigpu.model.classifier import ImageClassifier
 from multigpu.run.host_memory import keep_freed_memory
 from multigpu.run.process_groups import end_process_groups
 from multigpu.strategies import PipelineStrategy
@@ -79,7 +79,7 @@ def worker(args: argparse.Namespace) -> None:
         enable_model_summary=False,
         callbacks=callbacks,
     )
-    model = ResNet50Classifier(batch_size=batch_size, stem=args.stem, warmup_epochs=0)
+    model = ImageClassifier(batch_size=batch_size, stem=args.stem, warmup_epochs=0)
     batches = (args.warmup + args.steps) * args.accumulate
     trainer.fit(model, DataLoader(SyntheticCIFAR10(batch_size * batches), batch_size=batch_size))
     end_process_groups()

@@ -23,7 +23,7 @@ BEGIN, END = "<!-- promises -->", "<!-- end promises -->"
 # What a test's source says, the network it trains: the first of each group that matches.
 NETWORKS = [
     (
-        r"RESNET50|resnet50_|models\.resnet50|ResNet50Classifier\((?!arch)[^)]*\)|\"(throughput|memory|pipeline_efficiency|"
+        r"RESNET50|resnet50_|models\.resnet50|ImageClassifier\((?!arch)[^)]*\)|\"(throughput|memory|pipeline_efficiency|"
         r"learning)\.py\"|PLAIN",
         "ResNet-50",
     ),

@@ -26,8 +26,8 @@ from helpers import KillAt, RecordIndices
 from lightning.pytorch import Trainer, seed_everything
 from torch import nn
 
-from multigpu.data.datamodule import CIFAR10DataModule
-from multigpu.model.classifier import ResNet50Classifier
+from multigpu.data.datamodule import ImageDataModule
+from multigpu.model.classifier import ImageClassifier
 from multigpu.model.lazy_blocks import LazyBlocks
 from multigpu.run.callbacks import LastCheckpoint, RunMetadata
 from multigpu.run.checkpoints import find_last_checkpoint
@@ -43,7 +43,7 @@ def _block(index: int) -> nn.Module:
     return nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
 
 
-class SmallBatchNormClassifier(ResNet50Classifier):
+class SmallBatchNormClassifier(ImageClassifier):
     """The recipe's LightningModule (loss, SGD, schedule, BatchNorm's step statistics) on three small blocks."""
 
     def __init__(self, batch_size: int) -> None:
@@ -84,7 +84,7 @@ def train(layout: str, folder: Path, attempt: str, steps: str, kill_at: str | No
         enable_model_summary=False,
         callbacks=callbacks,
     )
-    data = CIFAR10DataModule(synthetic=True, synthetic_size=SAMPLES, batch_size=batch_size, num_workers=0)
+    data = ImageDataModule(synthetic=True, synthetic_size=SAMPLES, batch_size=batch_size, num_workers=0)
     last = find_last_checkpoint(folder / "checkpoints")
     trainer.fit(SmallBatchNormClassifier(batch_size), datamodule=data, ckpt_path=str(last) if last else None)
     state = trainer.strategy.lightning_module_state_dict()

@@ -36,7 +36,7 @@ from torchvision.models.vgg import make_layers
 from torchvision.ops import StochasticDepth
 
 from multigpu.data.cifar10 import SyntheticCIFAR10
-from multigpu.model.classifier import ResNet50Classifier
+from multigpu.model.classifier import ImageClassifier
 from multigpu.run.process_groups import end_process_groups
 from multigpu.strategies import FullyShardedStrategy, ManualModelParallelStrategy, PipelineStrategy
 
@@ -125,7 +125,7 @@ def train(layout: str, archs: list[str]) -> dict | None:
     trained, held = {}, {}
     for arch in archs:
         seed_everything(0)
-        model = ResNet50Classifier(arch=arch, batch_size=batch_size, warmup_epochs=0, weight_decay=0)
+        model = ImageClassifier(arch=arch, batch_size=batch_size, warmup_epochs=0, weight_decay=0)
         trainer = bare_trainer(
             strategy() if callable(strategy) else strategy, devices, STEPS, accumulate_grad_batches=accumulate
         )

@@ -34,7 +34,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from multigpu.data.cifar10 import SyntheticCIFAR10
-from multigpu.model.classifier import ResNet50Classifier
+from multigpu.model.classifier import ImageClassifier
 from multigpu.model.deferred_batch_norm import defer_batch_norm
 from multigpu.model.lazy_blocks import LazyBlocks, is_materialized
 from multigpu.run.process_groups import end_process_groups
@@ -176,7 +176,7 @@ def bottleneck(
 ) -> tuple[LightningModule, SyntheticCIFAR10]:
     """ResNet-50's blocks at 4 to 8 channels (``helpers.tiny_resnet``: 8 blocks, BatchNorm, the pair passed from a
     bottleneck's entry to its exit), or ``arch``."""
-    model = ResNet50Classifier(
+    model = ImageClassifier(
         arch=arch, batch_size=batch_size, stem="imagenet", warmup_epochs=0, recompute_activations=recompute_activations
     )
     return model, SyntheticCIFAR10(64, seed=1)
@@ -186,7 +186,7 @@ recomputed = partial(bottleneck, recompute_activations=True)
 resnet50 = partial(bottleneck, arch="resnet50")  # the real layout; the ImageNet stem keeps it fast on a CPU
 
 
-class DeferredStatistics(ResNet50Classifier):
+class DeferredStatistics(ImageClassifier):
     """One device with BatchNorm's running statistics of each whole step (2 accumulated batches)."""
 
     def configure_model(self) -> None:

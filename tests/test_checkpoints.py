@@ -8,9 +8,9 @@ import pytest
 import torch
 from lightning.pytorch import Trainer
 
-from multigpu.data.datamodule import CIFAR10DataModule
+from multigpu.data.datamodule import ImageDataModule
 from multigpu.errors import UsageError
-from multigpu.model.classifier import ResNet50Classifier
+from multigpu.model.classifier import ImageClassifier
 from multigpu.run.callbacks import ThroughputSummary
 from multigpu.run.checkpoints import check_checkpoint, check_model_options, resolve_ckpt_path
 
@@ -18,8 +18,8 @@ pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we decla
 
 
 def _fit(tmp_path, precision: str, ckpt_path=None, max_steps: int = 2) -> Trainer:
-    data = CIFAR10DataModule(synthetic=True, synthetic_size=16, batch_size=4, num_workers=0)
-    model = ResNet50Classifier(batch_size=4, warmup_epochs=0)
+    data = ImageDataModule(synthetic=True, synthetic_size=16, batch_size=4, num_workers=0)
+    model = ImageClassifier(batch_size=4, warmup_epochs=0)
     trainer = Trainer(
         accelerator="cpu",
         precision=precision,
@@ -39,7 +39,7 @@ def test_checkpoint_loads_back_and_resumes(precision, tmp_path):
     trainer = _fit(tmp_path, precision)
     path = tmp_path / "saved.ckpt"
     trainer.save_checkpoint(path)
-    loaded = ResNet50Classifier.load_from_checkpoint(path)
+    loaded = ImageClassifier.load_from_checkpoint(path)
     for name, tensor in trainer.lightning_module.state_dict().items():
         torch.testing.assert_close(loaded.state_dict()[name], tensor, msg=name)
     assert check_checkpoint(path)["global_step"] == 2

@@ -10,8 +10,8 @@ from lightning.fabric.utilities.rank_zero import LightningDeprecationWarning
 from lightning.pytorch.strategies import DDPStrategy
 
 from multigpu.cli.lightning_cli import MultiGPUCLI
-from multigpu.data.datamodule import CIFAR10DataModule
-from multigpu.model.classifier import ResNet50Classifier
+from multigpu.data.datamodule import ImageDataModule
+from multigpu.model.classifier import ImageClassifier
 from multigpu.strategies import FullyShardedStrategy
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
@@ -30,7 +30,7 @@ def test_configs_folder_holds_the_documented_presets():
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
 def test_config_builds_model_data_and_trainer(config, tmp_path):
     cli = _build(tmp_path, "--config", str(config), "--trainer.accelerator=cpu")
-    assert isinstance(cli.model, ResNet50Classifier) and isinstance(cli.datamodule, CIFAR10DataModule)
+    assert isinstance(cli.model, ImageClassifier) and isinstance(cli.datamodule, ImageDataModule)
     # The links: batch size and class count come from the data module.
     assert cli.model.hparams.batch_size == cli.datamodule.batch_size
     assert cli.model.hparams.num_classes == cli.datamodule.num_classes == 10
@@ -80,7 +80,7 @@ def test_fsdp_config_builds_our_sharded_strategy_on_two_cpu_processes(tmp_path):
     assert cli.trainer.strategy.shard_size == 2 and cli.trainer.strategy.mesh_shape(4) == (2, 2)
 
 
-@pytest.mark.parametrize(("section", "component"), [("model", ResNet50Classifier), ("data", CIFAR10DataModule)])
+@pytest.mark.parametrize(("section", "component"), [("model", ImageClassifier), ("data", ImageDataModule)])
 def test_the_code_defaults_are_the_recipe(section, component):
     """Code that builds the model or the data module without the CLI trains the recipe of configs/default.yaml."""
     recipe = yaml.safe_load(DEFAULT_CONFIG.read_text())[section]

@@ -6,13 +6,13 @@ import pytest
 import torch
 from lightning.fabric.utilities.data import suggested_max_num_workers
 
-from multigpu.data.datamodule import CIFAR10DataModule
+from multigpu.data.datamodule import ImageDataModule
 from multigpu.errors import UsageError
 
 
-def _module(data_dir: Path, **kwargs) -> CIFAR10DataModule:
+def _module(data_dir: Path, **kwargs) -> ImageDataModule:
     options = {"download": False, "verify_checksums": False, "batch_size": 8, "num_workers": 0} | kwargs
-    return CIFAR10DataModule(data_dir=str(data_dir), **options)
+    return ImageDataModule(data_dir=str(data_dir), **options)
 
 
 def test_reads_official_format_and_augmentation_keeps_shape_and_dtype(tiny_cifar10):
@@ -114,10 +114,10 @@ def test_under_srun_only_the_first_task_of_each_node_checks_the_dataset(tmp_path
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     missing = {"data_dir": str(tmp_path / "none"), "download": False}
     monkeypatch.setenv("SLURM_LOCALID", "1")
-    CIFAR10DataModule(**missing)  # waits for its node's first task when the process group is set up
+    ImageDataModule(**missing)  # waits for its node's first task when the process group is set up
     monkeypatch.setenv("SLURM_LOCALID", "0")
     with pytest.raises(UsageError, match="CIFAR-10 is not in"):
-        CIFAR10DataModule(**missing)
+        ImageDataModule(**missing)
 
 
 @pytest.mark.parametrize(
@@ -134,7 +134,7 @@ def test_the_training_order_follows_the_runs_seed_and_a_resumed_run_keeps_its_ch
     tiny_cifar10, monkeypatch, shuffle_seed, checkpoint, expected
 ):
     monkeypatch.setenv("PL_GLOBAL_SEED", "7")  # what seed_everything(7) sets
-    data = CIFAR10DataModule(
+    data = ImageDataModule(
         data_dir=str(tiny_cifar10), download=False, verify_checksums=False, batch_size=4, num_workers=0,
         shuffle_seed=shuffle_seed,
     )  # fmt: skip
@@ -145,7 +145,7 @@ def test_the_training_order_follows_the_runs_seed_and_a_resumed_run_keeps_its_ch
 
 
 def test_the_default_loader_workers_follow_the_machines_cores(tiny_cifar10):
-    data = CIFAR10DataModule(data_dir=str(tiny_cifar10), download=False, verify_checksums=False, batch_size=8)
+    data = ImageDataModule(data_dir=str(tiny_cifar10), download=False, verify_checksums=False, batch_size=8)
     data.setup("fit")
     assert data.train_dataloader().num_workers == suggested_max_num_workers(1)
     assert _module(tiny_cifar10, num_workers=0).hparams.num_workers == 0  # a number given is kept

@@ -7,13 +7,13 @@ from lightning.pytorch import Trainer, seed_everything
 from strategy_training import TinyBlocks
 from torch.utils.data import DataLoader, TensorDataset
 
-from multigpu.model.classifier import ResNet50Classifier
+from multigpu.model.classifier import ImageClassifier
 from multigpu.strategies import DataParallelStrategy
 from multigpu.strategies.data_parallel import TransparentDataParallel
 
 
 def test_wrapped_network_saves_and_loads_plain_state_dicts():
-    model = ResNet50Classifier(stem="imagenet")
+    model = ImageClassifier(stem="imagenet")
     model.configure_model()
     plain = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     # DataParallel takes no device list without CUDA, and needs one with it; nothing runs forward here.

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
 from multigpu.data.cifar10 import CIFAR10_MEAN, CIFAR10_STD
-from multigpu.data.datamodule import CIFAR10DataModule
+from multigpu.data.datamodule import ImageDataModule
 
 IMAGES, BATCH, EPOCHS = 44, 8, 40  # 5 whole batches an epoch: 4 images left out of each, as with drop_last
 CELLS = 9 * 9 * 2  # crop offsets (0..8 each way) and flip
@@ -74,7 +74,7 @@ def data(tmp_path_factory):
 def app_epochs(data, seed: int) -> list[list[list[tuple[int, int, int, int]]]]:
     """The batches of a real ``fit`` of the app's data module (official files, a persistent loader worker)."""
     seed_everything(seed)
-    datamodule = CIFAR10DataModule(
+    datamodule = ImageDataModule(
         str(data), download=False, verify_checksums=False, batch_size=BATCH, num_workers=1, persistent_workers=True
     )
     recorder = Recorder()

@@ -13,7 +13,7 @@ import torchvision
 import yaml
 from helpers import HELPERS_ENV, SMOKE, cli_error, cli_main, helper_callback, run_args, run_cli, write_image_folder
 
-from multigpu.data.datamodule import CIFAR10DataModule
+from multigpu.data.datamodule import ImageDataModule
 from multigpu.errors import UsageError
 
 
@@ -61,7 +61,7 @@ def test_an_image_folder_trains_resnet18_under_ddp_with_its_own_classes(tmp_path
     assert resumed.returncode == 0, resumed.stdout
     assert "world size 2 -> 1, replicas 2 -> 1, accumulated batches 1 -> 2): kept the global batch 8" in resumed.stdout
     checkpoint = torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt", weights_only=False)
-    assert checkpoint["global_step"] == 3 and checkpoint["CIFAR10DataModule"]["epoch"] == 1
+    assert checkpoint["global_step"] == 3 and checkpoint["ImageDataModule"]["epoch"] == 1
     assert checkpoint["state_dict"]["net.10.weight"].shape == (3, 512)  # resnet18's fc, the last of its 11 blocks
     assert checkpoint["hyper_parameters"]["num_classes"] == 3
     # An image added since: predict normalises as the run did (its checkpoint's mean and std), not as the folder now.
@@ -111,7 +111,7 @@ def test_an_image_folder_run_killed_and_resumed_ends_bit_for_bit_like_an_uninter
 
 def test_an_image_folder_is_normalised_with_its_own_mean_and_std(tmp_path, caplog):
     folder = write_image_folder(tmp_path / "pets")
-    data = CIFAR10DataModule(str(folder), dataset="imagefolder", image_size=16, num_workers=0)
+    data = ImageDataModule(str(folder), dataset="imagefolder", image_size=16, num_workers=0)
     assert data.num_classes == 3 and data.classes == ["cat", "dog", "owl"]
     with caplog.at_level(logging.INFO):
         data.setup("fit")
@@ -164,9 +164,9 @@ def test_an_image_folder_on_the_device_gives_the_batches_of_its_files_and_is_ref
     """``data.on_device``: the folder decoded once, each evaluation batch the images its files give; a device with
     less free memory than the decoded images refuses in one line."""
     folder = write_image_folder(tmp_path / "pets")
-    files = CIFAR10DataModule(str(folder), dataset="imagefolder", batch_size=6, num_workers=0)
+    files = ImageDataModule(str(folder), dataset="imagefolder", batch_size=6, num_workers=0)
     files.setup("fit")
-    resident = CIFAR10DataModule(str(folder), dataset="imagefolder", batch_size=6, on_device=True)
+    resident = ImageDataModule(str(folder), dataset="imagefolder", batch_size=6, on_device=True)
     resident.setup("fit")
     images, labels = next(iter(resident.val_dataloader()))
     expected = [files.datasets["val"][index] for index in range(6)]
@@ -174,4 +174,4 @@ def test_an_image_folder_on_the_device_gives_the_batches_of_its_files_and_is_ref
     assert labels.tolist() == [label for _, label in expected]
     monkeypatch.setattr("multigpu.data.datamodule.free_memory", lambda device: 1000)
     with pytest.raises(UsageError, match=r"^data.on_device=true: the image folder's 30 images take 0.0 GiB at 32x32"):
-        CIFAR10DataModule(str(folder), dataset="imagefolder", on_device=True).setup("fit")
+        ImageDataModule(str(folder), dataset="imagefolder", on_device=True).setup("fit")

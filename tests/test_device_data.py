@@ -5,14 +5,14 @@ import torch.nn.functional as F
 from helpers import SMOKE, cli_main, run_args
 
 from multigpu.data.cifar10 import eval_transform
-from multigpu.data.datamodule import CIFAR10DataModule
+from multigpu.data.datamodule import ImageDataModule
 from multigpu.data.on_device import DeviceBatches, cifar10_stats, normalize, random_crop_flip
 from multigpu.data.sampling import ResumableSampler
 
 
-def _module(data_dir, **kwargs) -> CIFAR10DataModule:
+def _module(data_dir, **kwargs) -> ImageDataModule:
     options = {"download": False, "verify_checksums": False, "batch_size": 8, "num_workers": 0, "on_device": True}
-    return CIFAR10DataModule(data_dir=str(data_dir), **(options | kwargs))
+    return ImageDataModule(data_dir=str(data_dir), **(options | kwargs))
 
 
 def test_each_image_is_a_crop_of_its_padded_self_some_flipped():
@@ -88,7 +88,7 @@ def test_fit_with_the_dataset_on_the_device(tmp_path, tiny_cifar10):
 
 
 def test_synthetic_data_on_the_device_is_uint8_images_augmented_there():
-    data = CIFAR10DataModule(synthetic=True, synthetic_size=32, batch_size=8, on_device=True)
+    data = ImageDataModule(synthetic=True, synthetic_size=32, batch_size=8, on_device=True)
     data.setup("fit")
     assert data.datasets["train"].images.dtype == torch.uint8
     x, y = next(iter(data.train_dataloader()))

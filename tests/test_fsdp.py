@@ -7,7 +7,7 @@ from helpers import HELPERS_ENV, SMOKE, cli_error, cli_main, helper_callback, ru
 from lightning.pytorch.plugins import MixedPrecision
 
 from multigpu.errors import UsageError
-from multigpu.model.classifier import ResNet50Classifier
+from multigpu.model.classifier import ImageClassifier
 from multigpu.strategies import FullyShardedStrategy
 
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
@@ -60,8 +60,8 @@ def test_bad_values_are_refused_in_one_line_before_launch(capsys, tmp_path):
         "shard_size, accumulate_whole_gradients, process_group_backend."
     )
     with pytest.raises(UsageError, match="cannot run it compiled"):
-        FullyShardedStrategy().check_model(ResNet50Classifier(compile=True))
-    outside = ResNet50Classifier()
+        FullyShardedStrategy().check_model(ImageClassifier(compile=True))
+    outside = ImageClassifier()
     outside.scale = torch.nn.Parameter(torch.ones(1))
     with pytest.raises(UsageError, match="but scale is outside it: move it into the network"):
         FullyShardedStrategy().check_model(outside)
@@ -117,7 +117,7 @@ def test_checkpoints_move_between_fsdp_and_every_other_strategy_mid_epoch(tmp_pa
         checkpoint = torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt")
         assert checkpoint["global_step"] == step, f"{name}: {result.stdout[-3000:]}"
         position = {"epoch": step // 4, "position": step % 4 * 8, "global_batch": 8, "shuffle_seed": 42}
-        assert checkpoint["CIFAR10DataModule"] == position, name
+        assert checkpoint["ImageDataModule"] == position, name
         assert checkpoint["multigpu"]["strategy"] == WRITTEN_BY[name]
         if step <= 2 or name != "fsdp":
             out = tmp_path / f"exported-{step}.pt"

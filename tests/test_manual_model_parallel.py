@@ -14,7 +14,7 @@ from typing_extensions import override
 
 from multigpu.data.cifar10 import SyntheticCIFAR10
 from multigpu.errors import UsageError
-from multigpu.model.classifier import ResNet50Classifier
+from multigpu.model.classifier import ImageClassifier
 from multigpu.strategies import ManualModelParallelStrategy
 
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
@@ -39,7 +39,7 @@ class _CheckStageHooks(Callback):
 
 def _train_resnet(strategy, devices: int, precision: str, accumulate: int, clip: float | None, callbacks=()):
     seed_everything(0)
-    model = ResNet50Classifier(batch_size=4, stem="imagenet", warmup_epochs=0)
+    model = ImageClassifier(batch_size=4, stem="imagenet", warmup_epochs=0)
     trainer = bare_trainer(
         strategy,
         devices,

@@ -47,12 +47,12 @@ def test_blocks_applied_one_by_one_equal_the_whole_network():
 
 
 def test_channels_last_model_keeps_the_format_and_the_result():
-    from multigpu.model.classifier import ResNet50Classifier
+    from multigpu.model.classifier import ImageClassifier
 
     torch.manual_seed(0)
-    plain = ResNet50Classifier().eval()
+    plain = ImageClassifier().eval()
     torch.manual_seed(0)
-    fast = ResNet50Classifier(channels_last=True).eval()
+    fast = ImageClassifier(channels_last=True).eval()
     for model in (plain, fast):
         model.configure_model()
     assert fast.net[0][0].weight.is_contiguous(memory_format=torch.channels_last)

@@ -11,7 +11,7 @@ import torch
 from helpers import ABORTED_AT_EXIT, HELPERS_ENV, REPO, cli_error, trained_steps
 from torch import nn
 
-from multigpu.data.datamodule import CIFAR10DataModule
+from multigpu.data.datamodule import ImageDataModule
 from multigpu.data.sampling import EpochOrder, ResumableSampler
 from multigpu.model.step_batch_norm import commit_step_statistics, record_step_statistics
 from multigpu.run.loop_position import count_steps_as_done
@@ -75,7 +75,7 @@ def test_an_epoch_resumed_on_another_layout_trains_every_image_once(before, afte
 def test_a_checkpoint_written_between_epochs_sets_the_next_epoch_before_the_loader_starts(tiny_cifar10):
     """Lightning builds the resumed epoch's loader iterator (and its workers draw their first indices) before it
     sets the sampler's epoch: the data module sets it from the checkpoint, between epochs as within one."""
-    data = CIFAR10DataModule(
+    data = ImageDataModule(
         data_dir=str(tiny_cifar10), download=False, verify_checksums=False, batch_size=4, num_workers=0
     )
     data.setup("fit")

@@ -15,7 +15,7 @@ from lightning.fabric.utilities.throughput import measure_flops
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
-from multigpu.model.classifier import ResNet50Classifier
+from multigpu.model.classifier import ImageClassifier
 from multigpu.model.lazy_blocks import LazyBlocks
 from multigpu.model.resnet import resnet50_block_factories
 
@@ -43,7 +43,7 @@ def test_flops_per_training_image_count_the_forward_and_backward_passes():
     net = nn.Sequential(*LazyBlocks(resnet50_block_factories(10, "cifar"), seed=0))  # on the meta device
     with torch.device("meta"):
         forward = measure_flops(net, lambda: net(torch.zeros(2, 3, 32, 32))) // 2
-    training = ResNet50Classifier().training_flops_per_image()
+    training = ImageClassifier().training_flops_per_image()
     assert 2.9 * forward < training < 3.1 * forward  # backward costs about twice the forward
     assert 7e9 < training < 9e9  # ResNet-50 with the CIFAR stem at 32x32: 2.6 GFLOPs forward
 
@@ -53,7 +53,7 @@ def test_epoch_line_and_tensorboard_show_images_per_second_and_mfu(tmp_path, cap
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("epoch 0"))
     images_per_s = float(re.search(r"([\d.]+) img/s", line)[1])
     mfu = float(re.search(r"MFU ([\d.]+)%", line)[1])
-    expected = 100 * images_per_s * ResNet50Classifier(arch="helpers.tiny_resnet").training_flops_per_image() / 1e12
+    expected = 100 * images_per_s * ImageClassifier(arch="helpers.tiny_resnet").training_flops_per_image() / 1e12
     assert mfu == pytest.approx(expected, abs=0.1)
     events = EventAccumulator(str(next((tmp_path / "logs").rglob("events.out.tfevents*")).parent))
     events.Reload()

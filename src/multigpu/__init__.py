@@ -2,17 +2,19 @@
 
 from typing import Any
 
-__all__ = ["CIFAR10DataModule", "ResNet50Classifier"]
+__all__ = ["ImageClassifier", "ImageDataModule"]
 
 
 def __getattr__(name: str) -> Any:
     # Imported when first asked for: a process that needs one small module (plan's link probe) skips Lightning.
-    if name == "CIFAR10DataModule":
-        from multigpu.data.datamodule import CIFAR10DataModule
+    if name == "ImageDataModule":
+        from multigpu.data.datamodule import ImageDataModule
 
-        return CIFAR10DataModule
-    if name == "ResNet50Classifier":
-        from multigpu.model.classifier import ResNet50Classifier
+        return ImageDataModule
+    if name == "ImageClassifier":
+        from multigpu.model.classifier import ImageClassifier
 
-        return ResNet50Classifier
-    raise AttributeError(f"module 'multigpu' has no attribute {name!r}")
+        return ImageClassifier
+    from multigpu.renamed_options import renamed_class
+
+    return renamed_class(__name__, name, {new: __getattr__(new) for new in __all__})

@@ -1,4 +1,4 @@
-"""Options that were renamed: the one place that knows their old names.
+"""Options and classes that were renamed: the one place that knows their old names.
 
 An old name still works, with a deprecation line, on the command line, in a config file and in
 the hyperparameters a checkpoint saved; the code behind it knows only the new name.
@@ -6,7 +6,8 @@ the hyperparameters a checkpoint saved; the code behind it knows only the new na
 ``add_old_names`` lets a section's parser read the old names (from config files), ``new_names``
 moves the old names of the command line to the new ones in their place (so that a later option still
 wins) and ``move_to_new_names`` those of a parsed config; ``new_hyperparameter_names`` reads a
-checkpoint's.
+checkpoint's. ``renamed_class`` gives a class asked for by its old name (``multigpu.ResNet50Classifier``, in a
+user's import or a config's class path), with a deprecation line: no class is defined under an old name.
 """
 
 import argparse
@@ -15,7 +16,31 @@ from typing import Any, Literal, NamedTuple
 
 from lightning.pytorch.utilities import rank_zero_deprecation
 
-__all__ = ["RENAMED", "add_old_names", "move_to_new_names", "new_hyperparameter_names", "new_names"]
+__all__ = [
+    "RENAMED",
+    "RENAMED_CLASSES",
+    "add_old_names",
+    "move_to_new_names",
+    "new_hyperparameter_names",
+    "new_names",
+    "renamed_class",
+]
+
+RENAMED_CLASSES = {
+    "ResNet50Classifier": "ImageClassifier",  # it trains any torchvision classifier, or the user's network
+    "CIFAR10DataModule": "ImageDataModule",  # CIFAR-10, CIFAR-100, an image folder or synthetic images
+}
+
+
+def renamed_class(module: str, name: str, names: dict[str, Any]) -> Any:
+    """The class ``module`` (its ``names``) holds under the new name of ``name``, with a deprecation line; an
+    ``AttributeError`` for any other name, as a module's ``__getattr__`` raises."""
+    new = RENAMED_CLASSES.get(name)
+    if new is None or new not in names:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    rank_zero_deprecation(f"{module}.{name} is deprecated: use {module}.{new}, the same class under a name that says "
+                          "what it holds.")  # fmt: skip
+    return names[new]
 
 
 class Renamed(NamedTuple):

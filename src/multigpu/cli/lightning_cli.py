@@ -28,10 +28,10 @@ from multigpu.cli.saved_options import take_saved_normalisation, take_saved_opti
 from multigpu.cli.trainer_options import USUAL_STRATEGIES, check_trainer_options, precision_error
 from multigpu.compat import CheckpointPathCLI
 from multigpu.contracts import layout_of
-from multigpu.data.datamodule import CIFAR10DataModule, class_count
+from multigpu.data.datamodule import ImageDataModule, class_count
 from multigpu.errors import RunFinished, UsageError, check_at_least, check_writable
 from multigpu.model.classifier import (
-    ResNet50Classifier,
+    ImageClassifier,
     check_recipe,
 )
 from multigpu.renamed_options import add_old_names, move_to_new_names, new_names
@@ -115,7 +115,7 @@ def _option_names(parser: argparse.ArgumentParser) -> list[str]:
 
 
 class MultiGPUCLI(CheckpointPathCLI):
-    """LightningCLI for ``ResNet50Classifier`` on ``CIFAR10DataModule``.
+    """LightningCLI for ``ImageClassifier`` on ``ImageDataModule``.
 
     Adds ``--run_name`` and ``--checkpoint_root``: checkpoints go to
     ``<checkpoint_root>/<run_name>/`` and TensorBoard logs to
@@ -133,8 +133,8 @@ class MultiGPUCLI(CheckpointPathCLI):
             {"allow_abbrev": False, **{name: defaults for name in SUBCOMMANDS}} if kwargs.get("run", True) else defaults
         )
         super().__init__(
-            ResNet50Classifier,
-            CIFAR10DataModule,
+            ImageClassifier,
+            ImageDataModule,
             save_config_kwargs={"overwrite": True},
             trainer_defaults={"callbacks": [RunMetadata(), CheckpointOnStopSignal(), StopAllProcessesOnError()]},
             parser_kwargs=parser_kwargs,

@@ -1,7 +1,7 @@
 """The data: CIFAR-10's and CIFAR-100's files, a folder of labelled images, the user's images, the training order,
 the on-device path.
 
-datamodule     CIFAR10DataModule: the LightningDataModule the CLI builds (``--data.*``)
+datamodule     ImageDataModule: the LightningDataModule the CLI builds (``--data.*``)
 cifar10        CIFAR-10's and CIFAR-100's official files read into tensors, the transforms, a synthetic stand-in
 image_folder   a folder of labelled images in ImageNet's layout (``--data.dataset=imagefolder``)
 sampling       each epoch's order in global batches, resumable on any layout

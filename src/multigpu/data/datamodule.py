@@ -1,8 +1,8 @@
-"""``CIFAR10DataModule``: CIFAR-10 or CIFAR-100 from torchvision, a folder of the user's labelled images, or
+"""``ImageDataModule``: CIFAR-10 or CIFAR-100 from torchvision, a folder of the user's labelled images, or
 synthetic data of CIFAR's shape."""
 
 import os
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from lightning.fabric.utilities.data import suggested_max_num_workers
@@ -34,10 +34,11 @@ from multigpu.data.loader_workers import start_worker_server, worker_start
 from multigpu.data.on_device import DeviceBatches, free_memory
 from multigpu.data.sampling import EpochOrder, ResumableSampler
 from multigpu.errors import UsageError, check_at_least
+from multigpu.renamed_options import renamed_class
 from multigpu.run.loop_position import next_position
 from multigpu.run.replicas import data_parallel_rank, data_parallel_size
 
-__all__ = ["CIFAR10DataModule", "class_count", "node_local_rank"]
+__all__ = ["ImageDataModule", "class_count", "node_local_rank"]
 
 CIFAR_CLASS_COUNTS = {"cifar10": 10, "cifar100": 100}
 
@@ -55,7 +56,7 @@ def node_local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", 0)))
 
 
-class CIFAR10DataModule(LightningDataModule):
+class ImageDataModule(LightningDataModule):
     """CIFAR-10 (or CIFAR-100, or a folder of labelled images) for training, validation, test and predict.
 
     Under DDP, Lightning wraps each loader in a ``DistributedSampler`` so that every
@@ -396,3 +397,7 @@ class CIFAR10DataModule(LightningDataModule):
             pin_memory=self.hparams.pin_memory and self._device().type == "cuda" and not self.hparams.on_device,
             **self._worker_start(workers),
         )
+
+
+def __getattr__(name: str) -> Any:
+    return renamed_class(__name__, name, globals())

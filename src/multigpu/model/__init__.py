@@ -1,6 +1,6 @@
 """The model: the LightningModule, the network as a sequence of blocks, and what changes how blocks compute.
 
-classifier            ResNet50Classifier: the loss, the metrics, the optimizer and its schedule (``--model.*``)
+classifier            ImageClassifier: the loss, the metrics, the optimizer and its schedule (``--model.*``)
 architectures         any torchvision classifier (``--model.arch``), or the user's network, as a sequence of blocks
 resnet                torchvision's ResNet-50 as a flat sequence of blocks (the default network)
 lazy_blocks           blocks built one at a time, each where a strategy places it, from its own seed

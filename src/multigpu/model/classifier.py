@@ -1,4 +1,4 @@
-"""``ResNet50Classifier``: the LightningModule that trains ResNet-50 (``resnet.py``) or any torchvision classifier
+"""``ImageClassifier``: the LightningModule that trains ResNet-50 (``resnet.py``) or any torchvision classifier
 (``--model.arch``, ``architectures.py``).
 
 It holds the loss, the metrics and the optimizer. The network itself is the plain
@@ -34,12 +34,13 @@ from multigpu.model.replica_statistics import ReplicaStatistics, micro_batches_p
 from multigpu.model.resnet import Stem
 from multigpu.model.step_batch_norm import record_step_statistics
 from multigpu.model.torchvision_weights import load_torchvision_weights, read_state_dict
+from multigpu.renamed_options import renamed_class
 from multigpu.run.replicas import data_parallel_size
 
 __all__ = [
     "IMAGE_SHAPE",
     "LR_SCHEDULE_NEEDS_AN_END",
-    "ResNet50Classifier",
+    "ImageClassifier",
     "check_recipe",
 ]
 
@@ -92,7 +93,7 @@ def _fuses(params: list[Tensor], trainer: Trainer) -> bool:
     return bool(params) and all(param.is_cuda and type(param) is nn.Parameter for param in params)
 
 
-class ResNet50Classifier(LightningModule):
+class ImageClassifier(LightningModule):
     """Image classifier (ResNet-50 by default) with SGD, linear LR scaling, warm-up and cosine decay.
 
     Args:
@@ -314,3 +315,7 @@ class ResNet50Classifier(LightningModule):
         warmup_steps = min(total_steps, round(hp.warmup_epochs * steps_per_epoch))
         scheduler = LambdaLR(optimizer, lambda step: warmup_cosine(step, warmup_steps, total_steps))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def __getattr__(name: str) -> Any:
+    return renamed_class(__name__, name, globals())

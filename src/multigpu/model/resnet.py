@@ -17,7 +17,7 @@ quarter of its parameters each. Parameter names follow the index (``0.0.weight``
 
 The blocks are built by ``resnet50_block_factories()``, one function per block, so
 that a strategy can build each block alone where it goes (see ``lazy_blocks``):
-``ResNet50Classifier`` holds them as ``LazyBlocks`` on the meta device until
+``ImageClassifier`` holds them as ``LazyBlocks`` on the meta device until
 ``configure_model``. The layers are torchvision's own (its ``conv1x1``, ``conv3x3``),
 computed in the order of its ``Bottleneck``, with torchvision's initialisation.
 
