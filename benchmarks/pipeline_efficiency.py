@@ -39,7 +39,7 @@ from machine import machine
 from stage_clock import PARTS, StageClock
 from torch.utils.data import DataLoader
 
-from multigpu.data.cifar10 import SyntheticCIFAR10
+from multigpu.data.synthetic import SyntheticCIFAR10
 from multigpu.model.classifier import ImageClassifier
 from multigpu.run.host_memory import keep_freed_memory
 from multigpu.run.process_groups import end_process_groups

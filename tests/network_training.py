@@ -35,7 +35,7 @@ from torchvision.models.convnext import CNBlockConfig
 from torchvision.models.vgg import make_layers
 from torchvision.ops import StochasticDepth
 
-from multigpu.data.cifar10 import SyntheticCIFAR10
+from multigpu.data.synthetic import SyntheticCIFAR10
 from multigpu.model.classifier import ImageClassifier
 from multigpu.run.process_groups import end_process_groups
 from multigpu.strategies import FullyShardedStrategy, ManualModelParallelStrategy, PipelineStrategy

@@ -33,7 +33,7 @@ from lightning.pytorch.plugins import MixedPrecision
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from multigpu.data.cifar10 import SyntheticCIFAR10
+from multigpu.data.synthetic import SyntheticCIFAR10
 from multigpu.model.classifier import ImageClassifier
 from multigpu.model.deferred_batch_norm import defer_batch_norm
 from multigpu.model.lazy_blocks import LazyBlocks, is_materialized

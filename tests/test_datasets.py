@@ -172,6 +172,6 @@ def test_an_image_folder_on_the_device_gives_the_batches_of_its_files_and_is_ref
     expected = [files.datasets["val"][index] for index in range(6)]
     torch.testing.assert_close(images, torch.stack([image for image, _ in expected]))
     assert labels.tolist() == [label for _, label in expected]
-    monkeypatch.setattr("multigpu.data.datamodule.free_memory", lambda device: 1000)
+    monkeypatch.setattr("multigpu.data.image_folder.free_memory", lambda device: 1000)
     with pytest.raises(UsageError, match=r"^data.on_device=true: the image folder's 30 images take 0.0 GiB at 32x32"):
         ImageDataModule(str(folder), dataset="imagefolder", on_device=True).setup("fit")

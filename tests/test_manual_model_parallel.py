@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
-from multigpu.data.cifar10 import SyntheticCIFAR10
+from multigpu.data.synthetic import SyntheticCIFAR10
 from multigpu.errors import UsageError
 from multigpu.model.classifier import ImageClassifier
 from multigpu.strategies import ManualModelParallelStrategy

@@ -1,4 +1,4 @@
-"""CIFAR-10 and CIFAR-100 as in-memory tensors, and a synthetic stand-in of the same shape.
+"""CIFAR-10 and CIFAR-100 as in-memory tensors: the source ``CifarFiles``, and the transforms every source uses.
 
 The official files are read once, in torchvision's layout, into one uint8 tensor
 (N, 3, 32, 32); augmentation runs per sample on that tensor with
@@ -17,10 +17,13 @@ from torchvision.datasets import CIFAR10, CIFAR100
 from torchvision.datasets.utils import check_integrity
 from torchvision.transforms import v2
 
+from multigpu.data.source import Stats
 from multigpu.errors import UsageError
 
 __all__ = [
     "CIFAR",
+    "CIFAR_CLASS_COUNTS",
+    "CifarFiles",
     "CIFAR10_CLASSES",
     "CIFAR10_MEAN",
     "CIFAR10_STD",
@@ -28,12 +31,10 @@ __all__ = [
     "CIFAR100_STD",
     "cifar_classes",
     "ImageTensorDataset",
-    "SyntheticCIFAR10",
     "cifar10_root",
     "ensure_cifar10",
     "eval_transform",
     "load_cifar10_split",
-    "synthetic_images",
     "train_transform",
 ]
 
@@ -43,6 +44,7 @@ CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
 CIFAR100_STD = (0.2673, 0.2564, 0.2762)
 CIFAR = {"cifar10": CIFAR10, "cifar100": CIFAR100}  # torchvision's classes: their file lists and folder
+CIFAR_CLASS_COUNTS = {"cifar10": 10, "cifar100": 100}
 _NAMES = {CIFAR10: "CIFAR-10", CIFAR100: "CIFAR-100"}
 _LABELS = {CIFAR10: "labels", CIFAR100: "fine_labels"}
 
@@ -91,36 +93,6 @@ class ImageTensorDataset(Dataset):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             return self.transform(image), label
-
-
-class SyntheticCIFAR10(Dataset):
-    """``length`` random normalised 3x32x32 images with random labels, made per index.
-
-    Sample ``i`` is the same on every call, in every process, without touching the disk.
-    """
-
-    def __init__(self, length: int, num_classes: int = 10, seed: int = 0) -> None:
-        self.length, self.num_classes, self.seed = length, num_classes, seed
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __getitem__(self, key: int | tuple[int, int]) -> tuple[Tensor, int]:
-        index = key[0] if isinstance(key, tuple) else key  # no augmentation to seed
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
-        label = int(torch.randint(self.num_classes, (), generator=generator))
-        return torch.randn(3, 32, 32, generator=generator), label
-
-
-def synthetic_images(length: int, num_classes: int = 10, seed: int = 0) -> ImageTensorDataset:
-    """``length`` random uint8 3x32x32 images with random labels, the same for a given ``seed``.
-
-    The stand-in for CIFAR-10 where images are augmented as whole batches (``data.on_device``).
-    """
-    generator = torch.Generator().manual_seed(seed)
-    images = torch.randint(256, (length, 3, 32, 32), dtype=torch.uint8, generator=generator)
-    labels = torch.randint(num_classes, (length,), generator=generator)
-    return ImageTensorDataset(images, labels, train_transform())
 
 
 def cifar10_root(data_dir: str | os.PathLike, which: type[CIFAR10] = CIFAR10) -> Path:
@@ -216,3 +188,47 @@ def cifar_classes(data_dir: str, which: type[CIFAR10]) -> list[str]:
     """The class names the dataset's ``meta`` file lists, in label order."""
     with open(cifar10_root(data_dir, which) / which.base_folder / which.meta["filename"], "rb") as file:
         return list(pickle.load(file, encoding="latin1")[which.meta["key"]])
+
+
+class CifarFiles:
+    """CIFAR-10's or CIFAR-100's official files in torchvision's layout (``--data.dataset``), read into memory, the
+    official test split validated on, or ``val_split`` training images held out instead (the same on every run)."""
+
+    def __init__(
+        self, data_dir: str, dataset: str, download: bool, verify_checksums: bool, val_split: int, stats: Stats
+    ) -> None:
+        self.data_dir, self.which, self.val_split, self.stats = data_dir, CIFAR[dataset], val_split, stats
+        self.download, self.verify_checksums = download, verify_checksums
+        self.classes: list[str] | None = list(CIFAR10_CLASSES) if dataset == "cifar10" else None
+        self.num_classes = CIFAR_CLASS_COUNTS[dataset]
+
+    def prepare(self) -> None:
+        ensure_cifar10(self.data_dir, self.download, self.verify_checksums, self.which)
+
+    def measured_stats(self) -> Stats:
+        return self.stats
+
+    def splits(self, device: torch.device | None) -> dict[str, Dataset]:
+        if self.classes is None:
+            self.classes = cifar_classes(self.data_dir, self.which)
+        images, labels = load_cifar10_split(self.data_dir, train=True, which=self.which)
+        test_images, test_labels = load_cifar10_split(self.data_dir, train=False, which=self.which)
+        test = ImageTensorDataset(test_images, test_labels, eval_transform(*self.stats))
+        if not self.val_split:
+            return {
+                "train": ImageTensorDataset(images, labels, train_transform(32, *self.stats)),
+                "val": test,
+                "test": test,
+            }
+        if self.val_split >= len(labels):
+            raise UsageError(
+                f"data.val_split={self.val_split} leaves no training images: {self.data_dir} has {len(labels)}."
+            )
+        # A fixed generator holds out the same images on every run and every rank.
+        order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))
+        train_idx, val_idx = order[: -self.val_split], order[-self.val_split :]
+        return {
+            "train": ImageTensorDataset(images[train_idx], labels[train_idx], train_transform(32, *self.stats)),
+            "val": ImageTensorDataset(images[val_idx], labels[val_idx], eval_transform(*self.stats)),
+            "test": test,
+        }

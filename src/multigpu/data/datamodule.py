@@ -1,5 +1,6 @@
-"""``ImageDataModule``: CIFAR-10 or CIFAR-100 from torchvision, a folder of the user's labelled images, or
-synthetic data of CIFAR's shape."""
+"""``ImageDataModule``: the loaders, their workers, the sharding over the replicas and the resumable training order,
+over the source ``--data.*`` picks: CIFAR-10's or CIFAR-100's files, a folder of the user's labelled images, or
+synthetic images of CIFAR's shape (``source``)."""
 
 import os
 from typing import Any, Literal
@@ -7,32 +8,25 @@ from typing import Any, Literal
 import torch
 from lightning.fabric.utilities.data import suggested_max_num_workers
 from lightning.pytorch import LightningDataModule
-from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
-from torchvision.transforms import v2
 from typing_extensions import override
 
 from multigpu.data.cifar10 import (
-    CIFAR,
     CIFAR10_CLASSES,
     CIFAR10_MEAN,
     CIFAR10_STD,
     CIFAR100_MEAN,
     CIFAR100_STD,
-    ImageTensorDataset,
-    SyntheticCIFAR10,
-    cifar_classes,
-    ensure_cifar10,
-    eval_transform,
-    load_cifar10_split,
-    synthetic_images,
-    train_transform,
+    CIFAR_CLASS_COUNTS,
+    CifarFiles,
 )
 from multigpu.data.image_files import ImageFiles, Indexed
-from multigpu.data.image_folder import ImageFolderSplit, folder_classes, folder_stats, verified
+from multigpu.data.image_folder import ImageFolderSource, folder_classes
 from multigpu.data.loader_workers import start_worker_server, worker_start
-from multigpu.data.on_device import DeviceBatches, free_memory
+from multigpu.data.on_device import DeviceBatches
 from multigpu.data.sampling import EpochOrder, ResumableSampler
+from multigpu.data.source import ImageSource, Stats
+from multigpu.data.synthetic import SyntheticImages
 from multigpu.errors import UsageError, check_at_least
 from multigpu.renamed_options import renamed_class
 from multigpu.run.loop_position import next_position
@@ -40,13 +34,40 @@ from multigpu.run.replicas import data_parallel_rank, data_parallel_size
 
 __all__ = ["ImageDataModule", "class_count", "node_local_rank"]
 
-CIFAR_CLASS_COUNTS = {"cifar10": 10, "cifar100": 100}
-
 
 def class_count(dataset: str, data_dir: str) -> int:
     """How many classes the data module of ``dataset`` in ``data_dir`` serves: CIFAR's, or an image folder's (its
     ``train/``'s subfolders), without reading an image."""
     return CIFAR_CLASS_COUNTS[dataset] if dataset in CIFAR_CLASS_COUNTS else len(folder_classes(data_dir))
+
+
+def _source(
+    data_dir: str,
+    dataset: str,
+    download: bool,
+    verify_checksums: bool,
+    val_split: int,
+    synthetic: bool,
+    synthetic_size: int,
+    image_size: int,
+    mean: tuple[float, ...] | None,
+    std: tuple[float, ...] | None,
+) -> ImageSource:
+    """The source ``--data.*`` asks for: synthetic images, an image folder, or CIFAR's files."""
+    given = (mean, std) if mean and std else None
+    if dataset == "imagefolder":
+        if synthetic:
+            raise UsageError(
+                "data.synthetic=true (configs/smoke.yaml sets it) stands in for CIFAR: add --data.synthetic=false to "
+                "train on the image folder, or use --data.dataset=cifar10 or cifar100."
+            )
+        return ImageFolderSource(data_dir, image_size, given)
+    default = (CIFAR100_MEAN, CIFAR100_STD) if dataset == "cifar100" else (CIFAR10_MEAN, CIFAR10_STD)
+    stats = (mean or default[0], std or default[1])
+    if synthetic:
+        classes = list(CIFAR10_CLASSES) if dataset == "cifar10" else None
+        return SyntheticImages(synthetic_size, CIFAR_CLASS_COUNTS[dataset], classes, stats)
+    return CifarFiles(data_dir, dataset, download, verify_checksums, val_split, stats)
 
 
 def node_local_rank() -> int:
@@ -144,30 +165,15 @@ class ImageDataModule(LightningDataModule):
         self._resume: dict[str, int] | None = None  # where a checkpoint stands in its epoch (``state_dict``)
         self._sampler: ResumableSampler | None = None
         self._shuffle_seed: int | None = None  # the seed this run shuffles with (``_seed``)
-        # The first process of each machine checks (and downloads) the data before anything is built.
-        # Lightning starts the other local processes after it; under torchrun or srun, which start
-        # them all at once, they wait for it when the process group is set up, which it joins after this.
-        # A folder of the user's own images is checked here too, before anything is built.
         self.image_size = image_size
-        self.classes: list[str] | None = list(CIFAR10_CLASSES) if dataset == "cifar10" else None  # names, by label
-        self.num_classes = CIFAR_CLASS_COUNTS.get(dataset, 0)
-        if dataset == "imagefolder" and not synthetic:
-            self.classes = folder_classes(data_dir)
-            self.num_classes = len(self.classes)
-            if not predict_dir and node_local_rank() == 0:
-                verified(data_dir, self.classes)
-        elif dataset == "imagefolder":
-            raise UsageError(
-                "data.synthetic=true (configs/smoke.yaml sets it) stands in for CIFAR: add --data.synthetic=false to "
-                "train on the image folder, or use --data.dataset=cifar10 or cifar100."
-            )
-        self._stats = (mean, std) if mean and std else None  # the image folder's are measured in ``setup``
-        if dataset != "imagefolder":
-            self._stats = (mean or (CIFAR10_MEAN, CIFAR100_MEAN)[dataset == "cifar100"],
-                           std or (CIFAR10_STD, CIFAR100_STD)[dataset == "cifar100"])  # fmt: skip
-        self._predict_files = ImageFiles(predict_dir, image_size, self._stats) if predict_dir else None
-        if not synthetic and not predict_dir and dataset in CIFAR and node_local_rank() == 0:
-            ensure_cifar10(data_dir, download, verify_checksums, CIFAR[dataset])
+        self.source = _source(data_dir, dataset, download, verify_checksums, val_split, synthetic, synthetic_size,
+                              image_size, mean, std)  # fmt: skip
+        self._predict_files = ImageFiles(predict_dir, image_size, self.source.stats) if predict_dir else None
+        # The first process of each machine checks (and downloads) the data before anything is built. Lightning
+        # starts the other local processes after it; under torchrun or srun, which start them all at once, they wait
+        # for it when the process group is set up, which it joins after this.
+        if not predict_dir and node_local_rank() == 0:
+            self.source.prepare()
 
     @override
     def setup(self, stage: str) -> None:
@@ -177,93 +183,35 @@ class ImageDataModule(LightningDataModule):
         if self._workers() and not hp.on_device:
             start_worker_server()  # the loader workers' fork server imports while the run sets up
         if self._predict_files is not None and stage == "predict":
-            if self._stats is None:  # an image folder's: measured again on its training images, as its run did
-                self._stats = folder_stats(self._folder_split("train", v2.Identity()))
-            self._predict_files.normalized_as(self.stats)
+            self._predict_files.normalized_as(self.source.measured_stats())  # an image folder's: as its run did
             self.datasets = {"predict": self._predict_files}
             return
-        if hp.synthetic:
-            eval_size = max(1, hp.synthetic_size // 4)
-            # On the device, synthetic data is uint8 images that go through the same augmentation.
-            synthetic = synthetic_images if hp.on_device else SyntheticCIFAR10
-            self.datasets = {
-                "train": synthetic(hp.synthetic_size, self.num_classes, seed=0),
-                "val": synthetic(eval_size, self.num_classes, seed=1),
-                "test": synthetic(eval_size, self.num_classes, seed=2),
-            }
-        elif hp.dataset == "imagefolder":
-            self.datasets = self._image_folder()
-        else:
-            self.datasets = self._cifar()
-        if hp.on_device:
-            device = self._device()
+        device = self._device() if hp.on_device else None
+        self.datasets = self.source.splits(device)
+        if device is not None:
             for dataset in self.datasets.values():
                 dataset.images, dataset.labels = dataset.images.to(device), dataset.labels.to(device)
 
     @property
-    def stats(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
-        """The per-channel mean and std the images are normalised with (an image folder's: once set up)."""
-        if self._stats is None:
-            raise RuntimeError("an image folder's mean and std are measured in setup(): call it first")
-        return self._stats
+    def classes(self) -> list[str] | None:
+        """The class names, by label."""
+        return self.source.classes
 
     @property
-    def known_stats(self) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    def num_classes(self) -> int:
+        return self.source.num_classes
+
+    @property
+    def stats(self) -> Stats:
+        """The per-channel mean and std the images are normalised with (an image folder's: once set up)."""
+        if self.source.stats is None:
+            raise RuntimeError("an image folder's mean and std are measured in setup(): call it first")
+        return self.source.stats
+
+    @property
+    def known_stats(self) -> Stats | None:
         """``stats`` where known, else None (an image folder's before ``setup`` measures them)."""
-        return self._stats
-
-    def _image_folder(self) -> dict[str, ImageTensorDataset | ImageFolderSplit]:
-        hp = self.hparams
-        train = self._folder_split("train", v2.Identity())
-        given = "as given (--data.mean and --data.std, or the run's checkpoint)" if self._stats else "measured"
-        if self._stats is None:
-            self._stats = folder_stats(train)
-        train.transform = train_transform(hp.image_size, *self.stats)
-        val = self._folder_split("val", eval_transform(*self.stats))
-        classes = ", ".join(self.classes[:5]) + (", ..." if len(self.classes) > 5 else "")
-        mean, std = (", ".join(f"{value:.3f}" for value in values) for values in self.stats)
-        rank_zero_info(
-            f"image folder {hp.data_dir}: {len(self.classes)} classes ({classes}), {len(train)} training and "
-            f"{len(val)} validation images at {hp.image_size}x{hp.image_size}, normalised with mean ({mean}) and std "
-            f"({std}), {given}."
-        )
-        datasets = {"train": train, "val": val, "test": val}
-        if hp.on_device:
-            needed = (len(train) + len(val)) * 3 * hp.image_size**2
-            if needed > free_memory(self._device()):
-                raise UsageError(
-                    f"data.on_device=true: the image folder's {len(train) + len(val)} images take {needed / 2**30:.1f} "
-                    f"GiB at {hp.image_size}x{hp.image_size}, more than {self._device()} has free: drop "
-                    "--data.on_device, or lower --data.image_size."
-                )
-            datasets = {split: dataset.in_memory() for split, dataset in datasets.items()}
-            datasets["test"] = datasets["val"]
-        return datasets
-
-    def _folder_split(self, split: str, transform: v2.Transform) -> ImageFolderSplit:
-        return ImageFolderSplit(self.hparams.data_dir, split, self.classes, self.hparams.image_size, transform)
-
-    def _cifar(self) -> dict[str, ImageTensorDataset]:
-        hp = self.hparams
-        which = CIFAR[hp.dataset]
-        if self.classes is None:
-            self.classes = cifar_classes(hp.data_dir, which)
-        images, labels = load_cifar10_split(hp.data_dir, train=True, which=which)
-        test_images, test_labels = load_cifar10_split(hp.data_dir, train=False, which=which)
-        test = ImageTensorDataset(test_images, test_labels, eval_transform(*self.stats))
-        if hp.val_split:
-            if hp.val_split >= len(labels):
-                raise UsageError(
-                    f"data.val_split={hp.val_split} leaves no training images: {hp.data_dir} has {len(labels)}."
-                )
-            # A fixed generator holds out the same images on every run and every rank.
-            order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))
-            train_idx, val_idx = order[: -hp.val_split], order[-hp.val_split :]
-            train = ImageTensorDataset(images[train_idx], labels[train_idx], train_transform(32, *self.stats))
-            val = ImageTensorDataset(images[val_idx], labels[val_idx], eval_transform(*self.stats))
-        else:
-            train, val = ImageTensorDataset(images, labels, train_transform(32, *self.stats)), test
-        return {"train": train, "val": val, "test": test}
+        return self.source.stats
 
     def _workers(self) -> int:
         """``num_workers``, or by default the cores of this machine shared by its training processes."""

@@ -1,4 +1,5 @@
-"""A folder of the user's labelled images in ImageNet's layout (``--data.dataset=imagefolder``).
+"""A folder of the user's labelled images in ImageNet's layout (``--data.dataset=imagefolder``): the source
+``ImageFolderSource``.
 
     DATA_DIR/train/<class>/*.png|jpg|jpeg
     DATA_DIR/val/<class>/*.png|jpg|jpeg
@@ -14,15 +15,26 @@ the ones given. Each sample is read from its file in the loader's workers, and a
 from pathlib import Path
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
-from multigpu.data.cifar10 import ImageTensorDataset
+from multigpu.data.cifar10 import ImageTensorDataset, eval_transform, train_transform
+from multigpu.data.on_device import free_memory
+from multigpu.data.source import Stats
 from multigpu.errors import UsageError
 
-__all__ = ["IMAGE_SUFFIXES", "ImageFolderSplit", "folder_classes", "folder_stats", "read_image", "verified"]
+__all__ = [
+    "IMAGE_SUFFIXES",
+    "ImageFolderSource",
+    "ImageFolderSplit",
+    "folder_classes",
+    "folder_stats",
+    "read_image",
+    "verified",
+]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 SPLITS = ("train", "val")
@@ -121,3 +133,47 @@ def folder_stats(split: ImageFolderSplit, images: int = 512) -> tuple[tuple[floa
     step = max(1, len(split) // images)
     pixels = torch.stack([split.resized(index) for index in range(0, len(split), step)[:images]]).float() / 255
     return tuple(pixels.mean((0, 2, 3)).tolist()), tuple(pixels.std((0, 2, 3)).tolist())
+
+
+class ImageFolderSource:
+    """The images under ``data_dir/train/`` and ``data_dir/val/``, validated and tested on ``val/``, at
+    ``image_size``, normalised with ``stats`` (measured on the training images when ``None``)."""
+
+    def __init__(self, data_dir: str, image_size: int, stats: Stats | None) -> None:
+        self.data_dir, self.image_size, self.stats = data_dir, image_size, stats
+        self.classes: list[str] | None = folder_classes(data_dir)
+        self.num_classes = len(self.classes)
+
+    def prepare(self) -> None:
+        verified(self.data_dir, self.classes)
+
+    def _split(self, split: str, transform: v2.Transform) -> ImageFolderSplit:
+        return ImageFolderSplit(self.data_dir, split, self.classes, self.image_size, transform)
+
+    def measured_stats(self) -> Stats:
+        if self.stats is None:
+            self.stats = folder_stats(self._split("train", v2.Identity()))
+        return self.stats
+
+    def splits(self, device: torch.device | None) -> dict[str, Dataset]:
+        given = "as given (--data.mean and --data.std, or the run's checkpoint)" if self.stats else "measured"
+        stats = self.measured_stats()
+        train = self._split("train", train_transform(self.image_size, *stats))
+        val = self._split("val", eval_transform(*stats))
+        classes = ", ".join(self.classes[:5]) + (", ..." if len(self.classes) > 5 else "")
+        mean, std = (", ".join(f"{value:.3f}" for value in values) for values in stats)
+        size = f"{self.image_size}x{self.image_size}"
+        rank_zero_info(
+            f"image folder {self.data_dir}: {len(self.classes)} classes ({classes}), {len(train)} training and "
+            f"{len(val)} validation images at {size}, normalised with mean ({mean}) and std ({std}), {given}."
+        )
+        if device is None:
+            return {"train": train, "val": val, "test": val}
+        needed = (len(train) + len(val)) * 3 * self.image_size**2
+        if needed > free_memory(device):
+            raise UsageError(
+                f"data.on_device=true: the image folder's {len(train) + len(val)} images take {needed / 2**30:.1f} "
+                f"GiB at {size}, more than {device} has free: drop --data.on_device, or lower --data.image_size."
+            )
+        train, val = train.in_memory(), val.in_memory()
+        return {"train": train, "val": val, "test": val}
