@@ -7,7 +7,6 @@ python main.py fit --config configs/smoke.yaml --ckpt_path last   # start or res
 
 import argparse
 import difflib
-import inspect
 import os
 import re
 import sys
@@ -30,10 +29,8 @@ from multigpu.compat import CheckpointPathCLI
 from multigpu.contracts import layout_of
 from multigpu.data.datamodule import ImageDataModule, class_count
 from multigpu.errors import RunFinished, UsageError, check_at_least, check_writable
-from multigpu.model.classifier import (
-    ImageClassifier,
-    check_recipe,
-)
+from multigpu.model.classifier import ImageClassifier
+from multigpu.model.recipe import Recipe
 from multigpu.renamed_options import add_old_names, move_to_new_names, new_names
 from multigpu.run.callbacks import (
     BestCheckpoints,
@@ -315,8 +312,7 @@ class MultiGPUCLI(CheckpointPathCLI):
         for option, path in writes.items():
             if path:
                 check_writable(option, path)
-        model = config["model"]
-        check_recipe(*(model[name] for name in inspect.signature(check_recipe).parameters))
+        Recipe.of(config["model"]).check()
 
     def before_validate(self) -> None:
         """Let the strategy refuse the model before it launches any process."""

@@ -25,15 +25,16 @@ from torchmetrics.functional.classification import multiclass_accuracy
 from typing_extensions import override
 
 from multigpu.compat import is_log_step
-from multigpu.errors import UsageError, check_at_least
+from multigpu.errors import UsageError
 from multigpu.model.architectures import DEFAULT_ARCH, network_blocks
 from multigpu.model.lazy_blocks import LazyBlocks
 from multigpu.model.lr_schedule import scaled_lr, warmup_cosine
+from multigpu.model.recipe import Recipe
 from multigpu.model.recomputation import recompute_blocks
 from multigpu.model.replica_statistics import ReplicaStatistics, micro_batches_per_step, records_step_statistics
 from multigpu.model.resnet import Stem
 from multigpu.model.step_batch_norm import record_step_statistics
-from multigpu.model.torchvision_weights import load_torchvision_weights, read_state_dict
+from multigpu.model.torchvision_weights import load_torchvision_weights
 from multigpu.renamed_options import renamed_class
 from multigpu.run.replicas import data_parallel_size
 
@@ -41,45 +42,12 @@ __all__ = [
     "IMAGE_SHAPE",
     "LR_SCHEDULE_NEEDS_AN_END",
     "ImageClassifier",
-    "check_recipe",
 ]
 
 IMAGE_SHAPE = (3, 32, 32)
 LR_SCHEDULE_NEEDS_AN_END = (
     "the cosine learning-rate schedule needs an end: set --trainer.max_epochs or --trainer.max_steps."
 )
-
-
-def check_recipe(
-    base_lr: float,
-    momentum: float,
-    nesterov: bool,
-    weight_decay: float,
-    warmup_epochs: float,
-    label_smoothing: float,
-    recompute_activations: bool,
-    compile: bool | dict[str, Any],
-    init_from: str | None = None,
-) -> None:
-    """Refuse optimizer and loss settings that mean nothing, and a weights file that is not there, in one line each
-    (the CLI calls it before it builds anything, the model when it is built)."""
-    if init_from is not None:
-        read_state_dict(init_from)
-    for option, value in (
-        ("base_lr", base_lr),
-        ("momentum", momentum),
-        ("weight_decay", weight_decay),
-        ("warmup_epochs", warmup_epochs),
-    ):
-        check_at_least(f"model.{option}", value, 0)
-    check_at_least("model.label_smoothing", label_smoothing, 0, below=1)
-    if nesterov and momentum == 0:
-        raise UsageError("model.nesterov=true needs model.momentum above 0: add --model.nesterov=false for plain SGD.")
-    if recompute_activations and compile:
-        raise UsageError(
-            "model.recompute_activations=true does not run under model.compile (torch.compile refuses "
-            "torch.utils.checkpoint's context_fn, which keeps BatchNorm's statistics exact): drop one of them."
-        )
 
 
 def _fuses(params: list[Tensor], trainer: Trainer) -> bool:
@@ -149,18 +117,9 @@ class ImageClassifier(LightningModule):
         init_from: str | None = None,
     ) -> None:
         super().__init__()
-        check_recipe(
-            base_lr,
-            momentum,
-            nesterov,
-            weight_decay,
-            warmup_epochs,
-            label_smoothing,
-            recompute_activations,
-            compile,
-            init_from,
-        )
         self.save_hyperparameters()
+        self.recipe = Recipe.of(self.hparams)
+        self.recipe.check()
         # On the meta device until configure_model, where the strategy places each block (lazy_blocks).
         self.net = LazyBlocks(network_blocks(arch, num_classes, stem, image_size))
         if not compile:

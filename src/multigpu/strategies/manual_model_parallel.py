@@ -142,7 +142,7 @@ class ManualModelParallelStrategy(SplitNetworkStrategy):
         return block_sequence(pl_module, self.strategy_name)
 
     @override
-    def block_devices(self) -> list[torch.device]:
+    def place_blocks(self) -> list[torch.device]:
         if self._block_devices is None:
             blocks = self.check_model(self.lightning_module)
             devices = self.stage_devices

@@ -31,14 +31,15 @@ META = torch.device("meta")
 class SplitNetworkStrategy(DDPStrategy, StrategyLayout):
     """A DDP-launched strategy that places each block of the network itself (see the module's docstring)."""
 
-    def block_devices(self) -> list[torch.device | None]:
-        """The device of each block in this process; None for the blocks other processes hold."""
+    def place_blocks(self) -> list[torch.device | None]:
+        """Decide, the first time, where the blocks go (the strategy times them, balances them over its stages and
+        says so), and give the device of each block in this process; None for the blocks other processes hold."""
         raise NotImplementedError
 
     @contextmanager
     @override
     def model_sharded_context(self) -> Iterator[None]:
-        devices = self.block_devices()
+        devices = self.place_blocks()
         with placed(devices.__getitem__):
             yield
 
@@ -46,7 +47,7 @@ class SplitNetworkStrategy(DDPStrategy, StrategyLayout):
     def model_to_device(self) -> None:
         pl_module = self.lightning_module
         blocks = block_sequence(pl_module, self.strategy_name)
-        devices = self.block_devices()
+        devices = self.place_blocks()
         with without_child(pl_module, "net"):
             pl_module.to(self.root_device)  # metrics, loss and any other state: where the step runs
         for block, device in zip(blocks, devices, strict=True):

@@ -164,7 +164,7 @@ class PipelineStrategy(SplitNetworkStrategy):
         refuse_untrainable_micro_batches(self.check_model(pl_module), pl_module, self.micro_batches)
 
     @override
-    def block_devices(self) -> list[torch.device | None]:
+    def place_blocks(self) -> list[torch.device | None]:
         blocks = self.check_model(self.lightning_module)
         if self._stage_blocks is None:
             # Rank 0 times the blocks, one at a time and for one training micro-batch, for all. Evaluation,
