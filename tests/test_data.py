@@ -8,6 +8,7 @@ from lightning.fabric.utilities.data import suggested_max_num_workers
 
 from multigpu.data.datamodule import ImageDataModule
 from multigpu.errors import UsageError
+from multigpu.run.resume import ResumePoint
 
 
 def _module(data_dir: Path, **kwargs) -> ImageDataModule:
@@ -140,7 +141,7 @@ def test_the_training_order_follows_the_runs_seed_and_a_resumed_run_keeps_its_ch
     )  # fmt: skip
     data.setup("fit")
     if checkpoint:
-        data.load_state_dict(checkpoint)
+        data.resume_at(ResumePoint.of({"multigpu": {"order": checkpoint}}))
     assert data.train_dataloader().sampler.seed == expected
 
 

@@ -61,7 +61,7 @@ def test_an_image_folder_trains_resnet18_under_ddp_with_its_own_classes(tmp_path
     assert resumed.returncode == 0, resumed.stdout
     assert "world size 2 -> 1, replicas 2 -> 1, accumulated batches 1 -> 2): kept the global batch 8" in resumed.stdout
     checkpoint = torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt", weights_only=False)
-    assert checkpoint["global_step"] == 3 and checkpoint["ImageDataModule"]["epoch"] == 1
+    assert checkpoint["global_step"] == 3 and checkpoint["multigpu"]["order"]["epoch"] == 1
     assert checkpoint["state_dict"]["net.10.weight"].shape == (3, 512)  # resnet18's fc, the last of its 11 blocks
     assert checkpoint["hyper_parameters"]["num_classes"] == 3
     # An image added since: predict normalises as the run did (its checkpoint's mean and std), not as the folder now.

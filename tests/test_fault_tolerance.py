@@ -121,7 +121,7 @@ def test_a_ddp_run_cut_short_by_max_steps_resumes_inside_its_epoch(tmp_path, res
     cut = tmp_path / "checkpoints" / "cut"
     assert [path.name for path in cut.iterdir()] == ["last.ckpt"]
     stopped = torch.load(cut / "last.ckpt")
-    assert stopped["global_step"] == 3 and stopped["ImageDataModule"]["position"] == 24  # 3 steps of 8 images
+    assert stopped["global_step"] == 3 and stopped["multigpu"]["order"]["position"] == 24  # 3 steps of 8 images
     fit("--ckpt_path=last")
     assert torch.load(cut / "last.ckpt")["global_step"] == STEPS["ddp"]
     assert sorted(path.name.partition("-val")[0] for path in cut.glob("epoch*")) == [

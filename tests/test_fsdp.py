@@ -117,7 +117,7 @@ def test_checkpoints_move_between_fsdp_and_every_other_strategy_mid_epoch(tmp_pa
         checkpoint = torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt")
         assert checkpoint["global_step"] == step, f"{name}: {result.stdout[-3000:]}"
         position = {"epoch": step // 4, "position": step % 4 * 8, "global_batch": 8, "shuffle_seed": 42}
-        assert checkpoint["ImageDataModule"] == position, name
+        assert checkpoint["multigpu"]["order"] == position, name
         assert checkpoint["multigpu"]["strategy"] == WRITTEN_BY[name]
         if step <= 2 or name != "fsdp":
             out = tmp_path / f"exported-{step}.pt"

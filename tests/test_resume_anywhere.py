@@ -16,6 +16,7 @@ from multigpu.data.sampling import EpochOrder, ResumableSampler
 from multigpu.model.step_batch_norm import commit_step_statistics, record_step_statistics
 from multigpu.run.loop_position import count_steps_as_done
 from multigpu.run.replicas import accumulation_for
+from multigpu.run.resume import ResumePoint
 
 SAMPLES = list(range(40))
 
@@ -79,8 +80,8 @@ def test_a_checkpoint_written_between_epochs_sets_the_next_epoch_before_the_load
         data_dir=str(tiny_cifar10), download=False, verify_checksums=False, batch_size=4, num_workers=0
     )
     data.setup("fit")
-    data.load_state_dict({"epoch": 1, "position": 0, "global_batch": 4})
-    assert data.resumed_order() is None  # nothing of epoch 1 is trained yet
+    point = ResumePoint.of({"multigpu": {"order": {"epoch": 1, "position": 0, "global_batch": 4}}})
+    assert data.resume_at(point) is None  # nothing of epoch 1 is trained yet
     assert data.train_dataloader().sampler.epoch == 1
 
 

@@ -7,7 +7,6 @@ python main.py fit --config configs/smoke.yaml --ckpt_path last   # start or res
 
 import argparse
 import difflib
-import os
 import re
 import sys
 from collections.abc import Sequence
@@ -15,56 +14,37 @@ from pathlib import Path
 from typing import NoReturn
 
 from lightning.pytorch import Trainer
-from lightning.pytorch.accelerators import CUDAAccelerator
-from lightning.pytorch.callbacks import ProgressBar, RichModelSummary, RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser
-from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from multigpu.cli.config_files import resolve_data_dir, unreadable_config
-from multigpu.cli.saved_options import take_saved_normalisation, take_saved_options
+from multigpu.cli.saved_options import checkpoint_dir, follow_checkpoint
+from multigpu.cli.trainer_assembly import assemble_trainer
 from multigpu.cli.trainer_options import USUAL_STRATEGIES, check_trainer_options, precision_error
 from multigpu.compat import CheckpointPathCLI
 from multigpu.contracts import layout_of
-from multigpu.data.datamodule import ImageDataModule, class_count
-from multigpu.errors import RunFinished, UsageError, check_at_least, check_writable
+from multigpu.data.datamodule import ImageDataModule
+from multigpu.errors import UsageError, check_at_least, check_writable
 from multigpu.model.classifier import ImageClassifier
 from multigpu.model.recipe import Recipe
 from multigpu.renamed_options import add_old_names, move_to_new_names, new_names
 from multigpu.run.callbacks import (
     BestCheckpoints,
     CheckpointOnStopSignal,
-    LastCheckpoint,
     RunMetadata,
     StopAllProcessesOnError,
     ThroughputSummary,
 )
-from multigpu.run.checkpoint_io import AtomicCheckpointIO
-from multigpu.run.checkpoints import check_model_options, refuse_a_second_run, resolve_ckpt_path
 from multigpu.run.elastic import torchrun_node_count
-from multigpu.run.loop_position import finished_training, trained_to
-from multigpu.run.model_summary import RunSummary
-from multigpu.run.progress_bar import PacedProgressBar
 from multigpu.run.replicas import accumulation_for, data_parallel_size
-from multigpu.strategies import FullyShardedStrategy, name_to_class_path
+from multigpu.run.resume import ResumePoint
+from multigpu.strategies import name_to_class_path
 from multigpu.trained.prediction_writer import PredictionWriter
 
 __all__ = ["MultiGPUCLI"]
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
-
-
-def _checkpoint_dir(checkpoint_root: str, run_name: str) -> str:
-    return os.path.join(checkpoint_root, run_name)
-
-
-def _network_options(config) -> dict:
-    """The model's options as the model will get them: its class count is the data's (linked when it is built)."""
-    data = config["data"]
-    if data["dataset"] == "imagefolder" and data["synthetic"]:  # refused as the data module is built
-        return dict(config["model"])
-    return {**config["model"], "num_classes": class_count(data["dataset"], data["data_dir"])}
 
 
 class OneLineErrorParser(LightningArgumentParser):
@@ -122,7 +102,7 @@ class MultiGPUCLI(CheckpointPathCLI):
     """
 
     def __init__(self, default_config_files: Sequence[str | Path] = (), **kwargs) -> None:
-        self._log_version: int | str | None = None
+        self._resumed: ResumePoint | None = None  # the checkpoint's point, on --ckpt_path
         self._command_line: list[str] = []  # as parsed: ``take_saved_options`` keeps what it gives
         # No option prefixes: --trainer.max_step=2 is refused, not taken as max_steps.
         defaults = {"default_config_files": [str(path) for path in default_config_files], "allow_abbrev": False}
@@ -189,7 +169,7 @@ class MultiGPUCLI(CheckpointPathCLI):
                 "checkpoint.auto_insert_metric_name": False,
             }
         )
-        parser.link_arguments(("checkpoint_root", "run_name"), "checkpoint.dirpath", compute_fn=_checkpoint_dir)
+        parser.link_arguments(("checkpoint_root", "run_name"), "checkpoint.dirpath", compute_fn=checkpoint_dir)
         parser.link_arguments("data.batch_size", "model.batch_size")
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.image_size", "model.image_size", apply_on="instantiate")
@@ -218,64 +198,11 @@ class MultiGPUCLI(CheckpointPathCLI):
 
     @override
     def resolve_checkpoint_path(self) -> None:
-        # Replaces Lightning's reading of --ckpt_path, which loads the whole checkpoint once more and silently
-        # puts its model hyperparameters over the command line. Here the command line decides:
-        # `last` is resolved, the file checked, and changed model options reported, before
-        # anything is built.
-        config = self._config()
-        if config.get("ckpt_path") is None:
-            if self.config.get("subcommand") == "fit":
-                refuse_a_second_run(_checkpoint_dir(config["checkpoint_root"], config["run_name"]), config["run_name"])
-            return
-        if config.get("weights_only") is False:
-            raise UsageError(
-                "--weights_only=false would let a checkpoint run code: drop it, checkpoints are read safely."
-            )
-        if "weights_only" in config:
-            config["weights_only"] = True  # Lightning's own read too, remote files included
-        dirpath = _checkpoint_dir(config["checkpoint_root"], config["run_name"])
-        training = self.config.get("subcommand") == "fit"
-        config["ckpt_path"], checkpoint = resolve_ckpt_path(config["ckpt_path"], dirpath, training)
-        if not checkpoint:
-            return
-        self._follow_the_checkpoints_run(config)
-        # Every command on a checkpoint logs into the TensorBoard run the checkpoint was written in.
-        self._log_version = checkpoint.get(RunMetadata.KEY, {}).get("log_version")
+        # In place of Lightning's reading of --ckpt_path (``follow_checkpoint`` says why).
         subcommand = self.config.get("subcommand")
-        if subcommand != "fit":
-            # The run's own data, network and batch size, where the command line leaves them; its log folder.
-            take_saved_options(config, checkpoint, self._command_line)
-            config["model"]["batch_size"] = config["data"]["batch_size"]  # the link, after the data's was taken
-            check_model_options(config["ckpt_path"], checkpoint, _network_options(config), report=False)
-            rank_zero_info(f"{subcommand}: the weights of {config['ckpt_path']} ({trained_to(checkpoint)}).")
+        self._resumed = follow_checkpoint(self._config(), subcommand, self._command_line)
+        if self._resumed is not None and subcommand != "fit":  # its log folder keeps the run's own config.yaml
             self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": f"{subcommand}-config.yaml"}
-        else:
-            check_model_options(config["ckpt_path"], checkpoint, _network_options(config))
-            trainer = config["trainer"]
-            limits = (trainer.get(name) for name in ("max_epochs", "max_steps", "max_time"))
-            if reason := finished_training(checkpoint, *limits):
-                raise RunFinished(
-                    f"Run {config['run_name']} has already finished: {reason}. Nothing to do; {config['ckpt_path']} "
-                    "is left as it is."
-                )
-
-            rank_zero_info(f"Resuming from {config['ckpt_path']} at step {checkpoint['global_step']}.")
-        take_saved_normalisation(config, checkpoint, self._command_line)  # after the saved options: over them
-
-    def _follow_the_checkpoints_run(self, config) -> None:
-        """A checkpoint file of another run's folder (``<checkpoint_root>/<run>/``) than ``--run_name``'s: the command
-        goes on with that run, its checkpoints and TensorBoard run, and says so."""
-        folder = Path(config["ckpt_path"]).resolve().parent
-        run_name = config["run_name"]
-        if folder.parent != Path(config["checkpoint_root"]).resolve() or folder.name == run_name:
-            return
-        config["run_name"], config["checkpoint"]["dirpath"] = folder.name, str(folder)
-        subcommand, path = self.config.get("subcommand"), config["ckpt_path"]
-        branch = f"; to start run {run_name} from its weights, pass --model.init_from={path} instead of --ckpt_path"
-        rank_zero_info(
-            f"{path} is run {folder.name}'s checkpoint: {subcommand} goes on with run {folder.name} (its checkpoints "
-            f"and TensorBoard run), not {run_name}{branch if subcommand == 'fit' else ''}."
-        )
 
     @override
     def instantiate_classes(self) -> None:
@@ -339,41 +266,8 @@ class MultiGPUCLI(CheckpointPathCLI):
 
     @override
     def instantiate_trainer(self, **kwargs) -> Trainer:
-        config = self._config()
-        if config["trainer"].get("logger") in (None, True):
-            kwargs["logger"] = TensorBoardLogger(
-                save_dir=config["trainer"].get("default_root_dir") or "logs",
-                name=config["run_name"],
-                version=self._log_version,
-                default_hp_metric=False,  # no empty hp_metric card: the metrics are logged by name
-            )
-        if config["trainer"].get("strategy") == FullyShardedStrategy.strategy_name:
-            # An object: Lightning refuses the name "fsdp" on the CPU before it reads the registry.
-            kwargs["strategy"] = FullyShardedStrategy()
-        if config["trainer"].get("plugins") is None:  # checkpoints are written atomically
-            kwargs["plugins"] = [AtomicCheckpointIO()]
         chosen = self._config(instantiated=True)["trainer"].get("callbacks") or []
-        chosen_list = chosen if isinstance(chosen, list) else [chosen]
-        bar_chosen = any(isinstance(callback, ProgressBar) for callback in chosen_list)
-        try:
-            trainer = super().instantiate_trainer(**kwargs)
-        except ValueError as error:  # Lightning's checks of accelerator, strategy and devices
-            raise UsageError(str(error)) from error
-        for callback in trainer.callbacks:
-            if isinstance(callback, RunMetadata):
-                callback.note_launch(trainer)
-        bar = trainer.progress_bar_callback
-        if not bar_chosen and type(bar) is RichProgressBar:  # Lightning's default, added to the list it was given
-            trainer.callbacks[trainer.callbacks.index(bar)] = PacedProgressBar()
-        summary = next((callback for callback in trainer.callbacks if type(callback) is RichModelSummary), None)
-        if summary is not None and summary not in chosen_list:  # Lightning's default, as the bar
-            trainer.callbacks[trainer.callbacks.index(summary)] = RunSummary()
-        every = config.get("save_every_n_steps") or 0
-        if every:  # last.ckpt comes from LastCheckpoint alone; the other one keeps the best
-            trainer.checkpoint_callback.save_last = False
-            dirpath = _checkpoint_dir(config["checkpoint_root"], config["run_name"])
-            trainer.callbacks.append(LastCheckpoint(dirpath, every_n_train_steps=every))
-        # Refuse combinations that would only fail once training has started.
-        if config["trainer"].get("sync_batchnorm") and not isinstance(trainer.accelerator, CUDAAccelerator):
-            raise UsageError("--trainer.sync_batchnorm=true needs CUDA devices (SyncBatchNorm); drop it on the CPU.")
-        return trainer
+        log_version = self._resumed.log_version if self._resumed is not None else None
+        build = super().instantiate_trainer
+        return assemble_trainer(build, self._config(), chosen if isinstance(chosen, list) else [chosen], log_version,
+                                **kwargs)  # fmt: skip

@@ -1,22 +1,99 @@
-"""The run's own options for ``validate``, ``test`` and ``predict`` of one of its checkpoints.
+"""What a command on a checkpoint (``--ckpt_path``) takes from it, decided before anything is built.
 
-A checkpoint holds the model's options (``hyper_parameters``) and the data module's
-(``datamodule_hyper_parameters``) it was trained with. A command that evaluates it takes them, so that
-``python main.py test --run_name smoke --ckpt_path last`` tests that run on its own data, network and
-batch size; an option given on the command line (``--data.batch_size=64``, or in a ``--config`` file
-named there) overrides the checkpoint's.
+``follow_checkpoint`` resolves ``--ckpt_path`` (``last``, ``best``, a file), checks the file, goes on with the run it
+belongs to, refuses a finished run or another network, and reads the checkpoint's ``ResumePoint`` once. A command that
+evaluates a checkpoint takes the options its run was trained with: the model's (``hyper_parameters``) and the data
+module's (``datamodule_hyper_parameters``), so that ``python main.py test --run_name smoke --ckpt_path last`` tests
+that run on its own data, network and batch size; an option given on the command line (``--data.batch_size=64``, or
+in a ``--config`` file named there) overrides the checkpoint's. Every command, ``fit`` included, normalises an image
+folder's images as its run did.
 """
 
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from lightning.pytorch.utilities import rank_zero_info
+
 from multigpu.cli.config_files import config_files, read_config
-from multigpu.renamed_options import new_hyperparameter_names
-from multigpu.run.callbacks import RunMetadata
+from multigpu.data.datamodule import class_count
+from multigpu.errors import RunFinished, UsageError
+from multigpu.run.checkpoints import check_model_options, refuse_a_second_run, resolve_ckpt_path
+from multigpu.run.loop_position import finished_training, trained_to
+from multigpu.run.resume import ResumePoint
 
-__all__ = ["SECTIONS", "given_options", "take_saved_normalisation", "take_saved_options"]
+__all__ = ["checkpoint_dir", "follow_checkpoint", "given_options", "take_saved_normalisation", "take_saved_options"]
 
-SECTIONS = {"model": "hyper_parameters", "data": "datamodule_hyper_parameters"}  # section -> checkpoint key
+
+def checkpoint_dir(checkpoint_root: str, run_name: str) -> str:
+    """The run's checkpoint folder: ``<checkpoint_root>/<run_name>``."""
+    return os.path.join(checkpoint_root, run_name)
+
+
+def network_options(config) -> dict:
+    """The model's options as the model will get them: its class count is the data's (linked when it is built)."""
+    data = config["data"]
+    if data["dataset"] == "imagefolder" and data["synthetic"]:  # refused as the data module is built
+        return dict(config["model"])
+    return {**config["model"], "num_classes": class_count(data["dataset"], data["data_dir"])}
+
+
+def follow_checkpoint(config: Any, subcommand: str | None, command_line: Sequence[str]) -> ResumePoint | None:
+    """Resolve and check ``--ckpt_path`` of ``config`` (the subcommand's), in place, before anything is built; the
+    point of the checkpoint, or ``None`` without one.
+
+    This replaces Lightning's reading of ``--ckpt_path``, which loads the whole checkpoint once more and silently puts
+    its model hyperparameters over the command line. Here the command line decides: ``last`` is resolved, the file
+    checked, and changed model options reported."""
+    if config.get("ckpt_path") is None:
+        if subcommand == "fit":
+            refuse_a_second_run(checkpoint_dir(config["checkpoint_root"], config["run_name"]), config["run_name"])
+        return None
+    if config.get("weights_only") is False:
+        raise UsageError("--weights_only=false would let a checkpoint run code: drop it, checkpoints are read safely.")
+    if "weights_only" in config:
+        config["weights_only"] = True  # Lightning's own read too, remote files included
+    dirpath = checkpoint_dir(config["checkpoint_root"], config["run_name"])
+    config["ckpt_path"], checkpoint = resolve_ckpt_path(config["ckpt_path"], dirpath, subcommand == "fit")
+    if not checkpoint:
+        return None
+    _follow_the_checkpoints_run(config, subcommand)
+    point = ResumePoint.of(checkpoint)
+    if subcommand != "fit":
+        # The run's own data, network and batch size, where the command line leaves them.
+        take_saved_options(config, point, command_line)
+        config["model"]["batch_size"] = config["data"]["batch_size"]  # the link, after the data's was taken
+        check_model_options(config["ckpt_path"], checkpoint, network_options(config), report=False)
+        rank_zero_info(f"{subcommand}: the weights of {config['ckpt_path']} ({trained_to(checkpoint)}).")
+    else:
+        check_model_options(config["ckpt_path"], checkpoint, network_options(config))
+        trainer = config["trainer"]
+        limits = (trainer.get(name) for name in ("max_epochs", "max_steps", "max_time"))
+        if reason := finished_training(checkpoint, *limits):
+            raise RunFinished(
+                f"Run {config['run_name']} has already finished: {reason}. Nothing to do; {config['ckpt_path']} "
+                "is left as it is."
+            )
+        rank_zero_info(f"Resuming from {config['ckpt_path']} at step {checkpoint['global_step']}.")
+    take_saved_normalisation(config, point, command_line)  # after the saved options: over them
+    return point
+
+
+def _follow_the_checkpoints_run(config: Any, subcommand: str | None) -> None:
+    """A checkpoint file of another run's folder (``<checkpoint_root>/<run>/``) than ``--run_name``'s: the command
+    goes on with that run, its checkpoints and TensorBoard run, and says so."""
+    folder = Path(config["ckpt_path"]).resolve().parent
+    run_name = config["run_name"]
+    if folder.parent != Path(config["checkpoint_root"]).resolve() or folder.name == run_name:
+        return
+    config["run_name"], config["checkpoint"]["dirpath"] = folder.name, str(folder)
+    path = config["ckpt_path"]
+    branch = f"; to start run {run_name} from its weights, pass --model.init_from={path} instead of --ckpt_path"
+    rank_zero_info(
+        f"{path} is run {folder.name}'s checkpoint: {subcommand} goes on with run {folder.name} (its checkpoints "
+        f"and TensorBoard run), not {run_name}{branch if subcommand == 'fit' else ''}."
+    )
 
 
 def given_options(command_line: Sequence[str], section: str) -> set[str]:
@@ -33,27 +110,23 @@ def given_options(command_line: Sequence[str], section: str) -> set[str]:
     return given
 
 
-def take_saved_options(config: Any, checkpoint: dict[str, Any], command_line: Sequence[str]) -> None:
-    """Put the options ``checkpoint`` was trained with into this command's ``config`` (its ``model`` and ``data``
+def take_saved_options(config: Any, point: ResumePoint, command_line: Sequence[str]) -> None:
+    """Put the options ``point``'s run was trained with into this command's ``config`` (its ``model`` and ``data``
     sections), in place, except those the command line gives."""
-    for section, key in SECTIONS.items():
-        saved = checkpoint.get(key) or {}
-        if section == "model":
-            saved = new_hyperparameter_names(saved)
+    for section, saved in (("model", point.model_options), ("data", point.data_options)):
         given = given_options(command_line, section)
         for name, value in saved.items():
             if name in config[section] and name not in given:
                 config[section][name] = value
 
 
-def take_saved_normalisation(config: Any, checkpoint: dict[str, Any], command_line: Sequence[str]) -> None:
-    """An image folder's mean and std as its run measured them (``RunMetadata``'s ``data``), into ``config``
-    where the command line gives none: a resumed run and every command on its checkpoint normalise the images as the
-    run did, without reading the folder again, even if images were added to it since."""
+def take_saved_normalisation(config: Any, point: ResumePoint, command_line: Sequence[str]) -> None:
+    """An image folder's mean and std as its run measured them, into ``config`` where the command line gives none: a
+    resumed run and every command on its checkpoint normalise the images as the run did, without reading the folder
+    again, even if images were added to it since."""
     if config["data"].get("dataset") != "imagefolder":
         return
-    measured = checkpoint.get(RunMetadata.KEY, {}).get("data", {})
     given = given_options(command_line, "data")
     for name in ("mean", "std"):
-        if name in measured and name not in given:
-            config["data"][name] = tuple(measured[name])
+        if name in point.data and name not in given:
+            config["data"][name] = tuple(point.data[name])

@@ -29,8 +29,8 @@ from multigpu.data.source import ImageSource, Stats
 from multigpu.data.synthetic import SyntheticImages
 from multigpu.errors import UsageError, check_at_least
 from multigpu.renamed_options import renamed_class
-from multigpu.run.loop_position import next_position
 from multigpu.run.replicas import data_parallel_rank, data_parallel_size
+from multigpu.run.resume import ResumePoint
 
 __all__ = ["ImageDataModule", "class_count", "node_local_rank"]
 
@@ -162,7 +162,7 @@ class ImageDataModule(LightningDataModule):
         self.save_hyperparameters()
         self.batch_size = batch_size
         self.datasets: dict[str, Dataset] = {}
-        self._resume: dict[str, int] | None = None  # where a checkpoint stands in its epoch (``state_dict``)
+        self._resume: ResumePoint | None = None  # where a checkpoint stands in its epoch (``resume_at``)
         self._sampler: ResumableSampler | None = None
         self._shuffle_seed: int | None = None  # the seed this run shuffles with (``_seed``)
         self.image_size = image_size
@@ -257,21 +257,19 @@ class ImageDataModule(LightningDataModule):
         return self.batch_size * self._shard()[0] * self._accumulation()
 
     def _resume_point(self) -> tuple[int, int] | None:
-        """The epoch a checkpoint read by ``load_state_dict`` goes on with, and the images of its order trained."""
-        if not self._resume:
+        """The epoch a checkpoint given to ``resume_at`` goes on with, and the images of its order trained."""
+        if self._resume is None:
             return None
-        position = self._resume.get("position")
-        if position is None:  # a checkpoint of an earlier version: batches of each replica, on this layout
-            position = self._resume.get("batches", 0) * self.batch_size * self._shard()[0]
-        return self._resume["epoch"], position
+        return self._resume.epoch, self._resume.images_trained(self.batch_size, self._shard()[0])
 
-    def resumed_order(self) -> tuple[int, EpochOrder] | None:
-        """The epoch a checkpoint read by ``load_state_dict`` stopped inside, and how this layout trains the rest
-        of it; ``None`` when it stopped between epochs."""
-        point = self._resume_point()
-        if point is None or not point[1]:
+    def resume_at(self, point: ResumePoint) -> tuple[int, EpochOrder] | None:
+        """Start the training order where ``point`` stands (``run.resume``); the epoch it stopped inside and how this
+        layout trains the rest of it, or ``None`` when it stopped between epochs."""
+        self._resume = point
+        epoch, position = self._resume_point()
+        if not position:
             return None
-        return point[0], EpochOrder(len(self.datasets["train"]), self._global_batch(), point[1])
+        return epoch, EpochOrder(len(self.datasets["train"]), self._global_batch(), position)
 
     @override
     def train_dataloader(self) -> DataLoader | DeviceBatches:
@@ -292,9 +290,9 @@ class ImageDataModule(LightningDataModule):
         """The shuffle's seed: a resumed run's own, else ``shuffle_seed``, else the run's ``seed_everything``
         (``PL_GLOBAL_SEED``; 0 without one), the first process's wherever processes might disagree (a random seed
         drawn by each process that torchrun started)."""
-        if self._resume and "shuffle_seed" in self._resume:
-            self._shuffle_seed = self._resume["shuffle_seed"]
-        elif self._resume and self.hparams.shuffle_seed is None:
+        if self._resume is not None and self._resume.shuffle_seed is not None:
+            self._shuffle_seed = self._resume.shuffle_seed
+        elif self._resume is not None and self.hparams.shuffle_seed is None:
             self._shuffle_seed = 0  # a checkpoint of an earlier version, whose default seed was 0
         if self._shuffle_seed is None:
             seed = self.hparams.shuffle_seed
@@ -305,13 +303,9 @@ class ImageDataModule(LightningDataModule):
             self._shuffle_seed = seed
         return self._shuffle_seed
 
-    @override
-    def state_dict(self) -> dict[str, int]:
-        """Where training stands in the epoch: the images of its order already trained, whatever the layout."""
-        trainer = self.trainer
-        if trainer is None:
-            return {}
-        epoch, batches = next_position(trainer.fit_loop.state_dict())
+    def order_state(self, epoch: int, batches: int) -> dict[str, int]:
+        """Where training stands in ``epoch`` after ``batches`` loader batches of each replica: the images of its order
+        trained, whatever the layout, with the global batch and the shuffle's seed (``run.resume`` keeps it)."""
         position = 0
         if batches:
             sampler = self._sampler
@@ -320,10 +314,6 @@ class ImageDataModule(LightningDataModule):
             position = epoch_order.position(batches // self._accumulation())
         state = {"epoch": epoch, "position": position, "global_batch": self._global_batch()}
         return state if self._shuffle_seed is None else {**state, "shuffle_seed": self._shuffle_seed}
-
-    @override
-    def load_state_dict(self, state_dict: dict[str, int]) -> None:
-        self._resume = dict(state_dict) if state_dict else None
 
     @override
     def val_dataloader(self) -> DataLoader | DeviceBatches:

@@ -26,8 +26,9 @@ from multigpu.compat import (
     stop_after_this_step_as_on_sigterm,
 )
 from multigpu.errors import UsageError
-from multigpu.run.loop_position import count_steps_as_done, reopen_cut_epoch
-from multigpu.run.replicas import data_parallel_size, micro_batches_per_batch
+from multigpu.run.loop_position import reopen_cut_epoch
+from multigpu.run.replicas import data_parallel_size
+from multigpu.run.resume import KEY, layout_record, resume, training_order
 
 __all__ = [
     "BestCheckpoints",
@@ -126,14 +127,12 @@ def _data_description(datamodule: Any) -> dict[str, Any]:
 
 
 class RunMetadata(Callback):
-    """Stores in each checkpoint how it was made, under the key ``"multigpu"``; on resume, reports in one line
-    what the layout kept and changed, and has Lightning count the resumed epoch in the new layout's batches.
+    """Stores in each checkpoint how it was made and where training stands, under the key ``"multigpu"``; on resume,
+    hands the checkpoint to ``run.resume``, the one owner of resume.
 
     The CLI reads ``log_version`` back on ``--ckpt_path`` so that a resumed run
     continues the same TensorBoard run.
     """
-
-    KEY = "multigpu"
 
     def __init__(self) -> None:
         # Whether torchrun or SLURM started the processes, as the environment said before the launch (``note_launch``).
@@ -160,64 +159,22 @@ class RunMetadata(Callback):
                 f"{started}."
             )
 
-    @staticmethod
-    def _layout(trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
-        batch_size = getattr(pl_module, "hparams", {}).get("batch_size")
-        return {
-            "strategy": type(trainer.strategy).__name__,
-            "world_size": trainer.world_size,
-            "replicas": data_parallel_size(trainer),
-            "accumulated_batches": trainer.accumulate_grad_batches,
-            "global_batch_size": getattr(pl_module, "global_batch_size", None),
-            "forward_batch": batch_size // micro_batches_per_batch(trainer) if batch_size else None,
-        }
-
     @override
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
-        checkpoint[self.KEY] = {
+        order = training_order(trainer)  # before the loop counters below are reopened
+        checkpoint[KEY] = {
             "log_version": trainer.logger.version if trainer.logger else None,
-            **self._layout(trainer, pl_module),
+            **layout_record(trainer, pl_module),
             "data": _data_description(trainer.datamodule),
+            **({"order": order} if order is not None else {}),
         }
         if "loops" in checkpoint:  # an epoch a limit cut short resumes inside it
             reopen_cut_epoch(checkpoint["loops"]["fit_loop"])
 
     @override
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
-        if trainer.state.fn != TrainerFn.FITTING:  # the layout only matters to training
-            return
-        resumed = getattr(trainer.datamodule, "resumed_order", lambda: None)()
-        if resumed is not None and "loops" in checkpoint:
-            count_steps_as_done(
-                checkpoint["loops"]["fit_loop"], resumed[1].skipped_steps, trainer.accumulate_grad_batches
-            )
-        saved, now = checkpoint.get(self.KEY, {}), self._layout(trainer, pl_module)
-        changes = [
-            f"{name.replace('_', ' ')} {saved[name]} -> {now[name]}"
-            for name in ("strategy", "world_size", "replicas", "accumulated_batches")
-            if name in saved and saved[name] != now[name]
-        ]
-        kept, changed = [], []
-        for name, what in (("global_batch_size", "the global batch"), ("forward_batch", "images per forward pass")):
-            before, after = saved.get(name, now[name]), now[name]
-            (kept if before == after else changed).append(
-                f"{what} {after}" if before == after else f"{what} {before} -> {after}"
-            )
-        if not changes and not changed:
-            return
-        layout = f"another layout ({', '.join(changes)})" if changes else "the same layout"
-        parts = [f"kept {' and '.join(kept)}"] if kept else []
-        if changed:
-            parts.append(f"changed {' and '.join(changed)}")
-        if saved.get("global_batch_size", now["global_batch_size"]) != now["global_batch_size"]:
-            parts.append("the learning rate keeps the checkpoint's scaling")
-        elif not changed:
-            parts.append("so the same steps train the same images")
-        where = ""
-        if resumed is not None:
-            epoch, epoch_order = resumed
-            where = f"; epoch {epoch} goes on after its first {epoch_order.start} of {epoch_order.samples} images"
-        rank_zero_info(f"Resuming with {layout}: {', '.join(parts)}{where}.")
+        if trainer.state.fn == TrainerFn.FITTING:  # the layout and the order only matter to training
+            resume(trainer, pl_module, checkpoint)
 
 
 class BestCheckpoints(ModelCheckpoint):

@@ -32,7 +32,7 @@ from multigpu.errors import UsageError
 from multigpu.model.architectures import DEFAULT_ARCH, network_blocks
 from multigpu.model.lazy_blocks import BlockFactory, LazyBlocks
 from multigpu.model.torchvision_weights import cifar_stem, to_torchvision
-from multigpu.run.callbacks import RunMetadata
+from multigpu.run.resume import ResumePoint
 
 __all__ = [
     "SUFFIXES",
@@ -119,7 +119,7 @@ def input_notes(checkpoint: dict) -> dict[str, Any]:
     """What the exported network expects of its input, and what its outputs mean: written beside the export (the
     data's mean, std and class names as the run saved them; CIFAR-10's in a checkpoint from before)."""
     classes = checkpoint.get("hyper_parameters", {}).get("num_classes", 10)
-    data = checkpoint.get(RunMetadata.KEY, {}).get("data", {})
+    data = ResumePoint.of(checkpoint).data
     names = data.get("classes") or (list(CIFAR10_CLASSES) if classes == len(CIFAR10_CLASSES) else list(range(classes)))
     return {
         "shape": ["batch", *_image_shape(checkpoint)],

@@ -1,0 +1,74 @@
+"""The Trainer of a run, assembled in one place: Lightning's, with this application's parts put in.
+
+- the TensorBoard logger of the run (``<default_root_dir>/<run_name>/version_N``), the checkpoint's own version on
+  resume;
+- ``fsdp`` as our object (Lightning refuses the name on the CPU before it reads the registry);
+- atomic checkpoint files (``AtomicCheckpointIO``);
+- the progress bar and the model summary in place of Lightning's defaults, unless the user chose their own;
+- ``last.ckpt`` every ``--save_every_n_steps`` steps (``LastCheckpoint``);
+- who launched the processes, noted before Lightning's launcher starts any (``RunMetadata``);
+- the combinations that would only fail once training has started, refused.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.accelerators import CUDAAccelerator
+from lightning.pytorch.callbacks import ProgressBar, RichModelSummary, RichProgressBar
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from multigpu.cli.saved_options import checkpoint_dir
+from multigpu.errors import UsageError
+from multigpu.run.callbacks import LastCheckpoint, RunMetadata
+from multigpu.run.checkpoint_io import AtomicCheckpointIO
+from multigpu.run.model_summary import RunSummary
+from multigpu.run.progress_bar import PacedProgressBar
+from multigpu.strategies import FullyShardedStrategy
+
+__all__ = ["assemble_trainer"]
+
+
+def assemble_trainer(
+    build: Callable[..., Trainer],
+    config: Any,
+    chosen: list[Callback],
+    log_version: int | str | None,
+    **kwargs,
+) -> Trainer:
+    """The run's Trainer: ``build(**kwargs)`` (LightningCLI's) with the parts above, for the subcommand's ``config``,
+    the callbacks the user chose (``chosen``) and the TensorBoard version of the checkpoint it goes on from."""
+    trainer_options = config["trainer"]
+    if trainer_options.get("logger") in (None, True):
+        kwargs["logger"] = TensorBoardLogger(
+            save_dir=trainer_options.get("default_root_dir") or "logs",
+            name=config["run_name"],
+            version=log_version,
+            default_hp_metric=False,  # no empty hp_metric card: the metrics are logged by name
+        )
+    if trainer_options.get("strategy") == FullyShardedStrategy.strategy_name:
+        kwargs["strategy"] = FullyShardedStrategy()
+    if trainer_options.get("plugins") is None:
+        kwargs["plugins"] = [AtomicCheckpointIO()]
+    chosen = list(chosen)  # as the user chose them: Lightning appends its defaults to the list it is given
+    try:
+        trainer = build(**kwargs)
+    except ValueError as error:  # Lightning's checks of accelerator, strategy and devices
+        raise UsageError(str(error)) from error
+    for callback in trainer.callbacks:
+        if isinstance(callback, RunMetadata):
+            callback.note_launch(trainer)
+    bar = trainer.progress_bar_callback
+    if not any(isinstance(callback, ProgressBar) for callback in chosen) and type(bar) is RichProgressBar:  # Lightning's default, added to the list it was given
+        trainer.callbacks[trainer.callbacks.index(bar)] = PacedProgressBar()
+    summary = next((callback for callback in trainer.callbacks if type(callback) is RichModelSummary), None)
+    if summary is not None and summary not in chosen:  # Lightning's default, as the bar
+        trainer.callbacks[trainer.callbacks.index(summary)] = RunSummary()
+    every = config.get("save_every_n_steps") or 0
+    if every:  # last.ckpt comes from LastCheckpoint alone; the other one keeps the best
+        trainer.checkpoint_callback.save_last = False
+        dirpath = checkpoint_dir(config["checkpoint_root"], config["run_name"])
+        trainer.callbacks.append(LastCheckpoint(dirpath, every_n_train_steps=every))
+    if trainer_options.get("sync_batchnorm") and not isinstance(trainer.accelerator, CUDAAccelerator):
+        raise UsageError("--trainer.sync_batchnorm=true needs CUDA devices (SyncBatchNorm); drop it on the CPU.")
+    return trainer
