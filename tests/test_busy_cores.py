@@ -347,7 +347,7 @@ def test_a_layout_measured_while_the_host_stole_the_cores_is_measured_again_or_m
     setting = SimpleNamespace(batch_size=8, devices=2, device_ids=None)
     if marked is None:
         with pytest.raises(UsageError) as refusal:
-            measurement.measure(order, [], setting, 1, 1, 2, 1, deadline, if_busy)
+            measurement.measure(order, [], setting, measurement.TimedSteps(1, 1, 2, 1), deadline, if_busy)
         assert str(refusal.value).startswith("the cores were busy while ddp trained (a convolution on 2 thread(s)")
         assert str(refusal.value).endswith(
             "its figures would measure the host's other virtual machines too. Try again when the host is quieter, "
@@ -355,7 +355,7 @@ def test_a_layout_measured_while_the_host_stole_the_cores_is_measured_again_or_m
         )
         assert runs == trained
         return
-    measured = measurement.measure(order, [], setting, 1, 1, 2, 1, deadline, if_busy)
+    measured = measurement.measure(order, [], setting, measurement.TimedSteps(1, 1, 2, 1), deadline, if_busy)
     out = capsys.readouterr().out
     assert runs == trained and measured[0].busy is None
     assert "plan: the cores are busy after measuring ddp: a convolution on 2 thread(s) got 99% of their cores" in out

@@ -172,3 +172,40 @@ def test_docs_testing_lists_every_test_beside_its_promise():
     listed = table.table_rows((REPO / "docs" / "testing.md").read_text())
     assert sorted(listed) == sorted(table.test_functions()), "run python scripts/testing_table.py"
     assert all(row[0] and row[2] for row in listed.values())  # each with its promise and network
+
+
+def _strategy_probes(path: Path) -> list[str]:
+    """``getattr``/``hasattr`` calls on a strategy (an expression named ``strategy`` or ending in ``.strategy``) in
+    ``path``, but of Lightning's ``cluster_environment``: what ``contracts.StrategyLayout`` states instead."""
+    probes = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr"):
+            target, name = node.args[0], node.args[1] if len(node.args) > 1 else None
+            on_strategy = (isinstance(target, ast.Name) and target.id == "strategy") or (
+                isinstance(target, ast.Attribute) and target.attr == "strategy"
+            )
+            if on_strategy and not (isinstance(name, ast.Constant) and name.value == "cluster_environment"):
+                probes.append(f"{path.name}:{node.lineno}")
+    return probes
+
+
+def test_run_and_cli_read_strategies_through_the_written_contract_not_by_probing(tmp_path):
+    probes = [probe for folder in ("run", "cli") for path in (SOURCE / folder).rglob("*.py") for probe in
+              _strategy_probes(path)]  # fmt: skip
+    assert probes == []
+    probing = tmp_path / "probing.py"
+    probing.write_text("micro_batches = getattr(trainer.strategy, 'micro_batches', 1)\n")
+    assert _strategy_probes(probing) == ["probing.py:1"]  # the check finds one
+
+
+def test_planning_knows_no_strategy_by_name():
+    """``plan`` asks every registered strategy's ``Layout`` class (``strategies/layouts/``) and compares no name."""
+    from multigpu.strategies.layouts import PLANNED_STRATEGIES
+
+    named = [
+        f"{path.relative_to(REPO)}:{node.lineno}: {node.value!r}"
+        for path in (SOURCE / "planning").rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and node.value in PLANNED_STRATEGIES
+    ]
+    assert named == []

@@ -423,7 +423,9 @@ def test_a_time_budget_measures_the_reference_and_the_best_forecast_then_what_fi
     assert [o.layout.name for o in order] == ["1 device", "model parallel 2", "ddp", "fsdp"]
     setting = SimpleNamespace(batch_size=8, devices=2, device_ids=None)  # what measure reads of a Setting
     # Each layout trains 2 x 8 images per step for 1 + 1 x 2 steps: 48 images, 3.2 s at ddp's 15 img/s.
-    measured = measurement.measure(order, [], setting, 1, 1, 2, 1, deadline=time.monotonic() + 2.0)
+    measured = measurement.measure(
+        order, [], setting, measurement.TimedSteps(1, 1, 2, 1), deadline=time.monotonic() + 2.0
+    )
     assert trained == ["--trainer.strategy=auto", "--trainer.strategy=manual_model_parallel"]
     assert [o.figures is not None for o in measured] == [True, True, False, False]
     assert "  not measured, the time budget spent: ddp, fsdp (raise --plan.budget_s to measure them)" in (
@@ -442,10 +444,10 @@ def test_a_time_budget_measures_the_reference_and_the_best_forecast_then_what_fi
         "dp": (False, False),
     }
     trained.clear()
-    measurement.measure(order, [], setting, 1, 1, 2, 1, deadline=time.monotonic() + 60.0)
+    measurement.measure(order, [], setting, measurement.TimedSteps(1, 1, 2, 1), deadline=time.monotonic() + 60.0)
     assert len(trained) == 4 and "past the time budget" not in capsys.readouterr().out
     trained.clear()  # a slow machine: the budget spent before measuring began
-    measurement.measure(order, [], setting, 1, 1, 2, 1, deadline=time.monotonic() - 30.0)
+    measurement.measure(order, [], setting, measurement.TimedSteps(1, 1, 2, 1), deadline=time.monotonic() - 30.0)
     assert trained == ["--trainer.strategy=auto", "--trainer.strategy=manual_model_parallel"]
     assert (
         "  past the time budget by 30 s: the reference and the best forecast are measured whatever the time, "
@@ -490,7 +492,7 @@ def test_the_budget_stretches_a_forecast_by_the_most_a_run_took_for_its_own(monk
     # Each layout trains 8 images per step and replica for 1 + 1 x 2 steps. After the first two, the clock reads
     # 10.8 s: ddp would end at 10.8 + 3.2 x 2.5 x 1.2 = 20.4 s (at 19.44 s by the mean stretch, 18.8 s without the
     # 20%); fsdp after it, at 18.8 + 4 x 2.5 x 1.2 s.
-    measurement.measure(order, [], setting, 1, 1, 2, 1, deadline=deadline)
+    measurement.measure(order, [], setting, measurement.TimedSteps(1, 1, 2, 1), deadline=deadline)
     assert trained == ["auto", "manual_model_parallel", *measured]
 
 

@@ -59,7 +59,8 @@ def assemble_trainer(
         if isinstance(callback, RunMetadata):
             callback.note_launch(trainer)
     bar = trainer.progress_bar_callback
-    if not any(isinstance(callback, ProgressBar) for callback in chosen) and type(bar) is RichProgressBar:  # Lightning's default, added to the list it was given
+    bar_chosen = any(isinstance(callback, ProgressBar) for callback in chosen)
+    if not bar_chosen and type(bar) is RichProgressBar:  # Lightning's default, added to the list it was given
         trainer.callbacks[trainer.callbacks.index(bar)] = PacedProgressBar()
     summary = next((callback for callback in trainer.callbacks if type(callback) is RichModelSummary), None)
     if summary is not None and summary not in chosen:  # Lightning's default, as the bar

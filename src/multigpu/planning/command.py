@@ -38,7 +38,7 @@ from multigpu.errors import UsageError
 from multigpu.planning.forecast import forecast
 from multigpu.planning.layouts import candidate_layouts
 from multigpu.planning.links import ForkedRanks, fork_ranks, measure_links
-from multigpu.planning.measurement import balanced, measure
+from multigpu.planning.measurement import TimedSteps, balanced, measure
 from multigpu.planning.options import BUSY_REMEDY, PlanOptions, check_no_plan_section
 from multigpu.planning.ranking import Outcome, ends_by, in_measuring_order, to_measure
 from multigpu.planning.report import dry_run_line, print_report, write_outputs
@@ -131,17 +131,8 @@ def _plan(config, options: PlanOptions, args: Sequence[str], started: float, for
         within = "" if options.budget_s is None else f", within {options.budget_s:.0f} s in all"
         spent = f"{time.monotonic() - started:.0f} s so far: Python's start-up, the profile and the links"
         print(f"measuring {len(selected)} of {len(outcomes)} layouts{within} ({spent})", flush=True)
-        measured = measure(
-            selected,
-            args,
-            setting,
-            warmup,
-            steps,
-            options.windows,
-            accumulate if isinstance(accumulate, int) else 1,
-            deadline,
-            None if setting.cuda else options.if_busy,
-        )
+        timed = TimedSteps(warmup, steps, options.windows, accumulate if isinstance(accumulate, int) else 1)
+        measured = measure(selected, args, setting, timed, deadline, None if setting.cuda else options.if_busy)
         done = {id(before): after for before, after in zip(selected, measured)}
         outcomes = [done.get(id(outcome), outcome) for outcome in outcomes]
     folder = Path(trainer.get("default_root_dir") or "logs") / config["run_name"]
@@ -166,8 +157,9 @@ def _plan(config, options: PlanOptions, args: Sequence[str], started: float, for
 
 
 def process_age_s() -> float:
-    """Seconds since this process started, Python's start-up and the imports (3 to 6 s on a 2-core CPU) included,
-    as the user's clock counts ``plan``'s time; 0 where ``/proc`` does not say (not Linux)."""
+    """Seconds since this process started, Python's start-up and the imports included (docs/plan.md, "Running it",
+    has how long they take), as the user's clock counts ``plan``'s time; 0 where ``/proc`` does not say (not
+    Linux)."""
     try:
         fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()  # after the name, which may hold spaces
         uptime = float(Path("/proc/uptime").read_text().split()[0])

@@ -5,7 +5,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from multigpu.errors import UsageError
@@ -19,7 +19,7 @@ from multigpu.timing.busy_cores import IF_BUSY, note_if_busy, read_cpu_clock, wa
 from multigpu.timing.step_timer import step_timer
 from multigpu.timing.timed_runs import RunFailed, fit_command, last_error, run
 
-__all__ = ["LAYOUT_TIMEOUT_S", "balanced", "measure"]
+__all__ = ["LAYOUT_TIMEOUT_S", "TimedSteps", "balanced", "measure"]
 
 LAYOUT_TIMEOUT_S = 1200  # a layout still training after 20 minutes has hung (a deadlock, say): it is stopped
 
@@ -42,26 +42,59 @@ def balanced(layouts: list[Layout], profile: BlockProfile) -> tuple[list[Layout]
     return balanced, refusals
 
 
+@dataclass(frozen=True)
+class TimedSteps:
+    """How each layout is timed: ``warmup`` untimed steps, then ``windows`` windows of ``steps`` steps, each step of
+    ``accumulate`` loader batches per replica."""
+
+    warmup: int
+    steps: int
+    windows: int
+    accumulate: int = 1
+
+    @property
+    def timed(self) -> int:
+        """The steps timed after the warm-up."""
+        return self.steps * self.windows
+
+    def training_s(self, outcome: Outcome) -> float:
+        """The seconds ``outcome``'s forecast gives its timed steps and warm-up (0 without a forecast)."""
+        images = outcome.layout.batch_size * outcome.layout.replicas * self.accumulate * (self.warmup + self.timed)
+        return images / outcome.forecast if outcome.forecast else 0.0
+
+
+class _Budget:
+    """What is left of the time budget: a ``deadline`` on ``time.monotonic()``'s clock (``None``: no budget), and the
+    most a run took for its forecast training time so far (``stretch``), which the next runs are expected to take
+    too."""
+
+    def __init__(self, deadline: float | None) -> None:
+        self.deadline, self.stretch = deadline, 1.0
+
+    def allows(self, seconds: float) -> bool:
+        return ends_by(self.deadline, seconds)
+
+    def took(self, seconds: float, training_s: float) -> None:
+        """A run on quiet cores took ``seconds`` for a forecast training time of ``training_s``."""
+        if training_s > 0:
+            self.stretch = max(self.stretch, seconds / training_s)
+
+
 def measure(
     outcomes: list[Outcome],
     args: Sequence[str],
     setting: Setting,
-    warmup: int,
-    steps: int,
-    windows: int,
-    accumulate: int,
+    timed: TimedSteps,
     deadline: float | None = None,
     if_busy: IF_BUSY | None = None,
 ) -> list[Outcome]:
-    """Train each layout in fresh processes, in the given order, timing ``windows`` windows of ``steps`` steps; its
-    figures, or why it failed. With a ``deadline`` (``time.monotonic()``'s clock) a layout is left unmeasured,
-    and so are those after it, once it would end past it: its forecast training time, times the most that the
-    runs so far took for theirs (starting processes, building the network and the first steps, which are
-    slower, grow with a step's time: about 2.4 times on a 2-core CPU, whatever the layout), and
-    ``FORECAST_ERROR`` more, the most a forecast is taken to err when choosing which to measure (the first
-    pipeline measured, often the fourth layout, starts slower still, and was forecast up to 18% too fast). The
-    first layout (the reference) and the best forecast are measured whatever the time, and a line says by how much
-    they ran past the deadline.
+    """Train each layout in fresh processes, in the given order, timed as ``timed`` says; its figures, or why it
+    failed. With a ``deadline`` (``time.monotonic()``'s clock) a layout is left unmeasured, and so are those after
+    it, once it would end past it: its forecast training time, times the most that the runs so far took for theirs
+    (starting processes, building the network and the first steps, which are slower, grow with a step's time),
+    and ``FORECAST_ERROR`` more, the most a forecast is taken to err when choosing which to measure (the first
+    pipeline measured, often the fourth layout, starts slower still). The first layout (the reference) and the best
+    forecast are measured whatever the time, and a line says by how much they ran past the deadline.
 
     With ``if_busy`` (on the CPU) the cores are checked after each run, and the time a virtual machine's host
     stole since it began (``busy_cores``): a run on busy cores measured them too, so it is said in one line and,
@@ -72,66 +105,22 @@ def measure(
     if entry.suffix != ".py":
         raise UsageError("run plan as `python main.py plan ...`: it launches main.py fit for each layout.")
     user_args = without_plan_options(args)
-    images = setting.batch_size * setting.devices * accumulate * (warmup + steps * windows + 1)
+    images = setting.batch_size * setting.devices * timed.accumulate * (timed.warmup + timed.timed + 1)
     always = {0, max(range(len(outcomes)), key=lambda i: outcomes[i].forecast or 0.0)} if outcomes else set()
-    measured, left = [], []
-    stretch = 1.0  # the most a run took for its forecast training time, so far
+    measured, left, budget = [], [], _Budget(deadline)
     with tempfile.TemporaryDirectory(prefix="multigpu-plan-") as tmp:
         folder = Path(tmp)
         for index, outcome in enumerate(outcomes):
-            layout_images = outcome.layout.batch_size * outcome.layout.replicas * accumulate
-            training_s = layout_images * (warmup + steps * windows) / (outcome.forecast or float("inf"))
-            if index not in always and (left or not ends_by(deadline, training_s * stretch)):
+            training_s = timed.training_s(outcome)
+            if index not in always and (left or not budget.allows(training_s * budget.stretch)):
                 left.append(outcome)
                 measured.append(outcome)
                 continue
             options = [*user_args, *outcome.layout.fit_options(setting.device_ids)]
-            command = fit_command(
-                entry,
-                options,
-                folder,
-                f"plan-{index}",
-                warmup + steps * windows,
-                images,
-                step_timer(warmup, folder / f"layout{index}.json", steps),
-            )
-            for again in (False, True):
-                start, clock = time.monotonic(), read_cpu_clock() if if_busy else None
-                attempt = _trained(outcome, command, folder / f"layout{index}")
-                if again and attempt.failure:  # measured again, and failed: the first figures stay, marked
-                    print(
-                        f"plan: {outcome.layout.label} failed when measured again ({attempt.failure}); "
-                        "its first figures stay, marked busy",
-                        flush=True,
-                    )
-                    break
-                trained = attempt
-                check = note_if_busy("plan", f"after measuring {outcome.layout.label}", clock) if if_busy else None
-                if check is None or trained.failure or not check.busy:
-                    if training_s > 0:  # a run on busy cores says nothing of how long the next one takes
-                        stretch = max(stretch, (time.monotonic() - start) / training_s)
-                    break
-                trained = replace(trained, busy=check.reason)
-                if if_busy == "refuse":
-                    raise UsageError(
-                        f"the cores were busy while {outcome.layout.label} trained ({check}): "
-                        f"{check.measures_too('its', BUSY_REMEDY)}"
-                    )
-                # The budget allows the reference and the best forecast one run whatever the time, not a second,
-                # taken to last as long as the first did (on busy cores), or as its forecast, the longer
-                again_s = max(training_s * stretch, time.monotonic() - start)
-                if if_busy == "go" or again or not ends_by(deadline, again_s):
-                    break
-                if wait_for_quiet("plan", check).busy or not ends_by(deadline, again_s):
-                    break  # the wait spent what the budget had left
-                print(f"plan: measuring {outcome.layout.label} again, on quiet cores", flush=True)
-            if trained.failure:
-                said = f"failed: {trained.failure}"
-            else:
-                low, high = trained.interval
-                said = f"{trained.images_per_s:.1f} img/s ({low:.1f}-{high:.1f}), forecast {trained.forecast or 0:.1f}"
-                said += ", on busy cores" if trained.busy else ""
-            print(f"  [{index + 1}/{len(outcomes)}] {trained.layout.label}: {said}", flush=True)
+            timer = step_timer(timed.warmup, folder / f"layout{index}.json", timed.steps)
+            command = fit_command(entry, options, folder, f"plan-{index}", timed.warmup + timed.timed, images, timer)
+            trained = _measured(outcome, command, folder / f"layout{index}", training_s, budget, if_busy)
+            print(f"  [{index + 1}/{len(outcomes)}] {trained.layout.label}: {_said(trained)}", flush=True)
             measured.append(trained)
     if left:
         print(
@@ -146,6 +135,55 @@ def measure(
             flush=True,
         )
     return measured
+
+
+def _said(trained: Outcome) -> str:
+    if trained.failure:
+        return f"failed: {trained.failure}"
+    low, high = trained.interval
+    said = f"{trained.images_per_s:.1f} img/s ({low:.1f}-{high:.1f}), forecast {trained.forecast or 0:.1f}"
+    return said + (", on busy cores" if trained.busy else "")
+
+
+def _measured(
+    outcome: Outcome, command: list[str], stem: Path, training_s: float, budget: _Budget, if_busy: IF_BUSY | None
+) -> Outcome:
+    """``outcome`` trained by ``command`` (``_trained``), its cores checked after it with ``if_busy``: measured again
+    once they are quiet where ``if_busy`` and the budget allow, marked busy where the figures stand on busy cores."""
+    start, clock = time.monotonic(), read_cpu_clock() if if_busy else None
+    trained = _trained(outcome, command, stem)
+    check = note_if_busy("plan", f"after measuring {outcome.layout.label}", clock) if if_busy else None
+    if check is None or trained.failure or not check.busy:
+        budget.took(time.monotonic() - start, training_s)  # a run on busy cores says nothing of the next one's time
+        return trained
+    trained = replace(trained, busy=check.reason)
+    if if_busy == "refuse":
+        raise UsageError(
+            f"the cores were busy while {outcome.layout.label} trained ({check}): "
+            f"{check.measures_too('its', BUSY_REMEDY)}"
+        )
+    # The budget allows the reference and the best forecast one run whatever the time, not a second, taken to last
+    # as long as the first did (on busy cores), or as its forecast, the longer
+    again_s = max(training_s * budget.stretch, time.monotonic() - start)
+    if if_busy == "go" or not budget.allows(again_s) or wait_for_quiet("plan", check).busy:
+        return trained
+    if not budget.allows(again_s):  # the wait spent what the budget had left
+        return trained
+    print(f"plan: measuring {outcome.layout.label} again, on quiet cores", flush=True)
+    start, clock = time.monotonic(), read_cpu_clock()
+    again = _trained(outcome, command, stem)
+    if again.failure:  # the first figures stay, marked
+        print(
+            f"plan: {outcome.layout.label} failed when measured again ({again.failure}); its first figures stay, "
+            "marked busy",
+            flush=True,
+        )
+        return trained
+    check = note_if_busy("plan", f"after measuring {outcome.layout.label}", clock)
+    if check is not None and check.busy:
+        return replace(again, busy=check.reason)
+    budget.took(time.monotonic() - start, training_s)
+    return again
 
 
 def _trained(outcome: Outcome, command: list[str], stem: Path) -> Outcome:
