@@ -45,8 +45,8 @@ def start_worker_server() -> BaseContext | None:
     spawned instead, children of the training process: without pidfds (not Linux, a kernel before 5.3, a container
     that forbids them) or in a process forked from one that started its own server (``ddp_fork``). Started as the
     data is set up, the server imports ``PRELOADED`` while the training process goes on (builds its network, joins
-    its process group), not when the first worker starts: 12.4-13.0 s instead of 14.0 s for the smoke run with one
-    worker (11.3 s forked), 2 cores."""
+    its process group), not when the first worker starts, so that the run starts sooner (docs/measurements.md,
+    "Loader workers")."""
     try:
         os.close(os.pidfd_open(os.getpid()))
     except (AttributeError, OSError):

@@ -33,7 +33,9 @@ __all__ = ["REPEATS", "SIZES", "forked_rank"]
 
 SIZES = (2**12, 2**25)  # bytes: one small and one large tensor
 REPEATS = 7
-SHARDED_ROUNDS = 5  # rounds of the sharded runtime's cost per byte, 0.4 s each on a 2-core CPU
+# Rounds of the sharded runtime's cost per byte, the median round counting: enough for a median, and each round
+# lengthens the probe (docs/measurements.md, "Link probe")
+SHARDED_ROUNDS = 5
 
 
 def _once(function, device: torch.device) -> float:
@@ -47,7 +49,8 @@ def _once(function, device: torch.device) -> float:
 
 def _timed(function, device: torch.device) -> float:
     """The median of ``REPEATS`` runs of ``function()`` after one untimed: the collectives a training step meets,
-    not the luckiest one (on the CPU, 2 processes' gathers of 32 MiB took from 18 to 45 ms in one probe)."""
+    not the luckiest one (on the CPU the same gather's time varies widely within one probe: docs/plan.md,
+    "Accuracy")."""
     return statistics.median([_once(function, device) for _ in range(REPEATS + 1)][1:])
 
 
@@ -112,9 +115,10 @@ def _sharded_costs(device: torch.device, blocks: int = 8) -> tuple[float, float,
         passes = [_once(lambda net=net: net(row).sum().backward(), device) for net in (split, whole)]
         return (passes[0] - passes[1]) / large - collectives
 
-    # The excess is a tenth of the sharded pass (about 15 of 150 ms a matrix on a 2-core CPU), so a slow moment on
-    # the sharded passes alone moves it tenfold: with the parts timed apart, one probe of 2 December read 19 ns a
-    # byte where the others read about 1. Each round times every part back to back; the median round counts.
+    # The excess is a small part of the sharded pass, so a slow moment on the sharded passes alone moves it many times
+    # over: with the parts timed apart, one probe read many times what the others read
+    # (docs/measurements.md, "Link probe"; docs/plan.md, "Accuracy"). Each round times every part back to back; the
+    # median round counts.
     rounds = [excess() for _ in range(SHARDED_ROUNDS + 1)][1:]
     per_byte = max(0.0, statistics.median(rounds) - per_block) / (4 * width * width)
     return per_block, per_byte, per_tensor

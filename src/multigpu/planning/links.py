@@ -3,19 +3,18 @@ tensors and for the runtimes that move them, and, on the CPU, how much processes
 
 ``measure_links`` runs ``link_probe`` in one process per device: on GPUs started with ``torchrun`` (NCCL), which
 imports torch alone; on the CPU (gloo) forked from ``plan``'s process as it begins, before it computes anything
-(``ForkedRanks``), so that they wait, idle, through the profile, with everything imported: on a 2-core Xeon
-``torchrun``'s took 15.9 to 16.7 s to start and measure, the forked ones 6.4 to 6.8 s (in one process, three of
-each in turn; ``torchrun`` starts them off Linux and for a second profile too). Rank 0 and 1 time a ping-pong of a
-small and a large tensor (the latency and bandwidth of a send); all ranks time an all-reduce, an all-gather and a
-reduce-scatter of both sizes (latency and bus bandwidth: a ring all-reduce moves ``2 (n-1)/n`` of the bytes, the
-other two ``(n-1)/n``). Two tiny networks, whose arithmetic costs nothing, give what the runtimes add besides
-moving bytes: a GPipe step of one small layer per process (seconds per pipeline action), and a forward and backward
-pass and an SGD step of ``fully_shard``-ed small layers (seconds per sharded block, and per sharded parameter's
-update); a pass through ``fully_shard``-ed large matrices, against the same unsharded and their collectives alone,
-gives its cost per byte of parameters (the copies into and out of the collectives' buffers). Each figure is the
-median of a few runs. How much processes computing at once on the CPU slow each other (``contention``,
-``lockstep``) is not the links' to measure: ``plan`` takes it from the profile's rounds
-(``BlockProfile.contention``), at the moment the passes' level was timed.
+(``ForkedRanks``), so that they wait, idle, through the profile, with everything imported, and start and measure in
+far less time than ``torchrun``'s (docs/measurements.md, "Links"; ``torchrun`` starts them off Linux and for a
+second profile too). Rank 0 and 1 time a ping-pong of a small and a large tensor (the latency and bandwidth of a
+send); all ranks time an all-reduce, an all-gather and a reduce-scatter of both sizes (latency and bus bandwidth: a
+ring all-reduce moves ``2 (n-1)/n`` of the bytes, the other two ``(n-1)/n``). Two tiny networks, whose arithmetic
+costs nothing, give what the runtimes add besides moving bytes: a GPipe step of one small layer per process (seconds
+per pipeline action), and a forward and backward pass and an SGD step of ``fully_shard``-ed small layers (seconds
+per sharded block, and per sharded parameter's update); a pass through ``fully_shard``-ed large matrices, against
+the same unsharded and their collectives alone, gives its cost per byte of parameters (the copies into and out of
+the collectives' buffers). Each figure is the median of a few runs. How much processes computing at once on the CPU
+slow each other (``contention``, ``lockstep``) is not the links' to measure: ``plan`` takes it from the profile's
+rounds (``BlockProfile.contention``), at the moment the passes' level was timed.
 """
 
 import json

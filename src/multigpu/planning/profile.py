@@ -8,11 +8,11 @@ size and scaled per image (the time per image is flat by then), which keeps a pl
 batches short. Then the whole network's forward pass and its backward pass are timed at each size, in ``SEGMENTS``
 runs of consecutive blocks cut apart as a pipeline's stages are, and each run's blocks' forward passes are scaled
 to add up to its forward pass, their backward passes to its backward pass: a block timed on its own pays a call of
-its own and finds its parameters in the caches, which a training step does not (on a 2-core CPU the blocks added up
-to a few percent more than the whole network, more at the smallest micro-batches), and the blocks do not divide a
-pass as the network does (at 4 images on one thread, the first of four stages' blocks' backward passes came to 47%
-above the stage's own, the last's to 11%; scaled to the whole network as one, the first stage's backward pass was
-forecast 16% long and the others' 10 to 13% short, and a 4-stage pipeline of 4 micro-batches 12 to 18% fast).
+its own and finds its parameters in the caches, which a training step does not (the blocks add up to more than the
+whole network, more at the smallest micro-batches), and the blocks do not divide a pass as the network does (timed
+one by one, the early blocks' backward passes come out further above their stage's own than the late ones', so that
+scaled to the whole network as one, the first stage's backward pass was forecast long, the others' short, and a
+4-stage pipeline of 4 micro-batches fast; docs/plan.md, "Accuracy", has the figures).
 Likewise the blocks' updates are scaled to add up to the whole network's, one optimizer step at each thread count, as
 a layout's process takes it.
 ``split_backward`` gives how much longer the zero-bubble schedules' backward pass, split into its input and its
@@ -21,10 +21,10 @@ weight gradients, takes than a whole one.
 On the CPU the same rounds also run, after each size's pass alone, as many copies of the whole network at once as a
 layout of that size has processes, one per Python thread with the process's threads (``contention``): how much
 slower every process computes when all compute at the same moment, set against the passes alone of the same rounds,
-so that the level and its contention come from one moment of the machine. On a slow 2-core CPU, in five plans in
-14 minutes, the one-thread pass of 8 images alone was timed at 1.42 to 1.80 s while `ddp` measured 7.7 to 8.1 img/s
-throughout: with a contention figure from another moment (a convolution in the link probe's processes, set against
-the same convolution in ``plan``'s process), each plan's `ddp` forecast moved with that level, -2% to +30% off.
+so that the level and its contention come from one moment of the machine. On a slow CPU the pass alone moved from
+one plan to the next while `ddp`'s measured speed held: with a contention figure from another moment (a convolution
+in the link probe's processes, set against the same convolution in ``plan``'s process), each plan's `ddp` forecast
+moved with that level (docs/plan.md, "Accuracy").
 """
 
 import copy
@@ -57,13 +57,13 @@ CPU_IMAGES = 32
 # untimed
 REPEATS = 2
 # Timed passes of each block per size, after one untimed: the whole network's passes set the level, the blocks only
-# how it divides among them (a second timed pass cost 7 s of the smoke plan on a slow 2-core CPU)
+# how it divides among them, and a second timed pass would lengthen the smoke plan by seconds
+# (docs/plan.md, "Running it")
 BLOCK_REPEATS = 1
 # The whole network's passes are timed in this many runs of about as many consecutive blocks each, cut apart as a
 # pipeline's stages are, and the blocks of each run scaled to its own figures: timed one by one, ResNet-50's early
-# blocks' backward passes came out 47% above their stage's and the late ones' 11% (the four stages of [8,8,11,7], at 4
-# images on one CPU thread), so that scaled to the whole network as one, the first stage's backward pass was
-# forecast 16% long and the others' 10 to 13% short.
+# blocks' backward passes come out further above their stage's than the late ones', so that scaled to the whole
+# network as one, the first stage's backward pass was forecast long and the others' short (docs/plan.md, "Accuracy").
 SEGMENTS = 4
 
 
@@ -136,8 +136,8 @@ class BlockProfile:
         """How many times longer the whole network's backward pass takes in one of ``processes`` processes when
         split into its input gradients and then its weight gradients, as the zero-bubble schedules run it, than
         whole: timed once per thread count, at the smallest input the blocks were timed at (the ratio barely
-        moves with the size: 1.09 to 1.18 at 2 and 8 CIFAR images on one CPU thread), the fastest of ``REPEATS``
-        after one untimed. 1 where the whole network does not fit on the device."""
+        moves with the size: docs/plan.md, "What a forecast is built from"), the fastest of ``REPEATS`` after one
+        untimed. 1 where the whole network does not fit on the device."""
         threads = self._key(1, processes)[1]
         if threads not in self._splits:
             timed = [
@@ -269,17 +269,17 @@ class BlockProfile:
     def _whole_passes(
         self, examples: list[torch.Tensor], threads: list[int | None], copies: list[int]
     ) -> tuple[list[list[tuple[float, float]] | None], dict[int, tuple[float, float]], dict[int | None, float]]:
-        """Seconds of the whole network's forward pass and of its backward pass on each of ``examples`` with its threads
-        (each backward pass writing its gradients anew), each of its ``SEGMENTS`` runs of blocks apart
-        (``_pass_seconds``): the means of ``REPEATS`` rounds, each round one pass of every
-        size in turn, after one untimed pass on the largest alone (the blocks have just run every size: only the
-        largest's memory is new; an untimed pass per size would add about 2 s to a 2-core CPU's plan). These passes set
-        the level of every forecast, so a slow moment falls on every size alike, and the mean, not the fastest, stands
-        for the steps a run takes (on a 2-core CPU, 30 passes in a row took 0.75 to 1.3 s, their median 0.98). None for
-        each where the whole network does not fit on the device (out of memory), whose blocks then stay as timed. Where
-        ``copies`` is above 1 each round also times that many copies of the network at once right after the pass alone,
-        the largest such size first untimed: by index, the copies' mean and slowest, over the rounds. Last, the
-        seconds of the whole network's update at each thread count not timed yet (``_update_seconds``)."""
+        """Seconds of the whole network's forward pass and of its backward pass on each of ``examples`` with its
+        threads (each backward pass writing its gradients anew), each of its ``SEGMENTS`` runs of blocks apart
+        (``_pass_seconds``): the means of ``REPEATS`` rounds, each round one pass of every size in turn, after one
+        untimed pass on the largest alone (the blocks have just run every size: only the largest's memory is new, and
+        an untimed pass per size would lengthen the plan: docs/measurements.md, "Profile"). These passes set the level
+        of every forecast, so a slow moment falls on every size alike, and the mean, not the fastest, stands for the
+        steps a run takes (a slow CPU's passes in a row vary widely: docs/plan.md, "Running it"). None for each where
+        the whole network does not fit on the device (out of memory), whose blocks then stay as timed. Where ``copies``
+        is above 1 each round also times that many copies of the network at once right after the pass alone, the
+        largest such size first untimed: by index, the copies' mean and slowest, over the rounds. Last, the seconds of
+        the whole network's update at each thread count not timed yet (``_update_seconds``)."""
         try:
             nets = [self._whole_network()]
             nets += [copy.deepcopy(nets[0]) for _ in range(max(copies, default=1) - 1)]
@@ -330,8 +330,8 @@ class BlockProfile:
         """Seconds of one update of all of ``net``'s parameters (the recipe's SGD, ``self.sgd``) with ``threads``
         threads: the mean of ``REPEATS`` after one untimed (which makes the momentum buffers); None where it does
         not fit on the device (out of memory). A layout's process updates its parameters in one optimizer step, not
-        one per block: on a 2-core CPU the smoke plan's blocks' updates, each timed alone, added up to more than
-        one step over the whole network."""
+        one per block: the smoke plan's blocks' updates, each timed alone, added up to more than one step over the
+        whole network (docs/plan.md, "What a forecast is built from")."""
         params = [param for param in net.parameters() if param.requires_grad]
         for param in params:
             if param.grad is None:

@@ -1,12 +1,12 @@
 """The C heap of a training process: freed memory kept for the next step, not handed back to the kernel.
 
 glibc's ``malloc`` serves every block above 32 MiB (ResNet-50's activations at a batch of 128, on the CPU) with its
-own ``mmap`` and returns it to the kernel when freed, so each step faults the same memory in again, page by page:
-on a 2-core CPU a third of the step went to the kernel (31 s a step, 33 s of system time per 100 s). Kept for
-reuse, the same step took 20-22 s (1.45x), for 33-43% more resident memory at the peak: blocks that come from one
-heap leave holes there. Host memory on a GPU holds small blocks, which glibc keeps anyway, so little should change
-there. The setting is the main thread's heap; blocks of other threads (gloo's) above 64 MiB are still mapped one by
-one.
+own ``mmap`` and returns it to the kernel when freed, so each step faults the same memory in again, page by page,
+and on the CPU much of the step goes to the kernel. Kept for reuse, the same step is much faster, for more resident
+memory at the peak: blocks that come from one heap leave holes there (docs/speed.md, "On the CPU", and
+docs/measurements.md, "Host memory", have the figures). Host memory on a GPU holds small blocks, which glibc keeps
+anyway, so little should change there. The setting is the main thread's heap; blocks of other threads (gloo's) above
+64 MiB are still mapped one by one.
 
 ``MULTIGPU_KEEP_FREED_MEMORY=0`` leaves glibc's own behaviour. So does a user's own setting of its thresholds
 (``MALLOC_MMAP_MAX_``, ``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_TOP_PAD_``, or the same

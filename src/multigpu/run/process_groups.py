@@ -11,7 +11,8 @@ A group that something else still holds (FSDP2's modules keep theirs) outlives
 ``destroy_process_group``, and so do its threads: a gloo thread lets go of a finished
 all-gather (``AsyncAllgatherCoalescedWork``) only once it gets the GIL. The barrier makes
 every process's last collectives finish, and the pause hands the GIL to those threads
-before the interpreter goes (seen under fsdp on torch 2.15: 1 run in 4 aborted without it).
+before the interpreter goes (seen under fsdp on torch 2.15, where runs aborted without it:
+docs/measurements.md, "Process groups").
 """
 
 import time

@@ -37,9 +37,9 @@ def cut_from_graph(value: Any, needs_grad: bool = True) -> Any:
 
 def sgd_options(settings: Mapping[str, Any]) -> dict[str, Any]:
     """The options of the recipe's SGD that set what its update costs, from a model's ``--model.*`` settings or
-    hyperparameters: momentum, Nesterov's and weight decay each add a pass over the parameters (on one device of
-    a 2-core CPU the smoke recipe's update took 59 ms a step; its blocks' updates timed with plain momentum added
-    up to 43 to 50 ms, with the recipe's options to 59). A module without them is taken to update with plain SGD.
+    hyperparameters: momentum, Nesterov's and weight decay each add a pass over the parameters (timed with plain
+    momentum alone, the blocks' updates came out well short of the recipe's: docs/plan.md, "What a forecast is
+    built from"). A module without them is taken to update with plain SGD.
     The learning rate costs nothing and is 0, so that a timed update changes no parameter."""
     momentum = settings.get("momentum", 0.0)
     return {

@@ -1,20 +1,18 @@
 """Whether the CPU cores a measurement runs on are busy: other processes on them would be measured too.
 
-The check runs ``probe_pass`` (one convolution's forward and backward pass) on all the threads one process gets,
-and compares the CPU time the process got with the
-time that passed: on quiet cores its threads hold them all the while (97-100% here, 2 threads on 2 cores);
-where another process runs, the kernel shares the cores with it (56-74% with one of the 2 taken, 46-50% with
-both). The best of ``TRIES`` counts, so that a brief burst elsewhere is not a busy machine. On GPUs
-``plan`` profiles on the device, and does not check.
+The check runs ``probe_pass`` (one convolution's forward and backward pass) on all the threads one process gets, and
+compares the CPU time the process got with the time that passed: on quiet cores its threads hold them nearly all the
+while; where another process runs, the kernel shares the cores with it, and they get far less (docs/plan.md,
+"Running it", has the shares). The best of ``TRIES`` counts, so that a brief burst elsewhere is not a busy machine.
+On GPUs ``plan`` profiles on the device, and does not check.
 
-A virtual machine's cores can be busy with what the check cannot see: other virtual machines on the same host,
-which run while a virtual core waits to run ("steal" time, which Linux counts in ``/proc/stat``). Such a host gave
-this one back its cores when quiet (a convolution got 99-100% of them) and held back 20-49% of their time under a
-sustained load of both (``vmstat`` every 3 s, 2 December), and a 4 KiB all-reduce between 2 processes then took
-10-12 ms where it took 2-4 ms minutes later: ``fsdp``, which waits on the other process about 100 times a step,
-measured 3.97 s a step where it measured 1.95 s with none stolen. So every check also counts the share of the cores'
-time stolen while its convolution ran, and a check after a measurement the share stolen since it began (``since``),
-each of the time the cores ran or waited to run.
+A virtual machine's cores can be busy with what the check cannot see: other virtual machines on the same host, which
+run while a virtual core waits to run ("steal" time, which Linux counts in ``/proc/stat``). Such a host can give
+this one back all its cores when quiet and hold back a large share of their time under a sustained load, and then
+every wait on another process takes longer: ``fsdp``, which waits on the other process about 100 times a step,
+measured a far slower step than with none stolen (docs/plan.md, "Running it"). So every check also counts the share
+of the cores' time stolen while its convolution ran, and a check after a measurement the share stolen since it began
+(``since``), each of the time the cores ran or waited to run.
 """
 
 import os

@@ -59,7 +59,8 @@ def launch(
     in ``log``; return what its ranks wrote to ``out.rankN``, in rank order. A ``RunFailed`` says why not,
     a run still going after ``timeout`` seconds included (its processes are killed). What the run leaves behind
     when it ends is stopped, so that the next run or check finds the cores as they were: a short run's loader
-    workers' fork server may still be importing its modules (on a 2-core CPU, one core for 5-8 s past its end)."""
+    workers' fork server may still be importing its modules, on one core, for seconds past its end (docs/plan.md,
+    "Running it")."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, pythonpath), os.environ.get("PYTHONPATH", "")])}
     if threads is not None:  # the CPU
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))

@@ -9,8 +9,8 @@ send's time later. A zero-bubble schedule splits a backward pass into the input 
 the weight gradients, each half of the backward pass it is given, times ``split``: ``plan`` gives it
 the network's measured split, how much longer a backward pass takes split than whole
 (``BlockProfile.split_backward``). The first stage's input needs no gradient, so its input-gradient half is
-next to nothing and its weight-gradient half is its whole backward pass (traced on a 2-core CPU: 0.2 ms and
-1.05 times the whole, where the other stages' halves added up to 1.08 to 1.21 times theirs). A whole backward
+next to nothing and its weight-gradient half is its whole backward pass, where the other stages' halves add up to
+more than their whole pass (a trace: docs/plan.md, "What a forecast is built from"). A whole backward
 pass of these schedules (DualPipeV's are most of its) takes as long as it is given.
 Each action also costs the schedule's own time per action, measured by ``plan``. The step ends
 when the last process finishes.
