@@ -1,6 +1,7 @@
 """The model: the LightningModule, the network as a sequence of blocks, and what changes how blocks compute.
 
 classifier            ImageClassifier: the loss, the metrics, the optimizer and its schedule (``--model.*``)
+recipe                Recipe: the training options (optimizer, schedule, loss) held and checked together
 architectures         any torchvision classifier (``--model.arch``), or the user's network, as a sequence of blocks
 resnet                torchvision's ResNet-50 as a flat sequence of blocks (the default network)
 lazy_blocks           blocks built one at a time, each where a strategy places it, from its own seed
@@ -18,6 +19,7 @@ __all__ = [
     "deferred_batch_norm",
     "lazy_blocks",
     "lr_schedule",
+    "recipe",
     "recomputation",
     "replica_statistics",
     "resnet",

@@ -9,8 +9,9 @@ host_memory         the C heap of a training process: freed memory kept for the 
 loop_position       where a run stands in Lightning's loop counters, and whether it is finished
 model_summary       the model summary, without a FLOP count that was never made
 process_groups      process groups that end cleanly
-progress_bar        the progress bar, which waits for the GPU only about once a second
+progress_bar        the progress bar, which reads the metrics only after log steps and at each end
 replicas            who reads which data: data-parallel replicas, ranks and micro-batches of a strategy
+resume              the one owner of resume: a checkpoint's ResumePoint, given to the sampler and the loop counters
 """
 
 __all__ = [
@@ -25,4 +26,5 @@ __all__ = [
     "process_groups",
     "progress_bar",
     "replicas",
+    "resume",
 ]

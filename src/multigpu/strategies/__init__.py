@@ -13,6 +13,9 @@ On the command line a name may be followed by the strategy's options, as a class
     --trainer.strategy=manual_model_parallel --trainer.strategy.balance=[9,9]
 
 In YAML the options go under ``init_args`` of ``class_path: multigpu.strategies.ManualModelParallelStrategy``.
+
+Each strategy of ours states what the rest of the project reads from it (``multigpu.contracts.StrategyLayout``), and
+tells ``plan`` its layouts, memory and step time (``layouts``, where a new strategy registers its ``Layout`` class).
 """
 
 import inspect

@@ -27,6 +27,7 @@ The package's modules, each one job:
     forward          evaluation: a forward pass through the stages without the schedule
     gradients        clipping and 16-mixed's overflow over the stages, averaging between replicas
     checkpoints      the stages' parameters and optimizer state gathered for a checkpoint file
+    simulation       one step simulated from the schedule's action lists, for ``plan``'s forecast
 """
 
 from multigpu.strategies.pipeline.strategy import PipelineStrategy
