@@ -15,6 +15,8 @@ def __getattr__(name: str) -> Any:
         from multigpu.model.classifier import ImageClassifier
 
         return ImageClassifier
-    from multigpu.renamed_options import renamed_class
+    if name in ("ResNet50Classifier", "CIFAR10DataModule"):  # renamed: ``renamed_options`` says to what
+        from multigpu.renamed_options import RENAMED_CLASSES, renamed_class
 
-    return renamed_class(__name__, name, {new: __getattr__(new) for new in __all__})
+        return renamed_class(__name__, name, {RENAMED_CLASSES[name]: __getattr__(RENAMED_CLASSES[name])})
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,10 +8,12 @@ replica of its own, one forward pass per loader batch, nothing to refuse before 
 
 ``HoldsNetwork`` and ``TrainsNetwork``: what a strategy reads from the LightningModule: the network it places, wraps
 or splits (``net``, a plain ``nn.Module``; the splitting ones need an ``nn.Sequential`` of blocks), and the loss a
-pipeline's last stage computes (``criterion``). A pipeline swaps ``net`` for its own module while it runs.
+pipeline's last stage computes (``criterion``). A pipeline swaps ``net`` for its own module while it runs. They are
+types, not runtime checks: a module keeps its children where ``isinstance`` with a protocol does not look from Python
+3.12 on.
 """
 
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -56,16 +58,16 @@ class StrategyLayout(Protocol):
 class _WholeNetworkInEachProcess(StrategyLayout):
     """A strategy of Lightning's, read through the default."""
 
-    def __init__(self, world_size: int, root_device: torch.device) -> None:
-        self._world_size, self._root_device = world_size, root_device
+    def __init__(self, trainer) -> None:
+        self._trainer = trainer
 
     @property
     def world_size(self) -> int:
-        return self._world_size
+        return self._trainer.world_size
 
     @property
     def root_device(self) -> torch.device:
-        return self._root_device
+        return self._trainer.strategy.root_device
 
 
 def layout_of(trainer) -> StrategyLayout:
@@ -73,10 +75,9 @@ def layout_of(trainer) -> StrategyLayout:
     strategy = trainer.strategy
     if StrategyLayout in type(strategy).__mro__:  # by name: testing the shape reads properties that may raise
         return strategy
-    return _WholeNetworkInEachProcess(trainer.world_size, strategy.root_device)
+    return _WholeNetworkInEachProcess(trainer)
 
 
-@runtime_checkable
 class HoldsNetwork(Protocol):
     """What every strategy of ours reads from the LightningModule."""
 
@@ -84,7 +85,6 @@ class HoldsNetwork(Protocol):
     """The network as a plain module; for the strategies that split it, an ``nn.Sequential`` of blocks."""
 
 
-@runtime_checkable
 class TrainsNetwork(HoldsNetwork, Protocol):
     """What a pipeline reads from the LightningModule besides its network."""
 

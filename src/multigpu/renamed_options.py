@@ -7,7 +7,7 @@ the hyperparameters a checkpoint saved; the code behind it knows only the new na
 moves the old names of the command line to the new ones in their place (so that a later option still
 wins) and ``move_to_new_names`` those of a parsed config; ``new_hyperparameter_names`` reads a
 checkpoint's. ``renamed_class`` gives a class asked for by its old name (``multigpu.ResNet50Classifier``, in a
-user's import or a config's class path), with a deprecation line: no class is defined under an old name.
+user's import), with a deprecation line: no class is defined under an old name.
 """
 
 import argparse
@@ -38,8 +38,10 @@ def renamed_class(module: str, name: str, names: dict[str, Any]) -> Any:
     new = RENAMED_CLASSES.get(name)
     if new is None or new not in names:
         raise AttributeError(f"module {module!r} has no attribute {name!r}")
-    rank_zero_deprecation(f"{module}.{name} is deprecated: use {module}.{new}, the same class under a name that says "
-                          "what it holds.")  # fmt: skip
+    rank_zero_deprecation(
+        f"{module}.{name} is deprecated: use {module}.{new}, the same class under a name that says what it holds.",
+        stacklevel=7,  # the user's line: past Lightning's warning functions, this function and the module's __getattr__
+    )
     return names[new]
 
 

@@ -31,7 +31,7 @@ def checkpoint_dir(checkpoint_root: str, run_name: str) -> str:
     return os.path.join(checkpoint_root, run_name)
 
 
-def network_options(config) -> dict:
+def _network_options(config) -> dict:
     """The model's options as the model will get them: its class count is the data's (linked when it is built)."""
     data = config["data"]
     if data["dataset"] == "imagefolder" and data["synthetic"]:  # refused as the data module is built
@@ -64,10 +64,10 @@ def follow_checkpoint(config: Any, subcommand: str | None, command_line: Sequenc
         # The run's own data, network and batch size, where the command line leaves them.
         take_saved_options(config, point, command_line)
         config["model"]["batch_size"] = config["data"]["batch_size"]  # the link, after the data's was taken
-        check_model_options(config["ckpt_path"], checkpoint, network_options(config), report=False)
+        check_model_options(config["ckpt_path"], checkpoint, _network_options(config), report=False)
         rank_zero_info(f"{subcommand}: the weights of {config['ckpt_path']} ({trained_to(checkpoint)}).")
     else:
-        check_model_options(config["ckpt_path"], checkpoint, network_options(config))
+        check_model_options(config["ckpt_path"], checkpoint, _network_options(config))
         trainer = config["trainer"]
         limits = (trainer.get(name) for name in ("max_epochs", "max_steps", "max_time"))
         if reason := finished_training(checkpoint, *limits):

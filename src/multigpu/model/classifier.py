@@ -118,8 +118,7 @@ class ImageClassifier(LightningModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.recipe = Recipe.of(self.hparams)
-        self.recipe.check()
+        Recipe.of(self.hparams).check()
         # On the meta device until configure_model, where the strategy places each block (lazy_blocks).
         self.net = LazyBlocks(network_blocks(arch, num_classes, stem, image_size))
         if not compile:

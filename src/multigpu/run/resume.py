@@ -23,6 +23,8 @@ from multigpu.run.replicas import data_parallel_size, micro_batches_per_batch
 __all__ = ["KEY", "ResumableData", "ResumePoint", "layout_record", "resume", "training_order"]
 
 KEY = "multigpu"
+# Where a data module kept the order before ``KEY`` did: Lightning's key of its state, its class's name, old or new
+_DATA_MODULE_KEYS = ("ImageDataModule", *(old for old, new in RENAMED_CLASSES.items() if new == "ImageDataModule"))
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,7 @@ class ResumePoint:
         saved = checkpoint.get(KEY, {})
         order = saved.get("order")
         if order is None:
-            order = next((checkpoint[name] for name in RENAMED_CLASSES if name in checkpoint), None)
+            order = next((checkpoint[name] for name in _DATA_MODULE_KEYS if name in checkpoint), None)
         layout = {name: value for name, value in saved.items() if name not in ("order", "data", "log_version")}
         ordered, order = order is not None, order or {}
         return cls(

@@ -109,16 +109,16 @@ class DataParallelStrategy(ParallelStrategy, StrategyLayout):
     def num_nodes(self) -> int:
         return 1
 
+    @num_nodes.setter
+    def num_nodes(self, num_nodes: int) -> None:
+        if num_nodes != 1:
+            raise UsageError(f"dp runs in one process on one machine, not {num_nodes}: use ddp across machines.")
+
     @property
     @override
     def process_devices(self) -> list[torch.device]:
         assert self.parallel_devices is not None
         return self.parallel_devices
-
-    @num_nodes.setter
-    def num_nodes(self, num_nodes: int) -> None:
-        if num_nodes != 1:
-            raise UsageError(f"dp runs in one process on one machine, not {num_nodes}: use ddp across machines.")
 
     @property
     def is_distributed(self) -> bool:

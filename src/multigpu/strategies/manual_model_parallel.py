@@ -83,7 +83,7 @@ class ManualModelParallelStrategy(SplitNetworkStrategy):
         self.devices_per_replica = devices_per_replica
         self._hooks: list[RemovableHandle] = []
         self._balance: list[int] = []
-        self._block_devices: list[torch.device] | None = None
+        self._placed: list[torch.device] | None = None
         self._unbound_group = False  # root_device reads as the CPU while the process group is created
 
     @property
@@ -143,7 +143,7 @@ class ManualModelParallelStrategy(SplitNetworkStrategy):
 
     @override
     def place_blocks(self) -> list[torch.device]:
-        if self._block_devices is None:
+        if self._placed is None:
             blocks = self.check_model(self.lightning_module)
             devices = self.stage_devices
             times = time_blocks(self, blocks)
@@ -156,8 +156,8 @@ class ManualModelParallelStrategy(SplitNetworkStrategy):
                 + "\n"
                 + split_table(blocks, self._balance, devices, times)
             )
-            self._block_devices = [device for count, device in zip(self._balance, devices) for _ in range(count)]
-        return self._block_devices
+            self._placed = [device for count, device in zip(self._balance, devices) for _ in range(count)]
+        return self._placed
 
     @property
     def stage_blocks(self) -> list[range]:

@@ -4,19 +4,19 @@ checked."""
 from lightning.pytorch import LightningModule
 from torch import nn
 
-from multigpu.contracts import HoldsNetwork
 from multigpu.errors import UsageError
 
 __all__ = ["block_sequence", "network"]
 
 
-def network(pl_module: LightningModule, strategy: str) -> nn.Module:
+def network(pl_module: LightningModule, strategy: str) -> nn.Module:  # pl_module: a ``contracts.HoldsNetwork``
     """The plain ``nn.Module`` in ``pl_module.net``; a ``UsageError`` names what is missing.
 
     Our strategies move, replicate or split the network's blocks, which a network compiled
     as a whole does not follow: they refuse ``compile``.
     """
-    if not isinstance(pl_module, HoldsNetwork) or not isinstance(net := pl_module.net, nn.Module):
+    net = getattr(pl_module, "net", None)  # nn.Module keeps its children where no static lookup finds them
+    if not isinstance(net, nn.Module):
         raise UsageError(
             f"strategy {strategy} needs the network as a module in `self.net` of the LightningModule; "
             f"{type(pl_module).__name__} has none."

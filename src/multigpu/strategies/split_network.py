@@ -19,7 +19,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from multigpu.compat import without_child
-from multigpu.contracts import HoldsNetwork, StrategyLayout
+from multigpu.contracts import StrategyLayout
 from multigpu.model.lazy_blocks import is_materialized, placed
 from multigpu.strategies.network_lookup import block_sequence
 
@@ -81,7 +81,7 @@ class SplitNetworkStrategy(DDPStrategy, StrategyLayout):
     @override
     def teardown(self) -> None:
         pl_module = self.lightning_module
-        net = pl_module.net if isinstance(pl_module, HoldsNetwork) else None
+        net = getattr(pl_module, "net", None)
         if not isinstance(net, nn.Sequential) or all(is_materialized(block) for block in net):
             return super().teardown()
         with without_child(pl_module, "net") as net:  # Lightning moves the module to the CPU, which meta blocks refuse

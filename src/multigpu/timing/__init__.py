@@ -5,3 +5,5 @@ step_timer    ``StepTimer``, the callback that times a run's optimizer steps and
 intervals     the median of repeated measurements and its distribution-free interval
 busy_cores    the cores a process may use, and whether other processes keep them busy
 """
+
+__all__ = ["busy_cores", "intervals", "step_timer", "timed_runs"]
