@@ -4,6 +4,7 @@ that configs load by class path (``helpers.<Name>``, found through ``HELPERS_ENV
 
 import contextlib
 import hashlib
+import io
 import os
 import pickle
 import random
@@ -26,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from typing_extensions import override
 
 from multigpu.model.resnet import bottleneck_block_factories
+from multigpu.run.checkpoint_io import AtomicCheckpointIO
 from multigpu.run.replicas import data_parallel_size
 
 REPO = Path(__file__).resolve().parents[1]
@@ -355,6 +357,28 @@ class KillAt(Callback):
     @override
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
         self._signal_if(trainer, "save", signal.SIGKILL)
+
+
+class KillInWrite(AtomicCheckpointIO):
+    """``AtomicCheckpointIO`` whose write of ``last.ckpt`` at global step ``step``, in the background as every write,
+    is slow: it writes the first half of the file's bytes, then SIGKILLs the whole process group (every rank and
+    loader worker of a job started in a session of its own) from the writer thread, while training goes on in the
+    other: a kill inside a background write, whatever the machine's pace."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__()
+        self.step = step
+
+    @override
+    def write(self, checkpoint, path) -> None:
+        if path.name == "last.ckpt" and checkpoint["global_step"] == self.step:
+            data = io.BytesIO()
+            torch.save(checkpoint, data)
+            with open(path.with_name(f".{path.name}.{os.getpid()}.tmp"), "wb") as file:
+                file.write(data.getvalue()[: len(data.getvalue()) // 2])
+                file.flush()
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+        super().write(checkpoint, path)
 
 
 LOSE_NODE = "MULTIGPU_TEST_LOSE_NODE"  # set in the environment of the torchrun agent whose node ``LoseNodeAt`` ends

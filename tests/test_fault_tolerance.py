@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import warnings
 from pathlib import Path
 
@@ -30,10 +31,13 @@ from helpers import (
 from multigpu.run.checkpoint_io import AtomicCheckpointIO
 
 
-def test_an_interrupted_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+@pytest.mark.parametrize("background", [False, True])
+def test_an_interrupted_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch, background):
+    """In the foreground the error is the save's own; in the background, the next call's (here the end's)."""
     path = tmp_path / "run" / "last.ckpt"
-    io = AtomicCheckpointIO()
+    io = AtomicCheckpointIO(background=background)
     io.save_checkpoint({"step": torch.tensor(1)}, path)
+    io.wait()
 
     def killed_midway(obj, file, *args, **kwargs):
         file.write(b"half a checkpoint")
@@ -42,9 +46,37 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint(tmp_path, monkeypatc
     monkeypatch.setattr(torch, "save", killed_midway)
     with pytest.raises(KeyboardInterrupt):
         io.save_checkpoint({"step": torch.tensor(2)}, path)
+        io.teardown()
     monkeypatch.undo()
     assert torch.load(path)["step"] == 1
     assert [file.name for file in path.parent.iterdir()] == ["last.ckpt"]  # no temporary file left
+
+
+def test_a_background_save_returns_before_its_write_and_keeps_the_state_of_its_moment(tmp_path, monkeypatch):
+    """``save_checkpoint`` returns while its file is still being written, with a copy of the state that training
+    goes on changing; the next save waits for that write, so one is in flight at a time."""
+    path, weight = tmp_path / "last.ckpt", torch.zeros(3)
+    io, started, release = AtomicCheckpointIO(), threading.Event(), threading.Event()
+    write = torch.save
+
+    def slow_save(obj, file, *args, **kwargs):
+        started.set()
+        release.wait(timeout=60)
+        write(obj, file, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", slow_save)
+    io.save_checkpoint({"weight": weight, "state": {"steps": [1]}}, path)
+    assert started.wait(timeout=60) and not path.exists()  # returned: the write goes on in its thread
+    weight += 1  # training changes its tensors in place
+    later = threading.Thread(target=io.save_checkpoint, args=({"weight": weight}, tmp_path / "next.ckpt"))
+    later.start()
+    later.join(timeout=0.5)
+    assert later.is_alive() and not (tmp_path / "next.ckpt").exists()  # waits for the write in flight
+    release.set()
+    later.join(timeout=60)
+    io.teardown()
+    assert torch.equal(torch.load(path)["weight"], torch.zeros(3)) and torch.load(path)["state"] == {"steps": [1]}
+    assert torch.equal(torch.load(tmp_path / "next.ckpt")["weight"], torch.ones(3))
 
 
 def test_last_checkpoint_every_n_steps_and_at_each_epoch_end(tmp_path):
@@ -380,23 +412,34 @@ def test_killed_at_random_moments_and_resumed_on_another_device_count_ends_like_
 def test_killed_at_chosen_moments_and_resumed_ends_bit_for_bit_like_an_uninterrupted_run(tmp_path, resumable):
     """The moments a random draw rarely hits, each followed by `--ckpt_path last`, give the state of a run
     never killed: Ctrl-C (SIGINT to the process and its loader workers, as a terminal sends it: the step ends and
-    last.ckpt is written), SIGKILL while a checkpoint is being written, and SIGTERM in an epoch's last step (the
-    process saves once Lightning has counted the epoch, then exits cleanly). Under model parallel: 2 devices of one
-    process, their blocks split inside a bottleneck."""
+    last.ckpt is written), SIGKILL while a checkpoint is being made, SIGTERM in an epoch's last step (the process
+    saves once Lightning has counted the epoch, then exits cleanly), and SIGKILL halfway through a background write
+    of last.ckpt (``helpers.KillInWrite``, at step 14, while training goes on), which leaves the one before (step
+    12). Under model parallel: 2 devices of one process, their blocks split inside
+    a bottleneck."""
+    write_kill = tmp_path / "kill-in-write.yaml"
+    write_kill.write_text(
+        "trainer:\n  plugins:\n    - class_path: helpers.KillInWrite\n      init_args:\n        step: 14\n"
+    )
     kills = [
         (3, "ctrl-c", "Ctrl-C to the whole job (its 2 loader workers too) mid-epoch"),
         (8, "save", "during a save"),
         (9, "sigterm", "SIGTERM in the epoch's last step"),
+        (14, "write", "halfway through a background write"),
     ]
     args = [*_resumable_run(resumable.cifar), *run_args(tmp_path, "killed"), *MODEL_PARALLEL, "--ckpt_path=last"]
     for step, moment, name in kills:
-        killed = run_cli(*args, "--config", _kill_config(tmp_path, step, moment), env=HELPERS_ENV)
+        kill = str(write_kill) if moment == "write" else _kill_config(tmp_path, step, moment)
+        killed = run_cli(*args, "--config", kill, env=HELPERS_ENV)
         if moment in ("sigterm", "ctrl-c"):  # saves the step it finished, then exits cleanly
             said = "Received SIGTERM: saved" if moment == "sigterm" else "Received Ctrl-C: saved"
             assert killed.returncode == 0 and said in killed.stdout, f"{name}: {killed.stdout}"
             assert _final_state(tmp_path, "killed")["global_step"] == step + 1
         else:
             assert killed.returncode == -signal.SIGKILL, f"{name}: {killed.stdout}"
+        if moment == "write":  # the write cut short lies beside the checkpoint before it, which stands
+            assert _final_state(tmp_path, "killed")["global_step"] == step - 2
+            assert list((tmp_path / "checkpoints" / "killed").glob(".last.ckpt.*.tmp")), name
     resumed = run_cli(*args)
     assert resumed.returncode == 0 and "Restored all states" in resumed.stdout, resumed.stdout
     _assert_same_state(_final_state(tmp_path, "killed"), resumable(MODEL_PARALLEL), 20, "chosen moments")

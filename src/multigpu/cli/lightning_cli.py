@@ -155,6 +155,13 @@ class MultiGPUCLI(CheckpointPathCLI):
             help="Also write last.ckpt every N optimizer steps, so a killed run loses at most N steps "
             "(0: only at the end of each epoch).",
         )
+        parser.add_argument(
+            "--save_in_background",
+            type=bool,
+            default=True,
+            help="Write checkpoint files in a thread of their own: a save holds training only while it copies the "
+            "state to host memory (false: training waits for each file to be written).",
+        )
         parser.add_lightning_class_args(ThroughputSummary, "throughput")
         parser.add_lightning_class_args(PredictionWriter, "predictions")
         parser.add_lightning_class_args(BestCheckpoints, "checkpoint")

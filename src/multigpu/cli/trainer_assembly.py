@@ -3,7 +3,7 @@
 - the TensorBoard logger of the run (``<default_root_dir>/<run_name>/version_N``), the checkpoint's own version on
   resume;
 - ``fsdp`` as our object (Lightning refuses the name on the CPU before it reads the registry);
-- atomic checkpoint files (``AtomicCheckpointIO``);
+- atomic checkpoint files, written in the background (``AtomicCheckpointIO``, ``--save_in_background``);
 - the progress bar and the model summary in place of Lightning's defaults, unless the user chose their own;
 - ``last.ckpt`` every ``--save_every_n_steps`` steps (``LastCheckpoint``);
 - who launched the processes, noted before Lightning's launcher starts any (``RunMetadata``);
@@ -49,7 +49,7 @@ def assemble_trainer(
     if trainer_options.get("strategy") == FullyShardedStrategy.strategy_name:
         kwargs["strategy"] = FullyShardedStrategy()
     if trainer_options.get("plugins") is None:
-        kwargs["plugins"] = [AtomicCheckpointIO()]
+        kwargs["plugins"] = [AtomicCheckpointIO(background=config.get("save_in_background", True))]
     chosen = list(chosen)  # as the user chose them: Lightning appends its defaults to the list it is given
     try:
         trainer = build(**kwargs)

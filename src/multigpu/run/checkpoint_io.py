@@ -1,34 +1,74 @@
-"""Checkpoint files written atomically: a kill during a save leaves the previous file intact."""
+"""Checkpoint files written in the background and atomically: a save holds training only while it copies the state,
+and a kill at any moment, during a write too, leaves the previous file intact."""
 
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning_utilities.core.apply_func import apply_to_collection
 from typing_extensions import override
 
-__all__ = ["AtomicCheckpointIO"]
+__all__ = ["AtomicCheckpointIO", "staged"]
+
+
+def staged(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``checkpoint`` that training can no longer change: every tensor copied to host memory, every dict and
+    list rebuilt (a callback's state may hold its own dict, which it changes at the next save)."""
+    return apply_to_collection(checkpoint, torch.Tensor, lambda tensor: tensor.detach().to("cpu", copy=True))
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Writes each checkpoint to a temporary file beside its target, syncs it, then renames it into place.
+    """Writes each checkpoint in a thread of its own, to a temporary file beside its target, syncs it, then renames it
+    into place.
 
-    The rename is atomic on a local or network file system, so a reader sees the old
-    file or the new one, never a truncated one. (Lightning's own save goes through a
-    temporary file in the system's temp folder, and moving it across file systems is a
-    copy that a kill can cut short.) Remote paths (``s3://`` ...) keep Lightning's way.
+    ``save_checkpoint`` copies the state to host memory (``staged``), starts the write and returns: training goes on
+    while the file is written (docs/fault-tolerance.md says what that costs in memory). At most one write is in flight:
+    the next save waits for it before it copies anything, and so do a load, a removal and the end of the run
+    (``teardown``, which Lightning calls at the end of ``fit`` and after an interruption); an error of the write
+    is raised there. With ``background=False`` the file is written before ``save_checkpoint`` returns.
+
+    The rename is atomic on a local or network file system, so a reader sees the old file or the new one, never a
+    truncated one, whatever moment a kill strikes. (Lightning's own save goes through a temporary file in the system's
+    temp folder, and moving it across file systems is a copy that a kill can cut short.) Remote paths (``s3://`` ...)
+    keep Lightning's way, in the foreground.
     """
+
+    def __init__(self, background: bool = True) -> None:
+        super().__init__()
+        self.background = background
+        self._writer: threading.Thread | None = None
+        self._error: BaseException | None = None
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        self.wait()
         protocol = get_filesystem(path).protocol
         if "file" not in (protocol if isinstance(protocol, tuple) else (protocol,)) or storage_options is not None:
             return super().save_checkpoint(checkpoint, path, storage_options)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.background:
+            return self.write(checkpoint, path)
+        self._writer = threading.Thread(target=self._write_in_background, args=(staged(checkpoint), path))
+        self._writer.name = f"checkpoint writer of {path.name}"
+        self._writer.start()  # not a daemon: the interpreter waits for it before it exits
+
+    def _write_in_background(self, checkpoint: dict[str, Any], path: Path) -> None:
+        try:
+            self.write(checkpoint, path)
+        except BaseException as error:  # raised in the training thread, at the next save, load or teardown
+            self._error = error
+
+    def write(self, checkpoint: dict[str, Any], path: Path) -> None:
+        """Write ``checkpoint`` to ``path`` atomically: a temporary file beside it, synced, renamed into place."""
         temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        for left in path.parent.glob(f".{path.name}.*.tmp"):  # a write a kill cut short, in an earlier process
+            if left != temporary:
+                left.unlink(missing_ok=True)
         try:
             with open(temporary, "wb") as file:
                 torch.save(checkpoint, file)
@@ -42,3 +82,27 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             os.fsync(directory)  # the rename itself survives a crash of the machine
         finally:
             os.close(directory)
+
+    def wait(self) -> None:
+        """Wait for the write in flight, if any; raise its error."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    @override
+    def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> Any:
+        self.wait()
+        return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+
+    @override
+    def remove_checkpoint(self, path: Any) -> None:
+        self.wait()
+        super().remove_checkpoint(path)
+
+    @override
+    def teardown(self) -> None:
+        self.wait()
+        super().teardown()
