@@ -29,6 +29,7 @@ from helpers import (
 )
 
 from multigpu.run.checkpoint_io import AtomicCheckpointIO
+from multigpu.run.sharded_checkpoints import read_checkpoint
 
 
 @pytest.mark.parametrize("background", [False, True])
@@ -220,7 +221,7 @@ KILLED = {"ddp": DDP, "pipeline": PIPELINE, "on_device": ON_DEVICE, "fsdp": FSDP
 
 
 def _final_state(tmp_path, run_name: str) -> dict:
-    return torch.load(tmp_path / "checkpoints" / run_name / "last.ckpt")
+    return read_checkpoint(tmp_path / "checkpoints" / run_name / "last.ckpt")  # fsdp's shards put together
 
 
 def _step_on_disk(tmp_path, run_name: str) -> int | None:

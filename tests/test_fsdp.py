@@ -1,6 +1,8 @@
 """fsdp (FSDP2 on gloo): the maths of ddp, 1/N of the state per process, checkpoints every strategy reads,
 and its bad values refused in one line."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from helpers import HELPERS_ENV, SMOKE, cli_error, cli_main, helper_callback, run_args, run_cli
@@ -8,6 +10,7 @@ from lightning.pytorch.plugins import MixedPrecision
 
 from multigpu.errors import UsageError
 from multigpu.model.classifier import ImageClassifier
+from multigpu.run.sharded_checkpoints import SHARDED, read_checkpoint
 from multigpu.strategies import FullyShardedStrategy
 
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
@@ -52,12 +55,12 @@ def test_bad_values_are_refused_in_one_line_before_launch(capsys, tmp_path):
     assert error == (
         "error: --trainer.strategy.balance: fsdp has no option balance (an option of manual_model_parallel, "
         "pipeline); its options are reshard_after_forward, shard_size, accumulate_whole_gradients, "
-        "process_group_backend."
+        "process_group_backend, sharded_checkpoints."
     )
     error = cli_error(capsys, fsdp, "--trainer.strategy.reshard=yes", "--trainer.devices=2", *run)
     assert error == (
         "error: --trainer.strategy.reshard: fsdp has no option reshard; its options are reshard_after_forward, "
-        "shard_size, accumulate_whole_gradients, process_group_backend."
+        "shard_size, accumulate_whole_gradients, process_group_backend, sharded_checkpoints."
     )
     with pytest.raises(UsageError, match="cannot run it compiled"):
         FullyShardedStrategy().check_model(ImageClassifier(compile=True))
@@ -86,11 +89,11 @@ WRITTEN_BY = {
 @pytest.mark.slow
 def test_checkpoints_move_between_fsdp_and_every_other_strategy_mid_epoch(tmp_path, capsys):
     """One run, one step at a time, alternating fsdp with each other strategy: each resumes the other's
-    checkpoint, and fsdp writes what they read (ddp writes and reads what one device does; ddp and fsdp resume
-    each other in test_resume_anywhere). Each part stops on SIGTERM, as a job's end does, and so in
-    the middle of an epoch: every layout trains the same global batch of 8, and 32 images are 4 steps.
-    Each strategy's checkpoint also exports, tensor for tensor, to the network's own names (ResNet-50's into
-    torchvision's resnet50: test_use_model)."""
+    checkpoint, and reads fsdp's, sharded (each process writes its own shard, which the others put together; ddp
+    writes and reads what one device does; ddp and fsdp resume each other in test_resume_anywhere). Each part stops
+    on SIGTERM, as a job's end does, and so in the middle of an epoch: every layout trains the same global batch of
+    8, and 32 images are 4 steps. Each strategy's checkpoint also exports, tensor for tensor, to the network's own
+    names (ResNet-50's into torchvision's resnet50: test_use_model)."""
     args = ["fit", "--config", SMOKE, "--trainer.accelerator=cpu", *run_args(tmp_path), "--trainer.max_epochs=9"]
     two, four, eight, by_params = (
         "--trainer.devices=2",
@@ -114,7 +117,16 @@ def test_checkpoints_move_between_fsdp_and_every_other_strategy_mid_epoch(tmp_pa
         assert "returned a view tensor" not in result.stdout, name  # FSDP2's warning: our blocks do no in-place op
         if step > 1:
             assert f"at step {step - 1}." in result.stdout and "kept the global batch 8" in result.stdout, name
-        checkpoint = torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt")
+        last = tmp_path / "checkpoints" / "test" / "last.ckpt"
+        written = torch.load(last)
+        if name == "fsdp":  # each process wrote its own shard; the file names their folder, the one left
+            assert "state_dict" not in written and written[SHARDED]["processes"] == 2, name
+            folders = list((tmp_path / "checkpoints" / "test" / "last.ckpt.shards").iterdir())
+            assert [folder.name for folder in folders] == [Path(written[SHARDED]["folder"]).name], name
+            assert sorted(file.name for file in folders[0].iterdir()) == ["rank0.pt", "rank1.pt"], name
+        else:
+            assert "state_dict" in written and SHARDED not in written, name
+        checkpoint = read_checkpoint(last)
         assert checkpoint["global_step"] == step, f"{name}: {result.stdout[-3000:]}"
         position = {"epoch": step // 4, "position": step % 4 * 8, "global_batch": 8, "shuffle_seed": 42}
         assert checkpoint["multigpu"]["order"] == position, name

@@ -2,6 +2,7 @@
 and a kill at any moment, during a write too, leaves the previous file intact."""
 
 import os
+import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,21 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning_utilities.core.apply_func import apply_to_collection
 from typing_extensions import override
 
+from multigpu.run.sharded_checkpoints import (
+    SHARDED,
+    TENSORS,
+    shard_of,
+    shards_folder,
+    wait_for_shards,
+    whole_checkpoint,
+)
+
 __all__ = ["AtomicCheckpointIO", "staged"]
+
+
+def _local(path: Any) -> bool:
+    protocol = get_filesystem(path).protocol
+    return "file" in (protocol if isinstance(protocol, tuple) else (protocol,))
 
 
 def staged(checkpoint: dict[str, Any]) -> dict[str, Any]:
@@ -46,20 +61,49 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         self.wait()
-        protocol = get_filesystem(path).protocol
-        if "file" not in (protocol if isinstance(protocol, tuple) else (protocol,)) or storage_options is not None:
+        if not _local(path) or storage_options is not None:
             return super().save_checkpoint(checkpoint, path, storage_options)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
+        self._start(path, self.write, staged(checkpoint), path)
+
+    def save_sharded(self, checkpoint: dict[str, Any], path: Any, rank: int, processes: int, token: str) -> None:
+        """Save ``checkpoint``, whose tensors are sharded over ``processes`` processes, as each holds them: every
+        process (this one is ``rank``) writes its shard into a folder of this save (``token``, the same in every
+        process); the first one then writes the checkpoint file, which names that folder, once every shard is there,
+        and removes the folders of the checkpoints before (``multigpu.run.sharded_checkpoints``)."""
+        self.wait()
+        path = Path(path)
+        folder = shards_folder(path) / f"step{checkpoint['global_step']}-{token}"
+        folder.mkdir(parents=True, exist_ok=True)
+        shard = staged(shard_of(checkpoint, rank))
+        named = None
+        if rank == 0:
+            named = staged({key: value for key, value in checkpoint.items() if key not in TENSORS})
+            named[SHARDED] = {"folder": str(folder.relative_to(path.parent)), "processes": processes}
+        self._start(path, self._write_sharded, shard, named, folder, rank, processes, path)
+
+    def _write_sharded(self, shard, named, folder: Path, rank: int, processes: int, path: Path) -> None:
+        self.write(shard, folder / f"rank{rank}.pt")
+        if named is None:
+            return
+        wait_for_shards(folder, processes)
+        self.write(named, path)
+        for earlier in shards_folder(path).iterdir():
+            if earlier != folder:
+                shutil.rmtree(earlier, ignore_errors=True)
+
+    def _start(self, path: Path, write, *args) -> None:
+        """Run ``write(*args)`` in the background, or here without ``background``."""
         if not self.background:
-            return self.write(checkpoint, path)
-        self._writer = threading.Thread(target=self._write_in_background, args=(staged(checkpoint), path))
+            return write(*args)
+        self._writer = threading.Thread(target=self._in_background, args=(write, *args))
         self._writer.name = f"checkpoint writer of {path.name}"
         self._writer.start()  # not a daemon: the interpreter waits for it before it exits
 
-    def _write_in_background(self, checkpoint: dict[str, Any], path: Path) -> None:
+    def _in_background(self, write, *args) -> None:
         try:
-            self.write(checkpoint, path)
+            write(*args)
         except BaseException as error:  # raised in the training thread, at the next save, load or teardown
             self._error = error
 
@@ -95,12 +139,15 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     @override
     def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> Any:
         self.wait()
-        return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        checkpoint = super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        return whole_checkpoint(checkpoint, Path(path)) if isinstance(checkpoint, dict) else checkpoint
 
     @override
     def remove_checkpoint(self, path: Any) -> None:
         self.wait()
         super().remove_checkpoint(path)
+        if _local(path):
+            shutil.rmtree(shards_folder(Path(path)), ignore_errors=True)
 
     @override
     def teardown(self) -> None:

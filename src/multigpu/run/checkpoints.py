@@ -12,6 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from multigpu.errors import UsageError
 from multigpu.renamed_options import new_hyperparameter_names
+from multigpu.run.sharded_checkpoints import whole_checkpoint
 
 __all__ = [
     "check_checkpoint",
@@ -69,6 +70,8 @@ def check_checkpoint(path: str | Path) -> dict[str, Any]:
         ) from None
     except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError) as error:
         raise _unreadable(path, error) from None
+    if isinstance(checkpoint, dict):
+        checkpoint = whole_checkpoint(checkpoint, path)  # fsdp's shards, beside it, put together
     if not isinstance(checkpoint, dict) or not {"state_dict", "global_step", "epoch"} <= checkpoint.keys():
         raise UsageError(
             f"checkpoint {path} is not a Lightning training checkpoint (it lacks state_dict, epoch or "

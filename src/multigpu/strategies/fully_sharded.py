@@ -23,6 +23,7 @@ A checkpoint holds the whole state in every strategy's layout (``full_state.py``
 under one device, ``ddp``, model parallel or a pipeline, and theirs here.
 """
 
+import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -33,6 +34,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.optim import Optimizer
@@ -40,6 +42,7 @@ from typing_extensions import override
 
 from multigpu.contracts import StrategyLayout
 from multigpu.errors import UsageError
+from multigpu.run.checkpoint_io import AtomicCheckpointIO
 from multigpu.strategies.full_state import full_model_state, full_optimizer_state, load_full_optimizer_state
 from multigpu.strategies.network_lookup import block_sequence
 
@@ -74,6 +77,10 @@ class FullyShardedStrategy(DDPStrategy, StrategyLayout):
             block's whole gradients over the accumulated batches and reduce-scatter once, as DDP does
             (ddp's sums bit for bit), instead of after each batch (gradients stay sharded).
         process_group_backend: default NCCL on CUDA, gloo on the CPU.
+        sharded_checkpoints: while fitting, each process writes its own shard of the network's and the optimizer's
+            tensors into a folder beside the checkpoint file, and no process gathers the whole state
+            (``multigpu.run.sharded_checkpoints``; every strategy, ``test``, ``predict`` and ``export`` read them);
+            ``false`` gathers the whole state on the first process, which writes one file.
     """
 
     strategy_name = "fsdp"
@@ -84,6 +91,7 @@ class FullyShardedStrategy(DDPStrategy, StrategyLayout):
         shard_size: int | None = None,
         accumulate_whole_gradients: bool = False,
         process_group_backend: str | None = None,
+        sharded_checkpoints: bool = True,
     ) -> None:
         super().__init__(process_group_backend=process_group_backend)
         if shard_size is not None and shard_size < 1:
@@ -91,6 +99,8 @@ class FullyShardedStrategy(DDPStrategy, StrategyLayout):
         self.reshard_after_forward = reshard_after_forward
         self.shard_size = shard_size
         self.accumulate_whole_gradients = accumulate_whole_gradients
+        self.sharded_checkpoints = sharded_checkpoints
+        self._saves_shards = False  # while training runs (``on_train_start``)
         self._net: nn.Module | None = None  # the sharded network, while fitting
 
     def mesh_shape(self, world_size: int) -> tuple[int, ...]:
@@ -183,16 +193,45 @@ class FullyShardedStrategy(DDPStrategy, StrategyLayout):
         return self.checkpoint_io.load_checkpoint(checkpoint_path, map_location="cpu", weights_only=weights_only)
 
     @override
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        # While training runs (its stop on SIGTERM or Ctrl-C included), a checkpoint is written as the processes hold
+        # it (``sharded_checkpoints``, with our writer); once it has ended, the state is read whole, as every
+        # strategy's.
+        self._saves_shards = self.sharded_checkpoints and isinstance(self.checkpoint_io, AtomicCheckpointIO)
+
+    @override
+    def on_train_end(self) -> None:
+        self._saves_shards = False
+        super().on_train_end()
+
+    @override
+    def teardown(self) -> None:
+        self._saves_shards = False  # after an interruption too
+        super().teardown()
+
+    @override
     def lightning_module_state_dict(self) -> dict[str, Any]:
         if not self.sharded:
             return super().lightning_module_state_dict()
+        if self._saves_shards:
+            return get_model_state_dict(self.lightning_module)  # each process's shards, nothing gathered
         return full_model_state(self.lightning_module, self.is_global_zero)
 
     @override
     def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
         if not self.sharded:
             return super().optimizer_state(optimizer)
+        if self._saves_shards:
+            return optimizer.state_dict()  # keyed by index, as every strategy's; its values each process's shards
         return full_optimizer_state(optimizer, self.is_global_zero)
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
+        if not self._saves_shards or storage_options is not None:
+            return super().save_checkpoint(checkpoint, filepath, storage_options)
+        token = self.broadcast(secrets.token_hex(4))  # the folder of this save, the same in every process
+        self.checkpoint_io.save_sharded(checkpoint, filepath, self.global_rank, self.world_size, token)
 
     @override
     def load_optimizer_state_dict(self, checkpoint: dict[str, Any]) -> None:

@@ -1,0 +1,127 @@
+"""Checkpoints of a sharded network (``fsdp``), written where the state is: each process writes its own shard of the
+network's and the optimizer's tensors, and no process gathers the whole state.
+
+A sharded checkpoint is the usual file (``last.ckpt``: the loops, the callbacks, the options, the run's metadata)
+whose network and optimizer tensors lie in a folder beside it, one file per process:
+
+    last.ckpt                                  written last, by the first process, once every shard is on disk
+    last.ckpt.shards/step<N>-<token>/rank<R>.pt   process R's part of each sharded tensor, and where it sits
+
+``last.ckpt`` names its folder (``SHARDED``), so a kill at any moment leaves the previous ``last.ckpt`` and the folder
+it names whole: a folder is removed only once a newer ``last.ckpt`` names another (``AtomicCheckpointIO.save_sharded``
+writes them in that order). Read back (``read_checkpoint``, ``whole_checkpoint``), the shards are put together into
+whole tensors, in the layout every other strategy's checkpoint has: any strategy, any device count, ``test``,
+``predict`` and ``export`` read it as any other.
+"""
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard
+
+from multigpu.errors import UsageError
+
+__all__ = ["SHARDED", "read_checkpoint", "shard_of", "shards_folder", "wait_for_shards", "whole_checkpoint"]
+
+SHARDED = "sharded"  # the key of a sharded checkpoint's folder and process count
+TENSORS = ("state_dict", "optimizer_states")  # what the shards hold; the rest stays in the checkpoint file
+_PIECE = "__shard__"  # marks a process's piece of a sharded tensor in its file
+
+
+def shards_folder(path: Path) -> Path:
+    """The folder that holds the shard folders of checkpoint ``path``."""
+    return path.with_name(f"{path.name}.shards")
+
+
+def _piece(tensor: DTensor) -> dict[str, Any]:
+    """This process's piece of ``tensor``, and where it sits: for each dimension of the mesh, the tensor dimension it
+    cuts (``Shard``) or ``None`` (``Replicate``), and this process's coordinate."""
+    dims = []
+    for placement in tensor.placements:
+        if isinstance(placement, Shard):
+            dims.append(placement.dim)
+        elif isinstance(placement, Replicate):
+            dims.append(None)
+        else:
+            raise ValueError(f"a sharded checkpoint holds sharded and replicated tensors, not {placement}")
+    coordinate = tensor.device_mesh.get_coordinate()
+    return {_PIECE: tensor.to_local(), "dims": dims, "coordinate": list(coordinate), "shape": list(tensor.shape)}
+
+
+def shard_of(checkpoint: dict[str, Any], rank: int) -> dict[str, Any]:
+    """What process ``rank`` writes of ``checkpoint``'s tensors: its piece of each sharded one; the others (buffers,
+    plain values) from the first process only."""
+
+    def take(value: Any) -> Any:
+        if isinstance(value, DTensor):
+            return _piece(value)
+        if isinstance(value, dict):
+            return {key: take(item) for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            return [take(item) for item in value]
+        return value if rank == 0 else None
+
+    return {name: take(checkpoint[name]) for name in TENSORS if name in checkpoint}
+
+
+def wait_for_shards(folder: Path, processes: int, timeout_s: float = 3600.0) -> None:
+    """Wait until every process's shard file is in ``folder`` (each is renamed into place whole)."""
+    deadline = time.monotonic() + timeout_s
+    while any(not (folder / f"rank{rank}.pt").is_file() for rank in range(processes)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{folder}: the shards of {processes} processes were not all written in {timeout_s} s")
+        time.sleep(0.05)
+
+
+def _whole(pieces: list[dict[str, Any]]) -> Tensor:
+    """The tensor the processes' ``pieces`` cut: the pieces of the first replica, put together along the dimension the
+    sharded mesh dimension cuts, in the order of their coordinates."""
+    dims = pieces[0]["dims"]
+    replicated = [index for index, dim in enumerate(dims) if dim is None]
+    sharded = [index for index, dim in enumerate(dims) if dim is not None]
+    first = [piece for piece in pieces if all(piece["coordinate"][index] == 0 for index in replicated)]
+    if not sharded:
+        return first[0][_PIECE]
+    if len(sharded) > 1:
+        raise ValueError("a sharded checkpoint's tensors are cut along one dimension of the mesh")
+    mesh_dim = sharded[0]
+    ordered = sorted(first, key=lambda piece: piece["coordinate"][mesh_dim])
+    whole = torch.cat([piece[_PIECE] for piece in ordered], dim=dims[mesh_dim])
+    assert list(whole.shape) == pieces[0]["shape"], (whole.shape, pieces[0]["shape"])
+    return whole
+
+
+def _joined(shards: list[Any]) -> Any:
+    first = shards[0]
+    if isinstance(first, dict) and _PIECE in first:
+        return _whole(shards)
+    if isinstance(first, dict):
+        return {key: _joined([shard[key] for shard in shards]) for key in first}
+    if isinstance(first, list):
+        return [_joined([shard[index] for shard in shards]) for index in range(len(first))]
+    return first
+
+
+def whole_checkpoint(checkpoint: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``checkpoint``, read from ``path``, with the whole tensors of its shards where it is sharded; as it is else."""
+    if SHARDED not in checkpoint:
+        return checkpoint
+    folder, processes = path.parent / checkpoint[SHARDED]["folder"], checkpoint[SHARDED]["processes"]
+    files = [folder / f"rank{rank}.pt" for rank in range(processes)]
+    if missing := [file for file in files if not file.is_file()]:
+        raise UsageError(
+            f"checkpoint {path} is sharded, and its shard {missing[0]} is missing: restore the folder {folder} "
+            "beside it, or resume from another checkpoint."
+        )
+    shards = [torch.load(file, map_location="cpu", mmap=True, weights_only=True) for file in files]
+    whole = {key: value for key, value in checkpoint.items() if key != SHARDED}
+    return {**whole, **{name: _joined([shard[name] for shard in shards]) for name in shards[0]}}
+
+
+def read_checkpoint(path: str | Path, **load: Any) -> dict[str, Any]:
+    """``torch.load`` of checkpoint ``path`` (with the keyword arguments ``load``), its shards put together."""
+    path = Path(path)
+    return whole_checkpoint(torch.load(path, **{"map_location": "cpu", "weights_only": True, **load}), path)
