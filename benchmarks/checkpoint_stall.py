@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from machine import in_words, machine
+from machine import machine
 from typing_extensions import override
 
 from multigpu.run.checkpoint_io import AtomicCheckpointIO
@@ -133,9 +133,8 @@ def markdown(data: dict) -> str:
         )
     lines.append("")
     lines.append(
-        f"{data['rounds']} rounds on {in_words(data['machine'])}: medians, and in brackets the interval of the rounds "
-        f"that holds the median {data['coverage']:.0%} of the time. `python benchmarks/checkpoint_stall.py "
-        f"--rounds {data['rounds']} --arch {data['arch']}`."
+        f"{data['arch']}, {data['rounds']} rounds: medians, and in brackets the interval of the rounds that holds the "
+        f"median {data['coverage']:.0%} of the time."
     )
     return "\n".join(lines)
 

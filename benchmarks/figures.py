@@ -48,6 +48,7 @@ BENCHMARKS = {
     "plan_accuracy": Figure("plan.md", (), ("plan_accuracy.png",)),
     "learning": Figure("learning.md", (), ("learning.png",)),
     "memory": Figure("memory.md", ()),
+    "checkpoint_stall": Figure("fault-tolerance.md", ("--rounds", "5")),
     # Every path, 2 rounds: what one 10-minute call on a lent GPU holds (7.7 minutes on an H200, 4 December).
     "cuda_paths": Figure("speed.md", ("--rounds", "2"), needs_cuda=True),
 }

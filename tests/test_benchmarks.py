@@ -3,6 +3,7 @@
 import argparse
 import importlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -93,6 +94,35 @@ def test_memory_harness_counts_what_each_pipeline_stage_and_each_fsdp_process_ho
     held = lambda stage: stage["params"] + stage["grads"] + stage["optimizer"]  # noqa: E731
     assert all(held(shard) <= 0.55 * held(whole) for shard in shards)
     assert sum(held(shard) for shard in shards) >= held(whole)
+
+
+@pytest.mark.slow
+def test_checkpoint_benchmark_times_each_save_of_the_three_ways_and_writes_its_table(tmp_path):
+    """One round of one epoch of 2 steps: a save after each step and the 2 of the epoch's end (the best-k file and
+    last.ckpt) in the background and in the foreground, the 2 of the epoch's end alone without saves; each run's hold
+    per save, wall time and peak memory, and the table."""
+    command = [
+        sys.executable,
+        str(REPO / "benchmarks" / "checkpoint_stall.py"),
+        "--rounds=1",
+        "--arch=helpers.tiny_resnet",
+        "--epochs=1",
+        "--synthetic-size=16",
+        f"--out={tmp_path}",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "tests")}
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads((tmp_path / "checkpoint_stall.json").read_text())
+    assert {way: len(runs[0]["held_s"]) for way, runs in data["runs"].items()} == {
+        "background": 4,
+        "foreground": 4,
+        "none": 2,
+    }
+    assert all(run[0]["wall_s"] > 0 and run[0]["peak_bytes"] > 0 for run in data["runs"].values())
+    assert [row["way"] for row in data["rows"]] == ["background", "foreground", "none"]
+    assert data["rows"][2]["vs_none"][0] == 1.0
+    assert "| background | 4 |" in result.stdout and "| none | 2 |" in result.stdout
 
 
 @pytest.mark.slow
@@ -390,8 +420,8 @@ def test_every_table_in_docs_is_its_json_and_one_command_fills_them_all(tmp_path
         assert (docs / page.name).read_text() == page.read_text(), (
             f"{page.name}: run python benchmarks/figures.py --docs-only"
         )
-    assert result.stdout.count("filled") == 7  # throughput, pipeline efficiency, smoke plan, plan accuracy, learning,
-    # memory, cuda paths
+    assert result.stdout.count("filled") == 8  # throughput, pipeline efficiency, smoke plan, plan accuracy, learning,
+    # memory, checkpoint stall, cuda paths
     (docs / "learning.md").write_text("# Learning\n")
     result = subprocess.run([*fill, "learning"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
