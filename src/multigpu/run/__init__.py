@@ -2,7 +2,8 @@
 
 callbacks           the console line, throughput, checkpoints every N steps and on SIGTERM or Ctrl-C
 checkpoints         finding and checking a run's checkpoint files
-checkpoint_io       atomic checkpoint saves
+checkpoint_io       checkpoint files written in the background and atomically
+sharded_checkpoints fsdp's checkpoints as each process holds them, and put together again
 device_sync         waiting for a device's queued work before a clock is read
 elastic             torchrun's restarts and node count
 host_memory         the C heap of a training process: freed memory kept for the next step
@@ -27,4 +28,5 @@ __all__ = [
     "progress_bar",
     "replicas",
     "resume",
+    "sharded_checkpoints",
 ]
