@@ -30,6 +30,7 @@ from multigpu.data.datamodule import ImageDataModule
 from multigpu.model.classifier import ImageClassifier
 from multigpu.model.lazy_blocks import LazyBlocks
 from multigpu.run.callbacks import LastCheckpoint, RunMetadata
+from multigpu.run.checkpoint_io import AtomicCheckpointIO
 from multigpu.run.checkpoints import find_last_checkpoint
 from multigpu.run.process_groups import end_process_groups
 from multigpu.strategies import FullyShardedStrategy, PipelineStrategy
@@ -83,6 +84,7 @@ def train(layout: str, folder: Path, attempt: str, steps: str, kill_at: str | No
         enable_progress_bar=False,
         enable_model_summary=False,
         callbacks=callbacks,
+        plugins=[AtomicCheckpointIO()],  # as the CLI writes and reads them: fsdp's sharded, in the background
     )
     data = ImageDataModule(synthetic=True, synthetic_size=SAMPLES, batch_size=batch_size, num_workers=0)
     last = find_last_checkpoint(folder / "checkpoints")

@@ -3,7 +3,6 @@
 import argparse
 import importlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -96,33 +95,25 @@ def test_memory_harness_counts_what_each_pipeline_stage_and_each_fsdp_process_ho
     assert sum(held(shard) for shard in shards) >= held(whole)
 
 
-@pytest.mark.slow
-def test_checkpoint_benchmark_times_each_save_of_the_three_ways_and_writes_its_table(tmp_path):
-    """One round of one epoch of 2 steps: a save after each step and the 2 of the epoch's end (the best-k file and
-    last.ckpt) in the background and in the foreground, the 2 of the epoch's end alone without saves; each run's hold
-    per save, wall time and peak memory, and the table."""
-    command = [
-        sys.executable,
-        str(REPO / "benchmarks" / "checkpoint_stall.py"),
-        "--rounds=1",
-        "--arch=helpers.tiny_resnet",
-        "--epochs=1",
-        "--synthetic-size=16",
-        f"--out={tmp_path}",
+def test_checkpoint_benchmark_times_each_save_and_makes_its_table(tmp_path, monkeypatch):
+    """One run of one epoch of 2 steps with a save after each, in the background: the hold of each of its 4 saves
+    (2 steps, then the best-k file and last.ckpt of the epoch's end), its wall time and peak memory; and the table of
+    the three ways made from such runs, each against the run without saves of its round."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    checkpoint_stall = importlib.import_module("checkpoint_stall")
+    monkeypatch.setenv("PYTHONPATH", str(REPO / "tests"))  # helpers.tiny_resnet, for the run
+    args = argparse.Namespace(synthetic_size=16, arch="helpers.tiny_resnet", epochs=1)
+    run = checkpoint_stall.run_once("background", args, tmp_path, 0)
+    assert len(run["held_s"]) == 4 and run["wall_s"] > 0 and run["peak_bytes"] > 0
+    slower = {**run, "wall_s": 2 * run["wall_s"]}
+    rows = checkpoint_stall.summary({"background": [run], "foreground": [slower], "none": [run]})
+    assert [(row["way"], row["saves"], row["vs_none"][0]) for row in rows] == [
+        ("background", 4, 1.0),
+        ("foreground", 4, 2.0),
+        ("none", 4, 1.0),
     ]
-    env = {**os.environ, "PYTHONPATH": str(REPO / "tests")}
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
-    assert result.returncode == 0, result.stdout + result.stderr
-    data = json.loads((tmp_path / "checkpoint_stall.json").read_text())
-    assert {way: len(runs[0]["held_s"]) for way, runs in data["runs"].items()} == {
-        "background": 4,
-        "foreground": 4,
-        "none": 2,
-    }
-    assert all(run[0]["wall_s"] > 0 and run[0]["peak_bytes"] > 0 for run in data["runs"].values())
-    assert [row["way"] for row in data["rows"]] == ["background", "foreground", "none"]
-    assert data["rows"][2]["vs_none"][0] == 1.0
-    assert "| background | 4 |" in result.stdout and "| none | 2 |" in result.stdout
+    table = checkpoint_stall.markdown({"rows": rows, "rounds": 1, "arch": "tiny", "coverage": 0.0})
+    assert "| foreground | 4 |" in table and "| 2.00 (2.00-2.00) |" in table
 
 
 @pytest.mark.slow

@@ -413,20 +413,18 @@ def test_killed_at_random_moments_and_resumed_on_another_device_count_ends_like_
 def test_killed_at_chosen_moments_and_resumed_ends_bit_for_bit_like_an_uninterrupted_run(tmp_path, resumable):
     """The moments a random draw rarely hits, each followed by `--ckpt_path last`, give the state of a run
     never killed: Ctrl-C (SIGINT to the process and its loader workers, as a terminal sends it: the step ends and
-    last.ckpt is written), SIGKILL while a checkpoint is being made, SIGTERM in an epoch's last step (the process
-    saves once Lightning has counted the epoch, then exits cleanly), and SIGKILL halfway through a background write
-    of last.ckpt (``helpers.KillInWrite``, at step 14, while training goes on), which leaves the one before (step
-    12). Under model parallel: 2 devices of one process, their blocks split inside
-    a bottleneck."""
+    last.ckpt is written), SIGKILL halfway through a background write of last.ckpt (``helpers.KillInWrite``, at step
+    8, while training goes on), which leaves the one before (step 6), and SIGTERM in an epoch's last step (the process
+    saves once Lightning has counted the epoch, then exits cleanly). Under model parallel: 2 devices of one process,
+    their blocks split inside a bottleneck. (The random kills strike as a checkpoint is being made too.)"""
     write_kill = tmp_path / "kill-in-write.yaml"
     write_kill.write_text(
-        "trainer:\n  plugins:\n    - class_path: helpers.KillInWrite\n      init_args:\n        step: 14\n"
+        "trainer:\n  plugins:\n    - class_path: helpers.KillInWrite\n      init_args:\n        step: 8\n"
     )
     kills = [
         (3, "ctrl-c", "Ctrl-C to the whole job (its 2 loader workers too) mid-epoch"),
-        (8, "save", "during a save"),
+        (8, "write", "halfway through a background write"),
         (9, "sigterm", "SIGTERM in the epoch's last step"),
-        (14, "write", "halfway through a background write"),
     ]
     args = [*_resumable_run(resumable.cifar), *run_args(tmp_path, "killed"), *MODEL_PARALLEL, "--ckpt_path=last"]
     for step, moment, name in kills:

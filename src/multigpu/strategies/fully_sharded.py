@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from lightning.pytorch import LightningModule
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor, nn
@@ -191,6 +192,12 @@ class FullyShardedStrategy(DDPStrategy, StrategyLayout):
         # Every process reads the whole checkpoint: onto the CPU, not each onto the GPU it was saved from.
         torch.cuda.empty_cache()
         return self.checkpoint_io.load_checkpoint(checkpoint_path, map_location="cpu", weights_only=weights_only)
+
+    @override
+    def setup_environment(self) -> None:
+        if type(self.checkpoint_io) is TorchCheckpointIO:  # Lightning's default: ours writes the shards
+            self.checkpoint_io = AtomicCheckpointIO()
+        super().setup_environment()
 
     @override
     def on_train_start(self) -> None:
