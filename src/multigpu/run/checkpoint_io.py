@@ -17,6 +17,7 @@ from typing_extensions import override
 from multigpu.run.sharded_checkpoints import (
     SHARDED,
     TENSORS,
+    named_folder,
     shard_of,
     shards_folder,
     wait_for_shards,
@@ -58,6 +59,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self.background = background
         self._writer: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._named: dict[Path, Path | None] = {}  # the shards' folder each sharded checkpoint file names now
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
@@ -72,27 +74,31 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         """Save ``checkpoint``, whose tensors are sharded over ``processes`` processes, as each holds them: every
         process (this one is ``rank``) writes its shard into a folder of this save (``token``, the same in every
         process); the first one then writes the checkpoint file, which names that folder, once every shard is there,
-        and removes the folders of the checkpoints before (``multigpu.run.sharded_checkpoints``)."""
+        and removes the folder the file named before (``multigpu.run.sharded_checkpoints``). The other processes may
+        be writing the next save's shards by then: a folder is removed only once no file names it."""
         self.wait()
         path = Path(path)
         folder = shards_folder(path) / f"step{checkpoint['global_step']}-{token}"
         folder.mkdir(parents=True, exist_ok=True)
         shard = staged(shard_of(checkpoint, rank))
-        named = None
-        if rank == 0:
-            named = staged({key: value for key, value in checkpoint.items() if key not in TENSORS})
-            named[SHARDED] = {"folder": str(folder.relative_to(path.parent)), "processes": processes}
-        self._start(path, self._write_sharded, shard, named, folder, rank, processes, path)
+        if rank != 0:
+            return self._start(path, self.write, shard, folder / f"rank{rank}.pt")
+        if path not in self._named:  # this process's first save of it: what a kill left, but the file's own folder
+            self._named[path] = named_folder(path)
+            for left in shards_folder(path).iterdir():
+                if left not in (folder, self._named[path]):
+                    shutil.rmtree(left, ignore_errors=True)
+        named = staged({key: value for key, value in checkpoint.items() if key not in TENSORS})
+        named[SHARDED] = {"folder": str(folder.relative_to(path.parent)), "processes": processes}
+        before, self._named[path] = self._named[path], folder
+        self._start(path, self._publish, shard, named, folder, processes, path, before)
 
-    def _write_sharded(self, shard, named, folder: Path, rank: int, processes: int, path: Path) -> None:
-        self.write(shard, folder / f"rank{rank}.pt")
-        if named is None:
-            return
+    def _publish(self, shard, named, folder: Path, processes: int, path: Path, before: Path | None) -> None:
+        self.write(shard, folder / "rank0.pt")
         wait_for_shards(folder, processes)
         self.write(named, path)
-        for earlier in shards_folder(path).iterdir():
-            if earlier != folder:
-                shutil.rmtree(earlier, ignore_errors=True)
+        if before is not None and before != folder:
+            shutil.rmtree(before, ignore_errors=True)
 
     def _start(self, path: Path, write, *args) -> None:
         """Run ``write(*args)`` in the background, or here without ``background``."""

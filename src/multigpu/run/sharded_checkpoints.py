@@ -24,7 +24,15 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from multigpu.errors import UsageError
 
-__all__ = ["SHARDED", "read_checkpoint", "shard_of", "shards_folder", "wait_for_shards", "whole_checkpoint"]
+__all__ = [
+    "SHARDED",
+    "named_folder",
+    "read_checkpoint",
+    "shard_of",
+    "shards_folder",
+    "wait_for_shards",
+    "whole_checkpoint",
+]
 
 SHARDED = "sharded"  # the key of a sharded checkpoint's folder and process count
 TENSORS = ("state_dict", "optimizer_states")  # what the shards hold; the rest stays in the checkpoint file
@@ -65,6 +73,14 @@ def shard_of(checkpoint: dict[str, Any], rank: int) -> dict[str, Any]:
         return value if rank == 0 else None
 
     return {name: take(checkpoint[name]) for name in TENSORS if name in checkpoint}
+
+
+def named_folder(path: Path) -> Path | None:
+    """The shards' folder the checkpoint file ``path`` names, or ``None`` (no file, or a whole one)."""
+    if not path.is_file():
+        return None
+    sharded = torch.load(path, map_location="cpu", mmap=True, weights_only=True).get(SHARDED)
+    return path.parent / sharded["folder"] if sharded else None
 
 
 def wait_for_shards(folder: Path, processes: int, timeout_s: float = 3600.0) -> None:
