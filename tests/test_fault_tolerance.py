@@ -599,3 +599,33 @@ def test_torchrun_elastic_run_that_loses_a_node_goes_on_with_the_node_left(tmp_p
         "global batch 8 and images per forward pass 4" in output
     ), output
     _assert_close_state(_final_state(tmp_path, "elastic"), expected, f"elastic (seed {seed})")
+
+
+def test_shards_of_every_layout_are_put_together_into_the_whole_tensors():
+    """``fsdp``'s pieces, as ``sharded_checkpoints`` writes them, make the whole tensors again: cut along dimension 0
+    over 3 processes (the last one's piece empty, as ``torch.chunk`` leaves it), and under HSDP (2 replicas x 2
+    shards: the first replica's pieces), with a plain tensor and a tuple beside them."""
+    from multigpu.run.sharded_checkpoints import _PIECE, _joined
+
+    whole = torch.arange(8.0).reshape(4, 2)
+
+    def pieces(chunks: int, replicas: int) -> list[dict]:
+        parts = list(torch.chunk(whole, chunks)) + [whole[:0]] * (chunks - len(torch.chunk(whole, chunks)))
+        return [
+            {
+                "w": {
+                    _PIECE: parts[shard],
+                    "dims": [None, 0] if replicas > 1 else [0],
+                    "shape": [4, 2],
+                    "coordinate": [replica, shard] if replicas > 1 else [shard],
+                },  # fmt: skip
+                "betas": (0.9, 0.99) if (replica, shard) == (0, 0) else (None, None),
+                "count": torch.tensor(3) if (replica, shard) == (0, 0) else None,
+            }
+            for replica in range(replicas)
+            for shard in range(chunks)
+        ]
+
+    for chunks, replicas in ((3, 1), (2, 2), (5, 1)):
+        joined = _joined(pieces(chunks, replicas))
+        assert torch.equal(joined["w"], whole) and joined["betas"] == (0.9, 0.99) and joined["count"] == 3

@@ -3,6 +3,7 @@ and a kill at any moment, during a write too, leaves the previous file intact.""
 
 import os
 import shutil
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,9 @@ from multigpu.run.sharded_checkpoints import (
 )
 
 __all__ = ["AtomicCheckpointIO", "staged"]
+
+
+_WITHOUT_CRC32 = threading.Lock()  # torch's serialization settings are the process's: one write changes them at once
 
 
 def _local(path: Any) -> bool:
@@ -60,6 +64,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self._writer: threading.Thread | None = None
         self._error: BaseException | None = None
         self._named: dict[Path, Path | None] = {}  # the shards' folder each sharded checkpoint file names now
+        self._writing: Path | None = None  # the file the write in flight is for
+        self._abort = threading.Event()  # set when the other processes' shards will not come (``abort``)
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
@@ -90,20 +96,27 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                     shutil.rmtree(left, ignore_errors=True)
         named = staged({key: value for key, value in checkpoint.items() if key not in TENSORS})
         named[SHARDED] = {"folder": str(folder.relative_to(path.parent)), "processes": processes}
-        before, self._named[path] = self._named[path], folder
-        self._start(path, self._publish, shard, named, folder, processes, path, before)
+        self._start(path, self._publish, shard, named, folder, processes, path)
 
-    def _publish(self, shard, named, folder: Path, processes: int, path: Path, before: Path | None) -> None:
+    def _publish(self, shard, named, folder: Path, processes: int, path: Path) -> None:
         self.write(shard, folder / "rank0.pt")
-        wait_for_shards(folder, processes)
+        wait_for_shards(folder, processes, self._abort)
         self.write(named, path)
+        before, self._named[path] = self._named[path], folder
         if before is not None and before != folder:
             shutil.rmtree(before, ignore_errors=True)
 
+    def abort(self) -> None:
+        """Give up the write in flight where it waits for other processes' shards (they failed, or were stopped):
+        the checkpoint file keeps naming the folder before."""
+        self._abort.set()
+
     def _start(self, path: Path, write, *args) -> None:
         """Run ``write(*args)`` in the background, or here without ``background``."""
+        self._abort.clear()
         if not self.background:
             return write(*args)
+        self._writing = path
         self._writer = threading.Thread(target=self._in_background, args=(write, *args))
         self._writer.name = f"checkpoint writer of {path.name}"
         self._writer.start()  # not a daemon: the interpreter waits for it before it exits
@@ -113,6 +126,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             write(*args)
         except BaseException as error:  # raised in the training thread, at the next save, load or teardown
             self._error = error
+            print(f"error: writing {self._writing} failed: {error!r}", file=sys.stderr, flush=True)
 
     def write(self, checkpoint: dict[str, Any], path: Path) -> None:
         """Write ``checkpoint`` to ``path`` atomically: a temporary file beside it, synced, renamed into place."""
@@ -120,16 +134,17 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         for left in path.parent.glob(f".{path.name}.*.tmp"):  # a write a kill cut short, in an earlier process
             if left != temporary:
                 left.unlink(missing_ok=True)
-        crc32 = serialization.save.compute_crc32
-        serialization.save.compute_crc32 = False  # torch.load never checks it, and it is a third of a write's CPU time
         try:
-            with open(temporary, "wb") as file:
-                torch.save(checkpoint, file)
+            with open(temporary, "wb") as file, _WITHOUT_CRC32:
+                crc32, serialization.save.compute_crc32 = serialization.save.compute_crc32, False
+                try:  # torch.load never checks it, and it is a third of a write's CPU time
+                    torch.save(checkpoint, file)
+                finally:
+                    serialization.save.compute_crc32 = crc32
                 file.flush()
                 os.fsync(file.fileno())
             os.replace(temporary, path)
         finally:
-            serialization.save.compute_crc32 = crc32
             temporary.unlink(missing_ok=True)
         directory = os.open(path.parent, os.O_RDONLY)
         try:
@@ -154,7 +169,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     @override
     def remove_checkpoint(self, path: Any) -> None:
-        self.wait()
+        if self._writing is not None and Path(path) == self._writing:  # another file's write goes on
+            self.wait()
         super().remove_checkpoint(path)
         if _local(path):
             shutil.rmtree(shards_folder(Path(path)), ignore_errors=True)

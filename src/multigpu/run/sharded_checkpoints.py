@@ -14,6 +14,7 @@ whole tensors, in the layout every other strategy's checkpoint has: any strategy
 ``predict`` and ``export`` read it as any other.
 """
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,7 @@ def shard_of(checkpoint: dict[str, Any], rank: int) -> dict[str, Any]:
         if isinstance(value, dict):
             return {key: take(item) for key, item in value.items()}
         if isinstance(value, list | tuple):
-            return [take(item) for item in value]
+            return type(value)(take(item) for item in value)
         return value if rank == 0 else None
 
     return {name: take(checkpoint[name]) for name in TENSORS if name in checkpoint}
@@ -83,12 +84,15 @@ def named_folder(path: Path) -> Path | None:
     return path.parent / sharded["folder"] if sharded else None
 
 
-def wait_for_shards(folder: Path, processes: int, timeout_s: float = 3600.0) -> None:
-    """Wait until every process's shard file is in ``folder`` (each is renamed into place whole)."""
+def wait_for_shards(folder: Path, processes: int, abort: threading.Event, timeout_s: float = 1800.0) -> None:
+    """Wait until every process's shard file is in ``folder`` (each is renamed into place whole); a ``RuntimeError``
+    when ``abort`` is set (the other processes failed or were stopped) or after ``timeout_s`` (torch's default
+    timeout of a collective)."""
     deadline = time.monotonic() + timeout_s
     while any(not (folder / f"rank{rank}.pt").is_file() for rank in range(processes)):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{folder}: the shards of {processes} processes were not all written in {timeout_s} s")
+        if abort.is_set() or time.monotonic() > deadline:
+            raise RuntimeError(f"{folder}: the shards of {processes} processes were not all written; the checkpoint "
+                               "file keeps naming the folder before")  # fmt: skip
         time.sleep(0.05)
 
 
@@ -116,8 +120,8 @@ def _joined(shards: list[Any]) -> Any:
         return _whole(shards)
     if isinstance(first, dict):
         return {key: _joined([shard[key] for shard in shards]) for key in first}
-    if isinstance(first, list):
-        return [_joined([shard[index] for shard in shards]) for index in range(len(first))]
+    if isinstance(first, list | tuple):
+        return type(first)(_joined([shard[index] for shard in shards]) for index in range(len(first)))
     return first
 
 

@@ -34,6 +34,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
@@ -213,6 +214,14 @@ class FullyShardedStrategy(DDPStrategy, StrategyLayout):
         super().on_train_end()
 
     @override
+    def on_exception(self, exception: BaseException) -> None:
+        # A failure or a second Ctrl-C ends every process: the shards of the save in flight may never all come (a
+        # SIGTERM's stop saves with every process, and waits for it).
+        if not isinstance(exception, SIGTERMException) and isinstance(self.checkpoint_io, AtomicCheckpointIO):
+            self.checkpoint_io.abort()
+        super().on_exception(exception)
+
+    @override
     def teardown(self) -> None:
         self._saves_shards = False  # after an interruption too
         super().teardown()
@@ -235,7 +244,13 @@ class FullyShardedStrategy(DDPStrategy, StrategyLayout):
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
-        if not self._saves_shards or storage_options is not None:
+        if not self._saves_shards:
+            return super().save_checkpoint(checkpoint, filepath, storage_options)
+        if storage_options is not None or "://" in str(filepath):  # remote: one whole file, gathered as before
+            checkpoint = {**checkpoint, "state_dict": full_model_state(self.lightning_module, self.is_global_zero)}
+            if "optimizer_states" in checkpoint:
+                whole = [full_optimizer_state(optimizer, self.is_global_zero) for optimizer in self.optimizers]
+                checkpoint["optimizer_states"] = whole
             return super().save_checkpoint(checkpoint, filepath, storage_options)
         token = self.broadcast(secrets.token_hex(4))  # the folder of this save, the same in every process
         self.checkpoint_io.save_sharded(checkpoint, filepath, self.global_rank, self.world_size, token)
