@@ -67,6 +67,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self._writing: Path | None = None  # the file the write in flight is for
         self._abort = threading.Event()  # set when the other processes' shards will not come (``abort``)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled with its strategy into the processes ``ddp_spawn`` starts: without its thread and event
+        return {**self.__dict__, "_writer": None, "_abort": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _abort=threading.Event())
+
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         self.wait()
