@@ -448,21 +448,21 @@ def test_killed_at_chosen_moments_and_resumed_ends_bit_for_bit_like_an_uninterru
 def test_sigterm_to_one_ddp_process_or_ctrl_c_stops_both_after_the_same_step(tmp_path, resumable):
     """Ctrl-C to the whole ddp job (both processes and their loader workers, as a terminal sends it) in epoch 0's last
     step (step 4 of 5: Lightning then starts the validation, whose loader workers Ctrl-C reached too, and stops it
-    after its first batch), then SIGTERM to rank 1 alone at step 5, logging every 4 steps: each time both processes
-    stop after the same step, write last.ckpt and exit cleanly, rather than one waiting for the other in a
-    collective; the run then resumes bit for bit. The processes agree on a signal after log steps and after an
-    epoch's last step only (no collective in the steps between), so a signal stops the run within
-    ``log_every_n_steps`` steps: SIGTERM at step 5 stops it after step 7, the next log step."""
+    after its first batch), then SIGTERM to rank 1 alone at step 5, logging every 50 steps: each time both processes
+    stop after the same step, write last.ckpt and exit (130 after Ctrl-C, as a shell expects; 0 after SIGTERM),
+    rather than one waiting for the other in a collective; the run then resumes bit for bit. The processes vote on a
+    signal after every step and read the vote one step later (``StopVotes``), whatever the logging interval: SIGTERM
+    in step 5 stops the run after step 6, the next."""
     args = [*_resumable_run(resumable.cifar), *DDP, *run_args(tmp_path, "killed"), "--ckpt_path=last"]
     stopped = run_cli(*args, "--config", _kill_config(tmp_path, 4, "ctrl-c", rank=0), env=HELPERS_ENV, timeout=180)
-    assert stopped.returncode == 0 and "Received Ctrl-C: saved" in stopped.stdout, stopped.stdout
+    assert stopped.returncode == 130 and "Received Ctrl-C: saved" in stopped.stdout, stopped.stdout
     assert "Ctrl-C again to stop at once" in stopped.stdout, stopped.stdout
     assert _final_state(tmp_path, "killed")["global_step"] == 5
-    logged = "--trainer.log_every_n_steps=4"
+    logged = "--trainer.log_every_n_steps=50"
     sigterm = _kill_config(tmp_path, 5, "sigterm", rank=1)
     stopped = run_cli(*args, logged, "--config", sigterm, env=HELPERS_ENV, timeout=180)
     assert stopped.returncode == 0 and "Received SIGTERM: saved" in stopped.stdout, stopped.stdout
-    assert _final_state(tmp_path, "killed")["global_step"] == 8
+    assert _final_state(tmp_path, "killed")["global_step"] == 7
     resumed = run_cli(*args)
     assert resumed.returncode == 0 and "Restored all states" in resumed.stdout, resumed.stdout
     _assert_same_state(_final_state(tmp_path, "killed"), resumable(DDP), 10, "SIGTERM to rank 1")

@@ -15,7 +15,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from multigpu.cli.export_command import export
 from multigpu.cli.lightning_cli import MultiGPUCLI
 from multigpu.cli.quiet_console import quiet_console
-from multigpu.errors import RunFinished, UsageError
+from multigpu.errors import JobFailed, RunFinished, UsageError
 from multigpu.planning.command import plan
 from multigpu.run.elastic import separate_restart_attempts
 from multigpu.run.process_groups import end_process_groups
@@ -68,8 +68,8 @@ def main(args: list[str] | None = None, default_config_files: Sequence[str | Pat
             MultiGPUCLI(default_config_files=default_config_files, args=args)
     except RunFinished as finished:
         rank_zero_info(str(finished))
-    except (UsageError, MisconfigurationException) as error:
+    except (UsageError, MisconfigurationException, JobFailed) as error:
         message = " ".join(str(error).split())  # one line, whatever the message's own layout
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        sys.exit(1 if isinstance(error, JobFailed) else 2)
     end_process_groups()

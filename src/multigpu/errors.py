@@ -1,14 +1,19 @@
-"""The exceptions that end the CLI with one line: ``error: ...`` for a bad request, or a finished run."""
+"""The exceptions that end the CLI with one line: ``error: ...`` for a bad request or a fault, or a finished run."""
 
 import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["RunFinished", "UsageError", "check_at_least", "check_writable"]
+__all__ = ["JobFailed", "RunFinished", "UsageError", "check_at_least", "check_writable"]
 
 
 class UsageError(ValueError):
     """A request the application cannot carry out; the message says how to fix it."""
+
+
+class JobFailed(RuntimeError):
+    """A fault that ends the whole job (a checkpoint that could not be written, a process that stalled): the CLI
+    prints its message as one ``error: ...`` line and exits with status 1."""
 
 
 class RunFinished(Exception):

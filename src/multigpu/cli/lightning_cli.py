@@ -162,6 +162,13 @@ class MultiGPUCLI(CheckpointPathCLI):
             help="Write checkpoint files in a thread of their own: a save holds training only while it copies the "
             "state to host memory (false: training waits for each file to be written).",
         )
+        parser.add_argument(
+            "--stall_timeout_s",
+            type=float,
+            default=300.0,
+            help="Under several processes, end the job when none of them has made progress for this many seconds, "
+            "naming the one that held it up and where each stood (0: never; torch's own timeout is 30 minutes).",
+        )
         parser.add_lightning_class_args(ThroughputSummary, "throughput")
         parser.add_lightning_class_args(PredictionWriter, "predictions")
         parser.add_lightning_class_args(BestCheckpoints, "checkpoint")
@@ -237,6 +244,7 @@ class MultiGPUCLI(CheckpointPathCLI):
             rank_zero_info(f"torchrun started {nodes} node(s): --trainer.num_nodes={nodes}.")
             config["trainer"]["num_nodes"] = nodes
         check_at_least("--save_every_n_steps", config.get("save_every_n_steps") or 0, 0)
+        check_at_least("--stall_timeout_s", config.get("stall_timeout_s") or 0, 0)
         # Where the run will write, checked before minutes go into building and training.
         writes = {
             "--checkpoint_root": config.get("checkpoint_root"),

@@ -7,6 +7,7 @@
 - the progress bar and the model summary in place of Lightning's defaults, unless the user chose their own;
 - ``last.ckpt`` every ``--save_every_n_steps`` steps (``LastCheckpoint``);
 - who launched the processes, noted before Lightning's launcher starts any (``RunMetadata``);
+- the watch over faults: a stalled process, a failed background write (``FaultWatch``, ``--stall_timeout_s``);
 - the combinations that would only fail once training has started, refused.
 """
 
@@ -24,6 +25,7 @@ from multigpu.run.callbacks import LastCheckpoint, RunMetadata
 from multigpu.run.checkpoint_io import AtomicCheckpointIO
 from multigpu.run.model_summary import RunSummary
 from multigpu.run.progress_bar import PacedProgressBar
+from multigpu.run.watchdog import FaultWatch
 from multigpu.strategies import FullyShardedStrategy
 
 __all__ = ["assemble_trainer"]
@@ -70,6 +72,7 @@ def assemble_trainer(
         trainer.checkpoint_callback.save_last = False
         dirpath = checkpoint_dir(config["checkpoint_root"], config["run_name"])
         trainer.callbacks.append(LastCheckpoint(dirpath, every_n_train_steps=every))
+    trainer.callbacks.append(FaultWatch(stall_timeout_s=config.get("stall_timeout_s", 300.0)))
     if trainer_options.get("sync_batchnorm") and not isinstance(trainer.accelerator, CUDAAccelerator):
         raise UsageError("--trainer.sync_batchnorm=true needs CUDA devices (SyncBatchNorm); drop it on the CPU.")
     return trainer

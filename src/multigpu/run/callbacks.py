@@ -7,7 +7,6 @@ import time
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from lightning.fabric.utilities.throughput import get_available_flops
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -17,7 +16,6 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
 from multigpu.compat import (
-    is_log_step,
     launches_subprocesses,
     replace_sigterm_notifier,
     save_last_checkpoint,
@@ -26,9 +24,11 @@ from multigpu.compat import (
     stop_after_this_step_as_on_sigterm,
 )
 from multigpu.errors import UsageError
+from multigpu.run.checkpoint_io import AtomicCheckpointIO
 from multigpu.run.loop_position import reopen_cut_epoch
 from multigpu.run.replicas import data_parallel_size
 from multigpu.run.resume import KEY, layout_record, resume, training_order
+from multigpu.run.stop_votes import StopVotes
 
 __all__ = [
     "BestCheckpoints",
@@ -217,38 +217,41 @@ class LastCheckpoint(ModelCheckpoint):
 
 
 class CheckpointOnStopSignal(Callback):
-    """On SIGTERM (what SLURM and most schedulers send before they stop a job) or a first Ctrl-C (SIGINT), every
-    process stops after the same training step, ``last.ckpt`` is written, and the processes exit with status 0.
-    A second Ctrl-C stops at once, as Lightning does, without a checkpoint.
+    """On SIGTERM (what SLURM and most schedulers send before they stop a job), SIGUSR1 (what SLURM sends ahead of the
+    time limit when asked, ``--signal=USR1@90``) or a first Ctrl-C (SIGINT), every process stops after the same
+    optimizer step, ``last.ckpt`` is written, and the processes exit: with status 0 after SIGTERM or SIGUSR1, 130
+    after Ctrl-C. A second Ctrl-C stops at once, without a checkpoint and without waiting for the one being written.
 
     The same command with ``--ckpt_path last`` then continues where the run stopped.
 
-    Lightning's own SIGTERM handler runs a broadcast inside the signal handler, and each
-    process checks the flag at its own step boundaries. When the signal reaches the
-    processes at slightly different moments, their collectives no longer pair up and the
-    job hangs (seen with 2 gloo processes under the Slurm script). Here the handler only
-    notes the signal, and passes SIGTERM on to the processes Lightning started, as Lightning
-    does (a terminal's Ctrl-C reaches every process of the job already). After every log step
-    (``--trainer.log_every_n_steps``) and after each epoch's last step, the processes agree, with
-    one all-reduce, whether any of them has seen it; then all of them raise Lightning's flag, and
-    Lightning stops them after that same step. A signal thus stops the run within
-    ``log_every_n_steps`` steps (50 where nothing is logged), and the steps in between hold no
-    collective and no wait for the GPU of ours (Lightning's own per-step broadcast of its flag is
-    left out: ``skip_sigterm_broadcast``). One process stops after the step it is in.
+    The handler only notes the signal (and passes SIGTERM on to the processes Lightning started, as Lightning does; a
+    terminal's Ctrl-C reaches every process of the job already). After every optimizer step the processes vote on
+    what they have seen (``StopVotes``: a non-blocking all-reduce on a gloo group, read one step later), so all of
+    them stop after the same step: the one in flight when the signal came, and the next. No vote waits for the device
+    or, in practice, for another process; Lightning's own handler broadcasts a flag every step (a wait for the GPU)
+    and from inside the signal handler (a hang when the signal reaches the processes at different moments), and both
+    are left out (``replace_sigterm_notifier``, ``skip_sigterm_broadcast``). One process stops after its step.
     """
 
-    SIGNALS = ("SIGTERM", "Ctrl-C")  # as the processes agree on them: the higher wins
+    SIGNALS = ("SIGTERM", "SIGUSR1", "Ctrl-C")  # as the processes agree on them: the higher wins
 
     def __init__(self) -> None:
         self._signal: str | None = None  # the stop signal's name, once one arrived
+        self._agreed = False  # whether every process has agreed on it
         self._trainer: Trainer | None = None
+        self._votes = StopVotes()
+
+    @property
+    def stopped_by(self) -> str | None:
+        """The signal that stopped the run, once every process agreed on it."""
+        return self._signal if self._signal in self.SIGNALS and self._agreed else None
 
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         # Before Lightning registers its SIGTERM handler (as fit starts), so that the handler it registers calls
         # this one's note in place of its own notifier, which broadcasts from inside the handler: a process
         # signalled before training starts (during the sanity check, say) would wait there for the others.
-        self._signal, self._trainer = None, trainer
+        self._signal, self._trainer, self._agreed = None, trainer, False
         if stage == "fit":  # validate, test and predict stop at Lightning's next batch, as Lightning has them
             replace_sigterm_notifier(trainer, self._note)
 
@@ -256,14 +259,18 @@ class CheckpointOnStopSignal(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._trainer = trainer
         skip_sigterm_broadcast(trainer)
+        self._votes.open()
         if threading.current_thread() is threading.main_thread():
             # Replace Lightning's handlers for this run; Lightning restores the previous ones at its teardown.
-            signal.signal(signal.SIGTERM, self._note)
-            signal.signal(signal.SIGINT, self._note)
+            for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+                signal.signal(signum, self._note)
 
     def _note(self, signum: int, frame: Any) -> None:
         if signum == signal.SIGINT:
-            if self._signal == "Ctrl-C":  # the second one: stop now, as Lightning does
+            if self._signal == "Ctrl-C":  # the second one: stop now, as Lightning does, leaving the write in flight
+                io = self._trainer.strategy.checkpoint_io if self._trainer is not None else None
+                if isinstance(io, AtomicCheckpointIO):
+                    io.abandon()
                 raise KeyboardInterrupt
             if self._trainer is not None and self._trainer.is_global_zero:
                 print(
@@ -276,40 +283,32 @@ class CheckpointOnStopSignal(Callback):
             launcher = self._trainer.strategy.launcher if self._trainer is not None else None
             if self._signal is None and launcher is not None:
                 launcher.kill(signum)
-        self._signal = self._signal or ("Ctrl-C" if signum == signal.SIGINT else "SIGTERM")
+        self._signal = self._signal or {signal.SIGINT: "Ctrl-C", signal.SIGUSR1: "SIGUSR1"}.get(signum, "SIGTERM")
 
     @override
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         epoch_loop = trainer.fit_loop.epoch_loop
-        if (batch_idx + 1) % trainer.accumulate_grad_batches and not epoch_loop.batch_progress.is_last_batch:
+        last = epoch_loop.batch_progress.is_last_batch
+        if (batch_idx + 1) % trainer.accumulate_grad_batches and not last:
             return  # inside a step that accumulates batches: a stop waits for its optimizer step
         signalled = self.SIGNALS.index(self._signal) + 1 if self._signal else 0
-        if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
-            if not self._agree_now(trainer):
-                return  # the processes agree after log steps only
-            flag = torch.tensor([signalled], device=trainer.strategy.root_device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            signalled = int(flag.item())
+        if self._votes.is_open:  # an epoch's end waits for every vote: a stop after it, or none
+            signalled = self._votes.settle(signalled) if last else self._votes.cast(signalled)
         if signalled:
-            self._signal = self.SIGNALS[signalled - 1]  # the same on every process
+            self._signal, self._agreed = self.SIGNALS[signalled - 1], True  # the same on every process
             stop_after_this_step_as_on_sigterm(trainer)
 
-    WITHOUT_LOGS = 50  # steps between agreements when nothing is logged (``log_every_n_steps=0``)
-
-    def _agree_now(self, trainer: Trainer) -> bool:
-        """Whether the processes agree on a stop signal after this batch: after a log step, an epoch's last step,
-        or every ``WITHOUT_LOGS`` steps of a run that logs nothing."""
-        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
-            return True
-        if trainer.log_every_n_steps:
-            return is_log_step(trainer)
-        return trainer.global_step % self.WITHOUT_LOGS == 0
+    @override
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._votes.close()
 
     @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        if not isinstance(exception, SIGTERMException):
+        stopped = isinstance(exception, SIGTERMException)
+        self._votes.close(wait=stopped)  # after a failure, another process may never vote again
+        if not stopped:
             return
         # The checkpoint callback that keeps last.ckpt writes it, and records it in its own state,
         # so that the resumed run goes on rewriting the same file.
@@ -320,6 +319,8 @@ class CheckpointOnStopSignal(Callback):
                 f"Received {self._signal}: saved {keeper.last_model_path} at step {trainer.global_step}; resume with "
                 "--ckpt_path last."
             )
+        if self._signal == "Ctrl-C" and (trainer.world_size == 1 or launches_subprocesses(trainer.strategy)):
+            exception.code = 130  # the job's own process, as a shell expects after an interrupt: `fit && test` stops
 
 
 class StopAllProcessesOnError(Callback):

@@ -1,5 +1,6 @@
 """Checkpoint files written in the background and atomically: a save holds training only while it copies the state,
-and a kill at any moment, during a write too, leaves the previous file intact."""
+a kill at any moment, during a write too, leaves the previous file intact, and a write that fails ends the job with
+one line that names the process, the file and the error."""
 
 import os
 import shutil
@@ -9,15 +10,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch.utils.serialization import config as serialization
 from typing_extensions import override
 
+from multigpu.errors import JobFailed
 from multigpu.run.sharded_checkpoints import (
     SHARDED,
     TENSORS,
+    failed_shard,
     named_folder,
     shard_of,
     shards_folder,
@@ -25,7 +29,7 @@ from multigpu.run.sharded_checkpoints import (
     whole_checkpoint,
 )
 
-__all__ = ["AtomicCheckpointIO", "staged"]
+__all__ = ["AtomicCheckpointIO", "CheckpointWriteFailed", "staged"]
 
 
 _WITHOUT_CRC32 = threading.Lock()  # torch's serialization settings are the process's: one write changes them at once
@@ -34,6 +38,53 @@ _WITHOUT_CRC32 = threading.Lock()  # torch's serialization settings are the proc
 def _local(path: Any) -> bool:
     protocol = get_filesystem(path).protocol
     return "file" in (protocol if isinstance(protocol, tuple) else (protocol,))
+
+
+class CheckpointWriteFailed(JobFailed):
+    """A checkpoint file this process could not write: the message names the process, the file and the error."""
+
+    @classmethod
+    def of(cls, path: Path, error: BaseException) -> "CheckpointWriteFailed":
+        """The failure of the write of ``path``, named by the first system error in ``error``'s chain (torch wraps a
+        full disk's ``No space left on device`` into its own ``unexpected pos``)."""
+        cause = _in_chain(error, OSError)
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        reason = f"{cause.strerror or cause}" if isinstance(cause, OSError) else f"{type(error).__name__}: {error}"
+        return cls(
+            f"process {rank} could not write the checkpoint {path}: {reason}. The checkpoint before it is whole: free "
+            "the space (or fix the folder's permissions) and resume with --ckpt_path last."
+        )
+
+
+def _in_chain(error: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """The first exception of type ``kind`` in ``error``'s chain (``torch.save`` raises its own error when a write to
+    its file fails, the file's error as its context)."""
+    cause: BaseException | None = error
+    while cause is not None and not isinstance(cause, kind):
+        cause = cause.__cause__ or cause.__context__
+    return cause
+
+
+class _Abandoned(Exception):
+    """A write given up (``AtomicCheckpointIO.abandon``): its temporary file is removed, the file before stays."""
+
+
+class _CountedFile:
+    """A file that counts the bytes written to it (the watchdog sees a slow write progress), and stops the write when
+    it is abandoned."""
+
+    def __init__(self, file: Any, io: "AtomicCheckpointIO") -> None:
+        self._file, self._io = file, io
+
+    def write(self, data: Any) -> int:
+        if self._io._abandoned.is_set():
+            raise _Abandoned
+        written = self._file.write(data)
+        self._io.bytes_written += written
+        return written
+
+    def flush(self) -> None:
+        self._file.flush()
 
 
 def staged(checkpoint: dict[str, Any]) -> dict[str, Any]:
@@ -63,16 +114,20 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self.background = background
         self._writer: threading.Thread | None = None
         self._error: BaseException | None = None
-        self._named: dict[Path, Path | None] = {}  # the shards' folder each sharded checkpoint file names now
+        self._named: dict[Path, list[Path | None]] = {}  # each sharded file's folder now, and the one before
         self._writing: Path | None = None  # the file the write in flight is for
         self._abort = threading.Event()  # set when the other processes' shards will not come (``abort``)
+        self._abandoned = threading.Event()  # set when the process stops at once (``abandon``)
+        self._removals: list[Path] = []  # files to remove once the write in flight is on disk
+        self._lock = threading.Lock()  # over ``_removals`` and the writer's end
+        self.bytes_written = 0  # by every write so far: the watchdog's sign that a long write progresses
 
     def __getstate__(self) -> dict[str, Any]:
-        # Pickled with its strategy into the processes ``ddp_spawn`` starts: without its thread and event
-        return {**self.__dict__, "_writer": None, "_abort": None}
+        # Pickled with its strategy into the processes ``ddp_spawn`` starts: without its thread, events and lock
+        return {**self.__dict__, "_writer": None, "_abort": None, "_abandoned": None, "_lock": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _abort=threading.Event())
+        self.__dict__.update(state, _abort=threading.Event(), _abandoned=threading.Event(), _lock=threading.Lock())
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
@@ -92,25 +147,31 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self.wait()
         path = Path(path)
         folder = shards_folder(path) / f"step{checkpoint['global_step']}-{token}"
-        folder.mkdir(parents=True, exist_ok=True)
+        if not folder.is_dir():
+            folder.mkdir(parents=True, exist_ok=True)
+            _sync_folder(folder.parent)  # the new folder's entry, and the shards' folder's own, survive a crash
+            _sync_folder(folder.parent.parent)
         shard = staged(shard_of(checkpoint, rank))
         if rank != 0:
             return self._start(path, self.write, shard, folder / f"rank{rank}.pt")
         if path not in self._named:  # this process's first save of it: what a kill left, but the file's own folder
-            self._named[path] = named_folder(path)
+            self._named[path] = [named_folder(path)]
             for left in shards_folder(path).iterdir():
-                if left not in (folder, self._named[path]):
+                if left not in (folder, *self._named[path]):
                     shutil.rmtree(left, ignore_errors=True)
         named = staged({key: value for key, value in checkpoint.items() if key not in TENSORS})
         named[SHARDED] = {"folder": str(folder.relative_to(path.parent)), "processes": processes}
         self._start(path, self._publish, shard, named, folder, processes, path)
 
+    KEPT_FOLDERS = 2  # the folder the file names and the one before: a reader that read the file before still finds it
+
     def _publish(self, shard, named, folder: Path, processes: int, path: Path) -> None:
         self.write(shard, folder / "rank0.pt")
         wait_for_shards(folder, processes, self._abort)
         self.write(named, path)
-        before, self._named[path] = self._named[path], folder
-        if before is not None and before != folder:
+        kept = [folder, *(before for before in self._named[path] if before is not None and before != folder)]
+        self._named[path] = kept[: self.KEPT_FOLDERS]
+        for before in kept[self.KEPT_FOLDERS :]:
             shutil.rmtree(before, ignore_errors=True)
 
     def abort(self) -> None:
@@ -118,25 +179,45 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         the checkpoint file keeps naming the folder before."""
         self._abort.set()
 
+    def abandon(self) -> None:
+        """Stop the write in flight at its next chunk, without a word (a second Ctrl-C): every file keeps its
+        previous content, and the end of the run waits no longer than that chunk."""
+        self._abandoned.set()
+        self._abort.set()
+
     def _start(self, path: Path, write, *args) -> None:
         """Run ``write(*args)`` in the background, or here without ``background``."""
         self._abort.clear()
         if not self.background:
-            return write(*args)
+            try:
+                return write(*args)
+            except Exception as error:
+                if _in_chain(error, _Abandoned) is None:
+                    raise CheckpointWriteFailed.of(path, error) from error
         self._writing = path
-        self._writer = threading.Thread(target=self._in_background, args=(write, *args))
+        self._writer = threading.Thread(target=self._in_background, args=(path, write, *args))
         self._writer.name = f"checkpoint writer of {path.name}"
         self._writer.start()  # not a daemon: the interpreter waits for it before it exits
 
-    def _in_background(self, write, *args) -> None:
+    def _in_background(self, path: Path, write, *args) -> None:
+        failed = False
         try:
             write(*args)
-        except BaseException as error:  # raised in the training thread, at the next save, load or teardown
-            self._error = error
-            print(f"error: writing {self._writing} failed: {error!r}", file=sys.stderr, flush=True)
+        except BaseException as error:  # raised in the training thread: at its next step, save, load or teardown
+            failed = True
+            if _in_chain(error, _Abandoned) is None:
+                self._error = error if isinstance(error, JobFailed) else CheckpointWriteFailed.of(path, error)
+                self._error.__cause__ = None if error is self._error else error
+                print(f"error: {self._error}", file=sys.stderr, flush=True)
+        with self._lock:
+            removals, self._removals, self._writing = self._removals, [], None
+        if not failed:  # the files this write replaces go once it is on disk; after a failure they stay
+            for removal in removals:
+                self._remove(removal)
 
     def write(self, checkpoint: dict[str, Any], path: Path) -> None:
-        """Write ``checkpoint`` to ``path`` atomically: a temporary file beside it, synced, renamed into place."""
+        """Write ``checkpoint`` to ``path`` atomically: a temporary file beside it, synced, renamed into place. A
+        failure leaves a mark beside a shard (``failed_shard``), for the first process waiting for it."""
         temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         for left in path.parent.glob(f".{path.name}.*.tmp"):  # a write a kill cut short, in an earlier process
             if left != temporary:
@@ -145,25 +226,30 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             with open(temporary, "wb") as file, _WITHOUT_CRC32:
                 crc32, serialization.save.compute_crc32 = serialization.save.compute_crc32, False
                 try:  # torch.load never checks it, and it is a third of a write's CPU time
-                    torch.save(checkpoint, file)
+                    torch.save(checkpoint, _CountedFile(file, self))
                 finally:
                     serialization.save.compute_crc32 = crc32
                 file.flush()
                 os.fsync(file.fileno())
             os.replace(temporary, path)
+        except Exception as error:
+            if path.parent.parent.name.endswith(".shards") and _in_chain(error, _Abandoned) is None:
+                failed_shard(path, error)
+            raise
         finally:
             temporary.unlink(missing_ok=True)
-        directory = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)  # the rename itself survives a crash of the machine
-        finally:
-            os.close(directory)
+        _sync_folder(path.parent)  # the rename itself survives a crash of the machine
 
     def wait(self) -> None:
         """Wait for the write in flight, if any; raise its error."""
         if self._writer is not None:
             self._writer.join()
             self._writer = None
+        self.raise_failure()
+
+    def raise_failure(self) -> None:
+        """Raise the error of a background write that has failed, without waiting for one in flight: called after
+        each step, so that a failed write ends the job at once rather than at the next save."""
         if self._error is not None:
             error, self._error = self._error, None
             raise error
@@ -176,13 +262,40 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     @override
     def remove_checkpoint(self, path: Any) -> None:
-        if self._writing is not None and Path(path) == self._writing:  # another file's write goes on
+        """Remove ``path`` (and its shards) once the write in flight is on disk, in the writer's thread: Lightning
+        removes a best-k file it replaces as soon as the save of the new one returns, before that one exists. A
+        failed write keeps it."""
+        with self._lock:
+            if self._writing is not None and self._writing != Path(path):
+                self._removals.append(Path(path))
+                return
+        if self._writing is not None:  # the file being written itself
             self.wait()
+        self._remove(path)
+
+    def _remove(self, path: Any) -> None:
         super().remove_checkpoint(path)
         if _local(path):
             shutil.rmtree(shards_folder(Path(path)), ignore_errors=True)
 
     @override
     def teardown(self) -> None:
-        self.wait()
+        """Wait for the write in flight. While the run ends with another exception (a failure, a second Ctrl-C), that
+        one stays the one reported: a write's own error was printed when it happened."""
+        if sys.exc_info()[1] is None:
+            self.wait()
+        else:
+            try:
+                self.wait()
+            except Exception:
+                pass
         super().teardown()
+
+
+def _sync_folder(folder: Path) -> None:
+    """fsync ``folder``, so that the entries made in it survive a crash of the machine."""
+    directory = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)

@@ -23,10 +23,11 @@ import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from multigpu.errors import UsageError
+from multigpu.errors import JobFailed, UsageError
 
 __all__ = [
     "SHARDED",
+    "failed_shard",
     "named_folder",
     "read_checkpoint",
     "shard_of",
@@ -84,12 +85,30 @@ def named_folder(path: Path) -> Path | None:
     return path.parent / sharded["folder"] if sharded else None
 
 
+def _failure_mark(shard: Path) -> Path:
+    return shard.with_name(f"{shard.name}.failed")
+
+
+def failed_shard(shard: Path, error: BaseException) -> None:
+    """Mark beside ``shard`` that its write failed, with ``error``, so that the first process, which waits for every
+    shard before it writes the checkpoint file, stops waiting at once (best effort: a full disk may refuse even the
+    mark, and then the failing process ends the job at its next step)."""
+    try:
+        _failure_mark(shard).write_text(f"{error}")
+    except OSError:
+        pass
+
+
 def wait_for_shards(folder: Path, processes: int, abort: threading.Event, timeout_s: float = 1800.0) -> None:
-    """Wait until every process's shard file is in ``folder`` (each is renamed into place whole); a ``RuntimeError``
-    when ``abort`` is set (the other processes failed or were stopped) or after ``timeout_s`` (torch's default
-    timeout of a collective)."""
+    """Wait until every process's shard file is in ``folder`` (each is renamed into place whole); a ``JobFailed`` that
+    names the process when another process's write failed (``failed_shard``), a ``RuntimeError`` when ``abort`` is
+    set (the other processes failed or were stopped) or after ``timeout_s`` (torch's default timeout of a
+    collective)."""
     deadline = time.monotonic() + timeout_s
     while any(not (folder / f"rank{rank}.pt").is_file() for rank in range(processes)):
+        if failed := [rank for rank in range(processes) if _failure_mark(folder / f"rank{rank}.pt").exists()]:
+            raise JobFailed(f"process {failed[0]} could not write its shard into {folder}; the checkpoint file keeps "
+                            "naming the folder before")  # fmt: skip
         if abort.is_set() or time.monotonic() > deadline:
             raise RuntimeError(f"{folder}: the shards of {processes} processes were not all written; the checkpoint "
                                "file keeps naming the folder before")  # fmt: skip
@@ -125,13 +144,18 @@ def _joined(shards: list[Any]) -> Any:
     return first
 
 
-def whole_checkpoint(checkpoint: dict[str, Any], path: Path) -> dict[str, Any]:
-    """``checkpoint``, read from ``path``, with the whole tensors of its shards where it is sharded; as it is else."""
+def whole_checkpoint(checkpoint: dict[str, Any], path: Path, tries: int = 3) -> dict[str, Any]:
+    """``checkpoint``, read from ``path``, with the whole tensors of its shards where it is sharded; as it is else.
+    A run that saves meanwhile replaces the folder of a file read two saves before: the file is then read again, up
+    to ``tries`` times."""
     if SHARDED not in checkpoint:
         return checkpoint
     folder, processes = path.parent / checkpoint[SHARDED]["folder"], checkpoint[SHARDED]["processes"]
     files = [folder / f"rank{rank}.pt" for rank in range(processes)]
     if missing := [file for file in files if not file.is_file()]:
+        again = torch.load(path, map_location="cpu", mmap=True, weights_only=True) if path.is_file() else {}
+        if tries > 1 and again.get(SHARDED, checkpoint[SHARDED]) != checkpoint[SHARDED]:
+            return whole_checkpoint(again, path, tries - 1)
         raise UsageError(
             f"checkpoint {path} is sharded, and its shard {missing[0]} is missing: restore the folder {folder} "
             "beside it, or resume from another checkpoint."

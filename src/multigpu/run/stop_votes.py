@@ -1,0 +1,71 @@
+"""How the processes of a run agree, after every optimizer step and without waiting for one another, whether one of
+them got a stop signal: each step every process starts a non-blocking all-reduce (MAX) of what it has seen on a gloo
+group of its own, and reads the one it started ``LAG`` steps before, which has long ended.
+
+Why this channel (docs/fault-tolerance.md, "Stop signals"): the vote of step ``s`` is the ``s``-th collective of that
+group in every process, so every process reads the same answer at the same step and all stop after it; gloo works on
+CPU tensors in its own threads, so the training thread never waits for the device, and never for another process
+unless that one is ``LAG`` steps behind, which the gradients' all-reduce already rules out. A TCPStore key would
+reach every process too, but at different steps; a per-step all-reduce on the device (Lightning's) is a wait for it.
+"""
+
+from collections import deque
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["StopVotes"]
+
+
+class StopVotes:
+    """The votes of this process, one per optimizer step; ``open`` in every process of the run, in the same order."""
+
+    LAG = 1  # a step's answer is read this many steps later: a signal stops the run after the step in flight and one
+
+    def __init__(self) -> None:
+        self._group: dist.ProcessGroup | None = None
+        self._rounds: deque[tuple[torch.Tensor, dist.Work]] = deque()
+
+    def open(self) -> None:
+        """Make the vote's group, when this process is one of several (a collective call: every process makes it)."""
+        self._rounds.clear()
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            self._group = dist.new_group(backend="gloo")
+
+    @property
+    def is_open(self) -> bool:
+        return self._group is not None
+
+    def _start(self, vote: int) -> None:
+        flag = torch.tensor([vote], dtype=torch.int32)
+        self._rounds.append((flag, dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True)))
+
+    @staticmethod
+    def _result(round_: tuple[torch.Tensor, dist.Work]) -> int:
+        flag, work = round_
+        work.wait()
+        return int(flag[0])
+
+    def cast(self, vote: int) -> int:
+        """Vote ``vote`` for this step; the highest vote of every process ``LAG`` steps ago (0 before that)."""
+        self._start(vote)
+        return self._result(self._rounds.popleft()) if len(self._rounds) > self.LAG else 0
+
+    def settle(self, vote: int) -> int:
+        """Vote ``vote`` and wait for every vote still open, this one included: the highest of them all (an epoch's
+        end, and a stop, leave nothing open behind them)."""
+        self._start(vote)
+        highest = 0
+        while self._rounds:
+            highest = max(highest, self._result(self._rounds.popleft()))
+        return highest
+
+    def close(self, wait: bool = True) -> None:
+        """Drop the group; with ``wait``, once the votes still open have ended (after a failure, another process may
+        never vote again: nothing is waited for)."""
+        if wait and self._rounds:
+            self.settle(0)
+        self._rounds.clear()
+        if self._group is not None and wait:
+            dist.destroy_process_group(self._group)
+        self._group = None

@@ -1,0 +1,221 @@
+"""Faults that would otherwise hang a job of several processes, or hide until the next save: a process that stalls
+(a deadlocked loader, a hung device, a process stopped by the system), and a checkpoint write that failed in the
+background.
+
+Each process's watchdog thread publishes, every few seconds, where its process stands (optimizer step, its progress,
+the Python stack of its training thread) under a key of the job's store (the TCPStore of ``MASTER_ADDR:MASTER_PORT``,
+which Lightning's launcher, torchrun and SLURM all set up), through a client of its own with a short timeout. The job
+is stalled when no process has made progress (a batch, a validation batch, bytes of a checkpoint write) for the
+timeout: then the watchdog prints which process held it up (one that stopped answering, else the one at the lowest
+step) and where every process stood, and ends the job. Torch's own collective timeout is 30 minutes, and says
+nothing of which process is missing. The watch starts once a process's first step has ended (a compiled network's
+first step may take minutes) and ends with training.
+"""
+
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+from lightning.pytorch import Callback, LightningModule, Trainer
+from typing_extensions import override
+
+from multigpu.compat import launches_subprocesses
+from multigpu.errors import UsageError
+from multigpu.run.checkpoint_io import AtomicCheckpointIO
+
+__all__ = ["FaultWatch", "where_each_stood"]
+
+
+def _stack_of(thread: threading.Thread, frames: int = 6) -> str:
+    """The innermost ``frames`` frames of ``thread``'s Python stack, on one line."""
+    frame = sys._current_frames().get(thread.ident)
+    if frame is None:
+        return "no stack"
+    summary = traceback.extract_stack(frame)[-frames:]
+    return " > ".join(f"{os.path.basename(entry.filename)}:{entry.lineno} {entry.name}" for entry in summary)
+
+
+def where_each_stood(records: dict[int, dict[str, Any] | None], now_seen: dict[int, float]) -> str:
+    """One line per process: its step, how long since its last progress (or since it last answered), its stack."""
+    lines = []
+    for rank in sorted(records):
+        record = records[rank]
+        if record is None:
+            lines.append(f"  process {rank}: never answered")
+            continue
+        silent = now_seen.get(rank, 0.0)
+        answered = f", last answered {silent:.0f} s ago" if silent >= 1 else ""
+        lines.append(
+            f"  process {rank} (host {record['host']}, pid {record['pid']}): step {record['step']}, no progress for "
+            f"{record['idle_s']:.0f} s{answered}; in {record['where']}"
+        )
+    return "\n".join(lines)
+
+
+class FaultWatch(Callback):
+    """Ends a job whose processes made no progress for ``stall_timeout_s`` seconds (0: never), naming the process that
+    held it up; and raises the error of a failed background checkpoint write after the step that follows it, rather
+    than at the next save (an epoch later, perhaps, while the other processes wait for its shard)."""
+
+    def __init__(self, stall_timeout_s: float = 300.0) -> None:
+        if stall_timeout_s < 0:
+            raise UsageError(f"--stall_timeout_s must be at least 0 (0: never), not {stall_timeout_s}.")
+        self.timeout_s = stall_timeout_s
+        self._progress = 0
+        self._step = 0
+        self._thread: threading.Thread | None = None
+        self._done = threading.Event()
+
+    def _progressed(self, trainer: Trainer) -> None:
+        self._progress += 1
+        self._step = trainer.global_step
+
+    @override
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        self._progressed(trainer)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._progressed(trainer)
+        _raise_write_failure(trainer)
+        if self._thread is None and self.timeout_s and trainer.world_size > 1 and dist.is_initialized():
+            self._start(trainer)
+
+    @override
+    def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any, **kwargs: Any) -> None:
+        self._progressed(trainer)
+        _raise_write_failure(trainer)
+
+    @override
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._stop()
+
+    @override
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._stop()
+
+    @override
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._stop()
+
+    def _stop(self) -> None:
+        self._done.set()
+        self._thread = None
+
+    def _start(self, trainer: Trainer) -> None:
+        self._done = threading.Event()
+        self._thread = threading.Thread(
+            target=self._watch,
+            args=(trainer, threading.current_thread(), self._done),
+            name="stall watchdog",
+            daemon=True,  # it never holds the process up
+        )
+        self._thread.start()
+
+    def _watch(self, trainer: Trainer, training: threading.Thread, done: threading.Event) -> None:
+        rank, world = trainer.global_rank, trainer.world_size
+        period = min(5.0, self.timeout_s / 5)
+        prefix = f"multigpu/watch/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+        address = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "0"))
+        try:
+            store = dist.TCPStore(*address, is_master=False, timeout=timedelta(seconds=max(period, 5.0)))
+        except Exception as error:  # no store to reach: nothing to watch with
+            print(f"warning: the stall watchdog cannot reach the job's store ({error}); it is off", file=sys.stderr)
+            return
+        io = trainer.strategy.checkpoint_io
+        written = io if isinstance(io, AtomicCheckpointIO) else None
+        beat, last_progress, idle_since = 0, -1, time.monotonic()
+        seen: dict[int, tuple[int, float]] = {}  # rank: (its last beat, when it changed)
+        records: dict[int, dict[str, Any] | None] = {}
+        started = time.monotonic()
+        while not done.wait(period):
+            progress = self._progress + (written.bytes_written if written is not None else 0)
+            now = time.monotonic()
+            if progress != last_progress:
+                last_progress, idle_since = progress, now
+            beat += 1
+            record = {
+                "beat": beat,
+                "step": self._step,
+                "idle_s": now - idle_since,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "where": _stack_of(training),
+            }
+            try:
+                store.set(f"{prefix}{rank}", json.dumps(record))
+                if rank != 0 and now - idle_since < self.timeout_s:
+                    continue  # the first process judges; the others when they themselves have waited that long
+                for other in range(world):
+                    key = f"{prefix}{other}"
+                    records[other] = json.loads(store.get(key)) if store.check([key]) else records.get(other)
+            except Exception:  # the store's process (the first one, under Lightning's launcher) does not answer
+                if now - idle_since >= self.timeout_s and not done.is_set():
+                    self._end_job(trainer, None, records, {}, f"the job's store at {address[0]}:{address[1]}")
+                continue
+            for other, found in records.items():
+                if found is not None and seen.get(other, (None,))[0] != found["beat"]:
+                    seen[other] = (found["beat"], now)
+            silent = {other: now - seen.get(other, (None, started))[1] for other in range(world)}
+            stalled = all(
+                silent[other] >= self.timeout_s or (records.get(other) or {}).get("idle_s", 0) >= self.timeout_s
+                for other in range(world)
+            )
+            if stalled and not done.is_set():
+                self._end_job(trainer, rank, records, silent, None)
+
+    def _end_job(
+        self,
+        trainer: Trainer,
+        rank: int | None,
+        records: dict[int, dict[str, Any] | None],
+        silent: dict[int, float],
+        unanswered: str | None,
+    ) -> None:
+        """Print which process held the job up and where each stood, stop the processes this one can reach (the ones
+        Lightning started, a frozen one on this host), and end this one."""
+        mute = [other for other, seconds in silent.items() if seconds >= self.timeout_s]
+        steps = {other: record["step"] for other, record in records.items() if record is not None}
+        if unanswered:
+            culprit = f"{unanswered} did not answer (the process that holds it is stopped or frozen)"
+        elif mute:
+            culprit = f"process {mute[0]} stopped answering (stopped, frozen or gone)"
+        else:
+            lowest = min(steps, key=steps.get)
+            culprit = f"process {lowest} held it up, at step {steps[lowest]}, the lowest"
+        print(
+            f"error: no process of the job made progress for {self.timeout_s:.0f} s (--stall_timeout_s): {culprit}; "
+            f"the job is ended. Where each process stood:\n{where_each_stood(records, silent)}",
+            file=sys.stderr,
+            flush=True,
+        )
+        host = socket.gethostname()
+        for other in mute:  # a stopped process on this host would outlive the job
+            record = records.get(other)
+            if record is not None and record["host"] == host and record["pid"] != os.getpid():
+                _kill(record["pid"])
+        if launches_subprocesses(trainer.strategy):
+            trainer.strategy.launcher.kill(signal.SIGKILL)
+        os._exit(1)
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _raise_write_failure(trainer: Trainer) -> None:
+    if isinstance(io := trainer.strategy.checkpoint_io, AtomicCheckpointIO):
+        io.raise_failure()
