@@ -3,6 +3,7 @@ official files, free ports, the bare Trainer that strategy tests train with, and
 that configs load by class path (``helpers.<Name>``, found through ``HELPERS_ENV``)."""
 
 import contextlib
+import errno
 import hashlib
 import io
 import os
@@ -379,6 +380,53 @@ class KillInWrite(AtomicCheckpointIO):
                 file.flush()
             os.killpg(os.getpgid(0), signal.SIGKILL)
         super().write(checkpoint, path)
+
+
+class FailWrite(AtomicCheckpointIO):
+    """``AtomicCheckpointIO`` whose write at global step ``step`` on global rank ``rank`` fails as a full quota does
+    (``OSError`` EDQUOT): a shard under ``fsdp``, the whole file on the first process otherwise."""
+
+    def __init__(self, rank: int, step: int) -> None:
+        super().__init__()
+        self.rank, self.step = rank, step
+
+    @override
+    def write(self, checkpoint, path) -> None:
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        # a shard holds no step: its folder (step<N>-<token>) says it
+        step = checkpoint["global_step"] if "global_step" in checkpoint else int(path.parent.name[4:].split("-")[0])
+        if rank == self.rank and step == self.step:
+            raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT), str(path))
+        super().write(checkpoint, path)
+
+
+class FillDiskAt(Callback):
+    """Fills the file system of folder ``disk`` as optimizer step ``step`` starts, on the first process (a ballast file
+    as large as the space left): the saves after it find the disk full."""
+
+    def __init__(self, disk: str, step: int) -> None:
+        self.folder, self.step = Path(disk), step
+
+    @override
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.is_global_zero and trainer.global_step == self.step:
+            free = os.statvfs(self.folder).f_bavail * os.statvfs(self.folder).f_frsize
+            with open(self.folder / "ballast", "wb") as file:
+                with contextlib.suppress(OSError):
+                    file.write(b"\0" * free)
+
+
+class StopAt(Callback):
+    """SIGSTOPs this process as optimizer step ``step`` starts on global rank ``rank``, as the system stops a process
+    (or a device hangs): it neither fails nor answers."""
+
+    def __init__(self, rank: int, step: int) -> None:
+        self.rank, self.step = rank, step
+
+    @override
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_rank == self.rank and trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGSTOP)
 
 
 LOSE_NODE = "MULTIGPU_TEST_LOSE_NODE"  # set in the environment of the torchrun agent whose node ``LoseNodeAt`` ends

@@ -138,7 +138,9 @@ class FaultWatch(Callback):
         seen: dict[int, tuple[int, float]] = {}  # rank: (its last beat, when it changed)
         records: dict[int, dict[str, Any] | None] = {}
         started = time.monotonic()
-        while not done.wait(period):
+        while not done.is_set():  # a beat at once, then every ``period``
+            if beat:
+                done.wait(period)
             progress = self._progress + (written.bytes_written if written is not None else 0)
             now = time.monotonic()
             if progress != last_progress:
