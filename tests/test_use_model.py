@@ -6,6 +6,7 @@ import csv
 import importlib.util
 import json
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -216,3 +217,24 @@ def test_a_bad_weights_file_is_refused_in_one_line_before_anything_is_built(caps
         error = cli_error(capsys, *run_args(tmp_path), f"--model.init_from={path}")
         assert error.startswith(f"error: --model.init_from={path}") and expected in error, error
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_a_checkpoint_that_names_code_is_refused_unless_the_command_line_names_the_same(trained, tmp_path, capsys):
+    """A checkpoint handed over by someone else, its saved network set to a module of their choosing (``this``, which
+    prints the Zen of Python when imported): test refuses it in one line, imports nothing, and names the option to
+    give; given on the command line, the value is the user's choice, checked against the checkpoint's."""
+    checkpoint = torch.load(trained / "checkpoints" / "test" / "last.ckpt", weights_only=True)
+    checkpoint["hyper_parameters"]["arch"] = "this.nothing"
+    crafted = tmp_path / "crafted.ckpt"
+    torch.save(checkpoint, crafted)
+    test = ["test", "--config", SMOKE, "--run_name=other", f"--checkpoint_root={tmp_path}", f"--ckpt_path={crafted}"]
+    for extra in ([], ["--model.arch=helpers.tiny_resnet"]):
+        with pytest.raises(SystemExit) as exit_info:
+            cli_main(*test, *extra)
+        assert exit_info.value.code == 2
+        error = capsys.readouterr().err.strip().splitlines()[-1]
+        assert "this" not in sys.modules, error
+        if not extra:
+            assert "--model.arch=this.nothing, which names code" in error, error
+        else:
+            assert "holds another network (arch this.nothing, not helpers.tiny_resnet)" in error, error

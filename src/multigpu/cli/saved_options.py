@@ -110,14 +110,36 @@ def given_options(command_line: Sequence[str], section: str) -> set[str]:
     return given
 
 
+def _names_code(section: str, name: str, value: Any) -> bool:
+    """Whether option ``--section.name=value`` names code to import: a network's dotted path (``--model.arch``), or a
+    class path anywhere in it."""
+    if section == "model" and name == "arch":
+        return "." in str(value)
+    if isinstance(value, dict):
+        return "class_path" in value or any(_names_code(section, key, item) for key, item in value.items())
+    if isinstance(value, list | tuple):
+        return any(_names_code(section, name, item) for item in value)
+    return False
+
+
 def take_saved_options(config: Any, point: ResumePoint, command_line: Sequence[str]) -> None:
     """Put the options ``point``'s run was trained with into this command's ``config`` (its ``model`` and ``data``
-    sections), in place, except those the command line gives."""
+    sections), in place, except those the command line gives.
+
+    A checkpoint never chooses code: an option that names some (``_names_code``) is taken only from the command line,
+    which must then give it; ``weights_only`` would be worth little if the options beside the weights could."""
     for section, saved in (("model", point.model_options), ("data", point.data_options)):
         given = given_options(command_line, section)
         for name, value in saved.items():
-            if name in config[section] and name not in given:
-                config[section][name] = value
+            if name not in config[section] or name in given:
+                continue
+            if _names_code(section, name, value) and value != config[section][name]:
+                raise UsageError(
+                    f"the checkpoint's run was trained with --{section}.{name}={value}, which names code: a checkpoint "
+                    f"does not choose what is imported. Give --{section}.{name}={value} yourself if you trust that "
+                    "code, or pass another checkpoint."
+                )
+            config[section][name] = value
 
 
 def take_saved_normalisation(config: Any, point: ResumePoint, command_line: Sequence[str]) -> None:
