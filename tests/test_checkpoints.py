@@ -6,10 +6,12 @@ from unittest.mock import MagicMock
 
 import pytest
 import torch
+from helpers import SMOKE, cli_main, run_args
 from lightning.pytorch import Trainer
 
 from multigpu.data.datamodule import ImageDataModule
 from multigpu.errors import UsageError
+from multigpu.model.architectures import shaped_by_image_size
 from multigpu.model.classifier import ImageClassifier
 from multigpu.run.callbacks import ThroughputSummary
 from multigpu.run.checkpoints import check_checkpoint, check_model_options, resolve_ckpt_path
@@ -80,6 +82,25 @@ def test_a_checkpoint_older_than_a_rename_reads_its_options_under_the_new_names(
         assert "changed" not in caplog.text
         check_model_options("old.ckpt", old, {"recompute_activations": False, "stem": "cifar"})
     assert "Model options changed since old.ckpt: recompute_activations True -> False." in caplog.text
+
+
+def test_an_image_size_that_shapes_the_network_is_checked_on_resume_and_one_that_does_not_is_free():
+    """A ViT's position embedding is built for its image size: another one is refused in one line that says what to
+    give; a ResNet takes any size, and so another ``--data.image_size`` goes on (the CLI leaves it out of the
+    network's options: ``saved_options._network_options``)."""
+    vit = {"hyper_parameters": {"arch": "vit_b_16", "image_size": 64}}
+    with pytest.raises(
+        UsageError, match=r"another network \(image_size 64, not 32\): use it with --data.image_size=64"
+    ):
+        check_model_options("vit.ckpt", vit, {"arch": "vit_b_16", "image_size": 32})
+    assert shaped_by_image_size("vit_b_16") and not shaped_by_image_size("resnet50")
+
+
+def test_checkpointing_off_trains_without_writing_any_and_says_it_cannot_resume(tmp_path, caplog):
+    with caplog.at_level(logging.INFO):
+        cli_main("fit", "--config", SMOKE, *run_args(tmp_path), "--trainer.enable_checkpointing=false")
+    assert "Checkpoints are off (--trainer.enable_checkpointing=false): this run cannot be resumed." in caplog.text
+    assert not (tmp_path / "checkpoints").exists()
 
 
 def test_an_epoch_resumed_after_its_last_batch_logs_no_throughput_point():

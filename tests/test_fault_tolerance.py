@@ -1,6 +1,7 @@
 """Checkpoints that survive kills: atomic files, a last.ckpt every N steps, a reported change of layout."""
 
 import contextlib
+import errno
 import logging
 import os
 import random
@@ -28,8 +29,8 @@ from helpers import (
     write_tiny_cifar10,
 )
 
-from multigpu.run.checkpoint_io import AtomicCheckpointIO
-from multigpu.run.sharded_checkpoints import read_checkpoint
+from multigpu.run.checkpoint_io import AtomicCheckpointIO, CheckpointWriteFailed
+from multigpu.run.sharded_checkpoints import read_checkpoint, whole_checkpoint
 
 
 @pytest.mark.parametrize("background", [False, True])
@@ -78,6 +79,64 @@ def test_a_background_save_returns_before_its_write_and_keeps_the_state_of_its_m
     io.teardown()
     assert torch.equal(torch.load(path)["weight"], torch.zeros(3)) and torch.load(path)["state"] == {"steps": [1]}
     assert torch.equal(torch.load(tmp_path / "next.ckpt")["weight"], torch.ones(3))
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_replaced_best_file_is_removed_only_once_the_new_one_is_on_disk(tmp_path, monkeypatch, fails):
+    """Lightning removes the best-k file it replaces as soon as the save of the new one returns, which a background
+    write returns before the file exists: the removal waits for that write, in the writer's thread, and a write that
+    fails (a full disk) keeps the old file, and ends the run with one error that names the process and the file.
+    A second Ctrl-C (``abandon``) stops a write at its next chunk, and the end waits for nothing more."""
+    old, new = tmp_path / "best-old.ckpt", tmp_path / "best-new.ckpt"
+    io, started, release = AtomicCheckpointIO(), threading.Event(), threading.Event()
+    io.save_checkpoint({"step": torch.tensor(1)}, old)
+    io.wait()
+    write, failing = torch.save, [fails]
+
+    def slow_save(obj, file, *args, **kwargs):
+        started.set()
+        release.wait(timeout=60)
+        if failing[0]:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        write(obj, file, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", slow_save)
+    io.save_checkpoint({"step": torch.tensor(2)}, new)
+    assert started.wait(timeout=60)
+    io.remove_checkpoint(old)
+    assert old.exists() and not new.exists()  # nothing removed while the new file is not there
+    release.set()
+    if fails:
+        with pytest.raises(CheckpointWriteFailed, match=f"process 0 could not write the checkpoint {new}: No space"):
+            io.wait()
+        assert old.exists() and not new.exists()
+    else:
+        io.wait()
+        assert new.exists() and not old.exists()
+    started.clear(), release.clear()
+    failing[0] = False
+    io.save_checkpoint({"step": torch.tensor(3)}, old)
+    assert started.wait(timeout=60)
+    io.abandon()
+    release.set()
+    io.teardown()  # no error: an abandoned write is not one
+    assert [file.name for file in tmp_path.iterdir()] == [(old if fails else new).name]
+
+
+def test_a_reader_of_a_sharded_checkpoint_finds_its_shards_while_the_run_saves_again(tmp_path):
+    """A reader that read ``last.ckpt`` (the folder it names) before the run saved twice more still gets a whole
+    checkpoint: the folder before the newest stays, and a file read too long ago is read again; a folder a kill left
+    goes at the next first save."""
+    path, io = tmp_path / "last.ckpt", AtomicCheckpointIO(background=False)
+    (tmp_path / "last.ckpt.shards" / "step0-left").mkdir(parents=True)
+    read = []
+    for step in range(1, 4):
+        io.save_sharded({"global_step": step, "state_dict": {"w": torch.full((2,), step)}}, path, 0, 1, f"t{step}")
+        read.append(torch.load(path, weights_only=True))
+    folders = sorted(folder.name for folder in (tmp_path / "last.ckpt.shards").iterdir())
+    assert folders == ["step2-t2", "step3-t3"]
+    assert torch.equal(whole_checkpoint(read[1], path)["state_dict"]["w"], torch.full((2,), 2))  # kept
+    assert torch.equal(whole_checkpoint(read[0], path)["state_dict"]["w"], torch.full((2,), 3))  # read again
 
 
 def test_last_checkpoint_every_n_steps_and_at_each_epoch_end(tmp_path):

@@ -14,7 +14,11 @@ between them are here too.
 """
 
 import importlib
+import os
 import re
+import sys
+import threading
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
@@ -57,6 +61,7 @@ __all__ = [
     "split_backward",
     "should_skip_saving",
     "stop_after_this_step_as_on_sigterm",
+    "thread_stack",
     "time_pipeline_parts",
     "without_child",
 ]
@@ -308,6 +313,17 @@ def set_default_process_group_backend(strategy: DDPStrategy, device: torch.devic
         strategy._process_group_backend = torch.distributed.get_default_backend_for_device(device)
 
 
+def thread_stack(thread: threading.Thread, frames: int = 6) -> str:
+    """The innermost ``frames`` frames of ``thread``'s Python stack, on one line. Python has no public way to see
+    another thread's frames but ``sys._current_frames`` (documented, underscore and all; faulthandler prints to a
+    file only)."""
+    frame = sys._current_frames().get(thread.ident)
+    if frame is None:
+        return "no stack"
+    summary = traceback.extract_stack(frame)[-frames:]
+    return " > ".join(f"{os.path.basename(entry.filename)}:{entry.lineno} {entry.name}" for entry in summary)
+
+
 def launches_subprocesses(strategy: Strategy) -> bool:
     """Whether this process started the others with Lightning's subprocess launcher (``ddp`` without torchrun
     or SLURM), and so must stop them itself. The launcher's class is private; its ``kill`` is not."""
@@ -404,6 +420,7 @@ PRIVATE_HOOKS = (
         instance=DDPStrategy,
     ),
     PrivateHook("lightning.pytorch.strategies.launchers", "_SubprocessScriptLauncher", "launches_subprocesses"),
+    PrivateHook("sys", "_current_frames", "thread_stack"),
     PrivateHook(
         "lightning.pytorch.Trainer",
         "_signal_connector",

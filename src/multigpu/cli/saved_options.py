@@ -19,6 +19,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from multigpu.cli.config_files import config_files, read_config
 from multigpu.data.datamodule import class_count
 from multigpu.errors import RunFinished, UsageError
+from multigpu.model.architectures import shaped_by_image_size
 from multigpu.run.checkpoints import check_model_options, refuse_a_second_run, resolve_ckpt_path
 from multigpu.run.loop_position import finished_training, trained_to
 from multigpu.run.resume import ResumePoint
@@ -32,11 +33,16 @@ def checkpoint_dir(checkpoint_root: str, run_name: str) -> str:
 
 
 def _network_options(config) -> dict:
-    """The model's options as the model will get them: its class count is the data's (linked when it is built)."""
+    """The model's options as the model will get them: its class count is the data's, and its image size too (both
+    linked when it is built); the image size only where it shapes the network."""
     data = config["data"]
+    options = dict(config["model"])
+    options.pop("image_size", None)
+    if shaped_by_image_size(options.get("arch", "")):
+        options["image_size"] = data["image_size"]
     if data["dataset"] == "imagefolder" and data["synthetic"]:  # refused as the data module is built
-        return dict(config["model"])
-    return {**config["model"], "num_classes": class_count(data["dataset"], data["data_dir"])}
+        return options
+    return {**options, "num_classes": class_count(data["dataset"], data["data_dir"])}
 
 
 def follow_checkpoint(config: Any, subcommand: str | None, command_line: Sequence[str]) -> ResumePoint | None:

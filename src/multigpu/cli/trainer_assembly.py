@@ -16,8 +16,9 @@ from typing import Any
 
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.accelerators import CUDAAccelerator
-from lightning.pytorch.callbacks import ProgressBar, RichModelSummary, RichProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar, RichModelSummary, RichProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_info
 
 from multigpu.cli.saved_options import checkpoint_dir
 from multigpu.errors import UsageError
@@ -53,10 +54,21 @@ def assemble_trainer(
     if trainer_options.get("plugins") is None:
         kwargs["plugins"] = [AtomicCheckpointIO(background=config.get("save_in_background", True))]
     chosen = list(chosen)  # as the user chose them: Lightning appends its defaults to the list it is given
+    checkpointing = trainer_options.get("enable_checkpointing") is not False
+    every = config.get("save_every_n_steps") or 0
+    if not checkpointing:  # Lightning refuses its own flag beside our checkpoint callback, which is always there
+        if every:
+            raise UsageError(
+                "--save_every_n_steps and --trainer.enable_checkpointing=false disagree: drop one of them."
+            )
+        kwargs["enable_checkpointing"] = True
     try:
         trainer = build(**kwargs)
     except ValueError as error:  # Lightning's checks of accelerator, strategy and devices
         raise UsageError(str(error)) from error
+    if not checkpointing:
+        trainer.callbacks[:] = [callback for callback in trainer.callbacks if not isinstance(callback, ModelCheckpoint)]
+        rank_zero_info("Checkpoints are off (--trainer.enable_checkpointing=false): this run cannot be resumed.")
     for callback in trainer.callbacks:
         if isinstance(callback, RunMetadata):
             callback.note_launch(trainer)
@@ -67,7 +79,6 @@ def assemble_trainer(
     summary = next((callback for callback in trainer.callbacks if type(callback) is RichModelSummary), None)
     if summary is not None and summary not in chosen:  # Lightning's default, as the bar
         trainer.callbacks[trainer.callbacks.index(summary)] = RunSummary()
-    every = config.get("save_every_n_steps") or 0
     if every:  # last.ckpt comes from LastCheckpoint alone; the other one keeps the best
         trainer.checkpoint_callback.save_last = False
         dirpath = checkpoint_dir(config["checkpoint_root"], config["run_name"])

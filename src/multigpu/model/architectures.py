@@ -57,13 +57,26 @@ from multigpu.errors import UsageError
 from multigpu.model.lazy_blocks import BlockFactory
 from multigpu.model.resnet import Stem, resnet50_block_factories
 
-__all__ = ["DEFAULT_ARCH", "NetworkBlocks", "check_arch", "network_blocks", "torchvision_classifiers"]
+__all__ = [
+    "DEFAULT_ARCH",
+    "NetworkBlocks",
+    "check_arch",
+    "network_blocks",
+    "shaped_by_image_size",
+    "torchvision_classifiers",
+]
 
 DEFAULT_ARCH = "resnet50"
 HOW_TO_HAND_OVER = (
     "return an nn.Sequential whose children are its blocks in forward order, each taking the previous one's "
     "output alone (docs/networks.md)"
 )
+
+
+def shaped_by_image_size(arch: str) -> bool:
+    """Whether network ``arch``'s shapes depend on the images' size (a ViT's position embedding does); the others
+    take any size."""
+    return arch.startswith("vit_")
 
 
 def torchvision_classifiers() -> list[str]:
@@ -228,7 +241,7 @@ class NetworkBlocks(Sequence[BlockFactory]):
             torch.manual_seed(self.seed)
             build = _user_network(self.arch)
             if build is None:
-                options = {"image_size": self.image_size} if self.arch.startswith("vit_") else {}
+                options = {"image_size": self.image_size} if shaped_by_image_size(self.arch) else {}
                 try:
                     network = torchvision.models.get_model(
                         self.arch, weights=None, num_classes=self.num_classes, **options

@@ -205,7 +205,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             write(*args)
         except BaseException as error:  # raised in the training thread: at its next step, save, load or teardown
             failed = True
-            if _in_chain(error, _Abandoned) is None:
+            if not isinstance(error, Exception):  # an interruption: raised as it is
+                self._error = error
+            elif _in_chain(error, _Abandoned) is None:
                 self._error = error if isinstance(error, JobFailed) else CheckpointWriteFailed.of(path, error)
                 self._error.__cause__ = None if error is self._error else error
                 print(f"error: {self._error}", file=sys.stderr, flush=True)

@@ -27,6 +27,7 @@ _NETWORK_OPTIONS = {
     "arch": "--model.arch={}",
     "stem": "--model.stem={}",
     "num_classes": "the data it trained on ({} classes)",
+    "image_size": "--data.image_size={}",
 }
 
 

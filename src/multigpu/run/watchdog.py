@@ -19,7 +19,6 @@ import socket
 import sys
 import threading
 import time
-import traceback
 from datetime import timedelta
 from typing import Any
 
@@ -27,20 +26,11 @@ import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 from typing_extensions import override
 
-from multigpu.compat import launches_subprocesses
+from multigpu.compat import launches_subprocesses, thread_stack
 from multigpu.errors import UsageError
 from multigpu.run.checkpoint_io import AtomicCheckpointIO
 
 __all__ = ["FaultWatch", "where_each_stood"]
-
-
-def _stack_of(thread: threading.Thread, frames: int = 6) -> str:
-    """The innermost ``frames`` frames of ``thread``'s Python stack, on one line."""
-    frame = sys._current_frames().get(thread.ident)
-    if frame is None:
-        return "no stack"
-    summary = traceback.extract_stack(frame)[-frames:]
-    return " > ".join(f"{os.path.basename(entry.filename)}:{entry.lineno} {entry.name}" for entry in summary)
 
 
 def where_each_stood(records: dict[int, dict[str, Any] | None], now_seen: dict[int, float]) -> str:
@@ -152,7 +142,7 @@ class FaultWatch(Callback):
                 "idle_s": now - idle_since,
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
-                "where": _stack_of(training),
+                "where": thread_stack(training),
             }
             try:
                 store.set(f"{prefix}{rank}", json.dumps(record))
