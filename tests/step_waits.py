@@ -42,6 +42,9 @@ COLLECTIVES = (
 # receives, and the replicas' BatchNorm statistics (one all-reduce of 2 numbers per channel a step, which keeps them
 # one device's: docs/speed.md says why it is not put off).
 OWN = ("torch/distributed/fsdp/", "torch/distributed/pipelining/", "multigpu/model/step_batch_norm.py")
+# Callers that talk to the other processes on the host alone, on CPU tensors in a gloo group of their own, never waiting
+# for a device: the stop signal's vote (``run/stop_votes.py``), counted apart as ``host``.
+HOST = ("multigpu/run/stop_votes.py",)
 LOADING = "torch/utils/data/_utils/fetch.py"
 # Frames skipped when naming where a call came from.
 SKIPPED = (__file__, "torch/_tensor.py", "torch/utils/_contextlib.py", "torch/distributed/c10d_logger.py")
@@ -76,7 +79,9 @@ class CountWaits(Callback):
 
         def counted(*args: Any, **kwargs: Any) -> Any:
             stack = "".join(traceback.format_stack(limit=12))
-            if kind == "collectives" and any(own in stack for own in OWN):
+            if any(host in stack for host in HOST):
+                counter._count("host", name)
+            elif kind == "collectives" and any(own in stack for own in OWN):
                 counter._count("own collectives", name)
             elif LOADING not in stack:  # a loader's work on the host's tensors, before they go to the device
                 counter._count(kind, name)
@@ -133,6 +138,7 @@ class CountWaits(Callback):
                 "waits": Counter(),
                 "collectives": Counter(),
                 "own collectives": Counter(),
+                "host": Counter(),
             }
         )
 
@@ -169,7 +175,9 @@ def quiet_counts(folder: Path) -> dict[str, dict]:
     for path in sorted(folder.glob("rank*.json")):
         windows = json.loads(path.read_text())
         quiet = [window for window in windows if not window["noisy"]]
-        totals: dict[str, Counter] = {"waits": Counter(), "collectives": Counter(), "own collectives": Counter()}
+        totals: dict[str, Counter] = {
+            "waits": Counter(), "collectives": Counter(), "own collectives": Counter(), "host": Counter()
+        }  # fmt: skip
         for window in quiet:
             for kind, counts in totals.items():
                 counts.update(window[kind])
