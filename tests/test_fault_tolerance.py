@@ -139,6 +139,16 @@ def test_a_reader_of_a_sharded_checkpoint_finds_its_shards_while_the_run_saves_a
     assert torch.equal(whole_checkpoint(read[0], path)["state_dict"]["w"], torch.full((2,), 3))  # read again
 
 
+def test_last_checkpoint_holds_the_last_step_after_a_resumed_run_that_validates_mid_epoch(tmp_path):
+    """Validation twice an epoch (4 steps), resumed at step 4 to a second epoch: Lightning writes last.ckpt after a
+    validation only where it writes a best-k file, so the step-8 validation, which ranks nothing better, left last.ckpt
+    at step 6; it now holds step 8, where training ended."""
+    args = ["fit", "--config", SMOKE, *run_args(tmp_path), "--trainer.val_check_interval=0.5"]
+    cli_main(*args, "--trainer.max_epochs=1")
+    cli_main(*args, "--trainer.max_epochs=2", "--ckpt_path=last")
+    assert torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt", weights_only=True)["global_step"] == 8
+
+
 def test_last_checkpoint_every_n_steps_and_at_each_epoch_end(tmp_path):
     args = ["fit", "--config", SMOKE, *run_args(tmp_path), "--save_every_n_steps=3"]
     folder = tmp_path / "checkpoints" / "test"

@@ -181,13 +181,22 @@ class BestCheckpoints(ModelCheckpoint):
     """Lightning's ModelCheckpoint (``--checkpoint.*``), except after an epoch that a limit (``max_steps``,
     ``max_time``) stopped before its last batch: nothing was validated to rank, so only ``last.ckpt`` is written
     (where Lightning would rank a best-k file without the monitored metric, and warn), and it resumes inside
-    that epoch."""
+    that epoch; and at the end of training ``last.ckpt`` holds the last step trained, whatever was ranked."""
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
             super().on_train_epoch_end(trainer, pl_module)
         elif self.save_last and not should_skip_saving(self, trainer):
+            save_last_checkpoint(self, trainer)
+
+    @override
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # After a validation, Lightning writes last.ckpt only where it wrote a best-k file: a run that validates
+        # mid-epoch (val_check_interval) and whose last validation ranks nothing would keep an older last.ckpt (its
+        # own check here covers a run that never wrote last.ckpt only).
+        super().on_train_end(trainer, pl_module)
+        if self.save_last and not should_skip_saving(self, trainer):
             save_last_checkpoint(self, trainer)
 
 
