@@ -11,6 +11,7 @@ from pathlib import Path
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from multigpu.cli.export_command import export
 from multigpu.cli.lightning_cli import MultiGPUCLI
@@ -66,6 +67,9 @@ def main(args: list[str] | None = None, default_config_files: Sequence[str | Pat
             export(argv[1:], default_config_files)
         else:
             MultiGPUCLI(default_config_files=default_config_files, args=args)
+    except SIGTERMException:  # every process stopped after the same step: they end their groups together
+        end_process_groups()
+        raise
     except RunFinished as finished:
         rank_zero_info(str(finished))
     except (UsageError, MisconfigurationException, JobFailed) as error:

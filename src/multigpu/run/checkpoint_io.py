@@ -69,6 +69,11 @@ class _Abandoned(Exception):
     """A write given up (``AtomicCheckpointIO.abandon``): its temporary file is removed, the file before stays."""
 
 
+def _interrupted(error: BaseException) -> bool:
+    """Whether ``error`` stopped a write on purpose: given up (``abandon``), or a Ctrl-C in the training thread."""
+    return _in_chain(error, _Abandoned) is not None or _in_chain(error, KeyboardInterrupt) is not None
+
+
 class _CountedFile:
     """A file that counts the bytes written to it (the watchdog sees a slow write progress), and stops the write when
     it is abandoned."""
@@ -192,8 +197,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             try:
                 return write(*args)
             except Exception as error:
-                if _in_chain(error, _Abandoned) is None:
-                    raise CheckpointWriteFailed.of(path, error) from error
+                if _interrupted(error):  # a second Ctrl-C in the write: torch.save wraps it into its own error
+                    raise KeyboardInterrupt from None
+                if self._abort.is_set():
+                    raise
+                raise CheckpointWriteFailed.of(path, error) from error
         self._writing = path
         self._writer = threading.Thread(target=self._in_background, args=(path, write, *args))
         self._writer.name = f"checkpoint writer of {path.name}"
@@ -207,7 +215,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             failed = True
             if not isinstance(error, Exception):  # an interruption: raised as it is
                 self._error = error
-            elif _in_chain(error, _Abandoned) is None:
+            elif not _interrupted(error) and not self._abort.is_set():  # given up on purpose: no error of its own
                 self._error = error if isinstance(error, JobFailed) else CheckpointWriteFailed.of(path, error)
                 self._error.__cause__ = None if error is self._error else error
                 print(f"error: {self._error}", file=sys.stderr, flush=True)
@@ -235,7 +243,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 os.fsync(file.fileno())
             os.replace(temporary, path)
         except Exception as error:
-            if path.parent.parent.name.endswith(".shards") and _in_chain(error, _Abandoned) is None:
+            if path.parent.parent.name.endswith(".shards") and not _interrupted(error):
                 failed_shard(path, error)
             raise
         finally:
@@ -283,8 +291,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     @override
     def teardown(self) -> None:
         """Wait for the write in flight. While the run ends with another exception (a failure, a second Ctrl-C), that
-        one stays the one reported: a write's own error was printed when it happened."""
-        if sys.exc_info()[1] is None:
+        one stays the one reported: a write's own error was printed when it happened. A stop (SIGTERM: a
+        ``SystemExit``) is no error, and a failed write of its checkpoint is raised."""
+        if sys.exc_info()[1] is None or isinstance(sys.exc_info()[1], SystemExit):
             self.wait()
         else:
             try:

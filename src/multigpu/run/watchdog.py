@@ -62,7 +62,7 @@ class FaultWatch(Callback):
         self._progress = 0
         self._step = 0
         self._thread: threading.Thread | None = None
-        self._done = threading.Event()
+        self._done: threading.Event | None = None  # made as the watch starts: a Trainer ddp_spawn pickles has none
 
     def _progressed(self, trainer: Trainer) -> None:
         self._progress += 1
@@ -99,8 +99,9 @@ class FaultWatch(Callback):
         self._stop()
 
     def _stop(self) -> None:
-        self._done.set()
-        self._thread = None
+        if self._done is not None:
+            self._done.set()
+        self._thread = self._done = None
 
     def _start(self, trainer: Trainer) -> None:
         self._done = threading.Event()
@@ -139,6 +140,7 @@ class FaultWatch(Callback):
             record = {
                 "beat": beat,
                 "step": self._step,
+                "events": self._progress,  # batches begun and ended: a process behind its peers has fewer
                 "idle_s": now - idle_since,
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
@@ -146,30 +148,33 @@ class FaultWatch(Callback):
             }
             try:
                 store.set(f"{prefix}{rank}", json.dumps(record))
-                if rank != 0 and now - idle_since < self.timeout_s:
-                    continue  # the first process judges; the others when they themselves have waited that long
-                for other in range(world):
+                # The first process judges; the others read its record (the store's, under Lightning's launcher),
+                # and judge once they themselves have waited that long.
+                judged = range(world) if rank == 0 or now - idle_since >= self.timeout_s else (0,)
+                for other in judged:
                     key = f"{prefix}{other}"
                     records[other] = json.loads(store.get(key)) if store.check([key]) else records.get(other)
             except Exception:  # the store's process (the first one, under Lightning's launcher) does not answer
                 if now - idle_since >= self.timeout_s and not done.is_set():
-                    self._end_job(trainer, None, records, {}, f"the job's store at {address[0]}:{address[1]}")
+                    unanswered = f"the job's store at {address[0]}:{address[1]}"
+                    self._end_job(trainer, records, {0: now - seen.get(0, (None, started))[1]}, unanswered)
                 continue
             for other, found in records.items():
                 if found is not None and seen.get(other, (None,))[0] != found["beat"]:
                     seen[other] = (found["beat"], now)
+            if len(judged) < world:
+                continue
             silent = {other: now - seen.get(other, (None, started))[1] for other in range(world)}
             stalled = all(
                 silent[other] >= self.timeout_s or (records.get(other) or {}).get("idle_s", 0) >= self.timeout_s
                 for other in range(world)
             )
             if stalled and not done.is_set():
-                self._end_job(trainer, rank, records, silent, None)
+                self._end_job(trainer, records, silent, None)
 
     def _end_job(
         self,
         trainer: Trainer,
-        rank: int | None,
         records: dict[int, dict[str, Any] | None],
         silent: dict[int, float],
         unanswered: str | None,
@@ -177,14 +182,17 @@ class FaultWatch(Callback):
         """Print which process held the job up and where each stood, stop the processes this one can reach (the ones
         Lightning started, a frozen one on this host), and end this one."""
         mute = [other for other, seconds in silent.items() if seconds >= self.timeout_s]
-        steps = {other: record["step"] for other, record in records.items() if record is not None}
         if unanswered:
             culprit = f"{unanswered} did not answer (the process that holds it is stopped or frozen)"
+            mute = [0]  # under Lightning's launcher the first process holds the store
         elif mute:
             culprit = f"process {mute[0]} stopped answering (stopped, frozen or gone)"
-        else:
-            lowest = min(steps, key=steps.get)
-            culprit = f"process {lowest} held it up, at step {steps[lowest]}, the lowest"
+        else:  # the one behind: the lowest step, then the fewest batches, then the longest without progress
+            known = {other: record for other, record in records.items() if record is not None}
+            lowest = min(
+                known, key=lambda other: (known[other]["step"], known[other]["events"], -known[other]["idle_s"])
+            )
+            culprit = f"process {lowest} held it up, at step {known[lowest]['step']}, behind the others"
         print(
             f"error: no process of the job made progress for {self.timeout_s:.0f} s (--stall_timeout_s): {culprit}; "
             f"the job is ended. Where each process stood:\n{where_each_stood(records, silent)}",
