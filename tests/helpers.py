@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -308,19 +309,17 @@ class RecordSamples(Callback):
 
 class KillAt(Callback):
     """Stops this process at optimizer step ``step`` (counted from 0), at one of ``MOMENTS`` of it: SIGKILL as the
-    step starts (``step``), before its backward pass (``backward``), before its optimizer step (``optimizer``), once
-    it has ended but before the checkpoints of its end are written (``step-end``), or while the first checkpoint
-    written after it is being saved (``save``: ``step`` is then the least step count that checkpoint holds); SIGTERM
-    as the step
-    starts (``sigterm``); SIGINT to its whole process group as the step starts, as a terminal's Ctrl-C does
-    (``ctrl-c``).
+    step starts (``step``), before its backward pass (``backward``), before its optimizer step (``optimizer``), or once
+    it has ended but before the checkpoints of its end are written (``step-end``); SIGTERM as the step starts
+    (``sigterm``); SIGINT to its whole process group as the step starts, as a terminal's Ctrl-C does (``ctrl-c``).
+    (A kill inside a checkpoint's write: ``KillInWrites``.)
 
     ``whole_job``: SIGKILL the whole process group (every rank and loader worker of a job started in a session of
     its own), as a lost machine ends them, rather than this process alone. Only on global rank ``rank``, when
     given. A process that torchrun restarted (``TORCHELASTIC_RESTART_COUNT`` above 0) is left to finish.
     """
 
-    MOMENTS = ("step", "backward", "optimizer", "step-end", "save")  # the SIGKILLs
+    MOMENTS = ("step", "backward", "optimizer", "step-end")  # the SIGKILLs
 
     def __init__(self, step: int, moment: str = "step", rank: int | None = None, whole_job: bool = False) -> None:
         self.step, self.moment, self.rank, self.whole_job = step, moment, rank, whole_job
@@ -331,7 +330,7 @@ class KillAt(Callback):
         if self.rank is not None and trainer.global_rank != self.rank:
             return
         step = trainer.global_step if step is None else step
-        if self.moment == moment and (step == self.step or (moment == "save" and step > self.step)):
+        if self.moment == moment and step == self.step:
             if signum == signal.SIGINT or (signum == signal.SIGKILL and self.whole_job):
                 os.killpg(os.getpgid(0), signum)
             else:
@@ -355,10 +354,6 @@ class KillAt(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self._signal_if(trainer, "step-end", signal.SIGKILL, step=trainer.global_step - 1)
 
-    @override
-    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
-        self._signal_if(trainer, "save", signal.SIGKILL)
-
 
 class KillInWrite(AtomicCheckpointIO):
     """``AtomicCheckpointIO`` whose write of ``last.ckpt`` at global step ``step``, in the background as every write,
@@ -380,6 +375,56 @@ class KillInWrite(AtomicCheckpointIO):
                 file.flush()
             os.killpg(os.getpgid(0), signal.SIGKILL)
         super().write(checkpoint, path)
+
+
+class KillInWrites(AtomicCheckpointIO):
+    """``AtomicCheckpointIO`` that, on global rank ``rank``, from the first checkpoint holding ``step`` optimizer steps
+    or more, slows every write by ``slow_s`` (half before its bytes, half after), and SIGKILLs the whole process group
+    (every rank and loader worker of a job started in a session of its own) ``delay_s`` seconds after that save
+    began, from a timer: wherever the wall clock puts the kill, inside a background write, between the shards of
+    ``fsdp``, in its wait for the other process's shard, or after the write, while training goes on."""
+
+    def __init__(self, step: int, delay_s: float, rank: int = 0, slow_s: float = 0.4) -> None:
+        super().__init__()
+        self.step, self.delay_s, self.rank, self.slow_s = step, delay_s, rank, slow_s
+        self._armed = False
+
+    def _arm(self, checkpoint) -> None:
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        if self._armed or rank != self.rank or checkpoint["global_step"] < self.step:
+            return
+        if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+            return
+        self._armed = True
+        # not a daemon: a process whose last write ends before the timer waits for it, and is killed all the same
+        threading.Timer(self.delay_s, os.killpg, args=(os.getpgid(0), signal.SIGKILL)).start()
+
+    @override
+    def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
+        self._arm(checkpoint)
+        super().save_checkpoint(checkpoint, path, storage_options)
+
+    @override
+    def save_sharded(self, checkpoint, path, rank, processes, token) -> None:
+        self._arm(checkpoint)
+        super().save_sharded(checkpoint, path, rank, processes, token)
+
+    @override
+    def write(self, checkpoint, path) -> None:
+        if self._armed:
+            time.sleep(self.slow_s / 2)
+        super().write(checkpoint, path)
+        if self._armed:
+            time.sleep(self.slow_s / 2)
+
+
+def helper_plugin(folder: Path, name: str, **init_args) -> str:
+    """Write a config whose checkpoint plugin is ``helpers.<name>(**init_args)``; return its path."""
+    lines = ["trainer:", "  plugins:", f"    - class_path: helpers.{name}", "      init_args:"]
+    lines += [f"        {key}: {value}" for key, value in init_args.items() if value is not None]
+    path = folder / f"{name}{len(list(folder.glob(f'{name}*.yaml')))}.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
 
 
 class FailWrite(AtomicCheckpointIO):

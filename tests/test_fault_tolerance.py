@@ -24,6 +24,7 @@ from helpers import (
     cli_main,
     free_port,
     helper_callback,
+    helper_plugin,
     run_args,
     run_cli,
     write_tiny_cifar10,
@@ -363,18 +364,24 @@ def _kill_seed() -> int:
     return int(os.environ.get("MULTIGPU_KILL_SEED", random.randrange(2**31)))
 
 
+KILL_MOMENTS = (*KillAt.MOMENTS, "write")  # "write": by wall clock, inside the checkpoint's write (KillInWrites)
+WRITE_SLOWED_S = 0.4  # how much longer each write of the killed save takes: a window the wall clock's kill falls in
+
+
 def _draw_kills(seed: int, steps: int, ranks: list[int], count: int = 2, first: int = 0) -> list[dict]:
     """``count`` SIGKILLs of the whole job, at distinct optimizer steps of a ``steps``-step run in order, each at a
-    moment of ``helpers.KillAt.MOMENTS`` (as the step starts, before its backward pass or its optimizer step, at its
-    end, or while the checkpoint after it is written) on a rank of ``ranks``: the same seed draws the same kills,
-    on any machine's pace."""
+    moment of ``KILL_MOMENTS`` (as the step starts, before its backward pass or its optimizer step, at its end, or by
+    wall clock while the checkpoint after it is written, its writes slowed) on a rank of ``ranks``: the same seed
+    draws the same kills, and all but the write's land at the same point on any machine's pace."""
     draw = random.Random(seed)
     kills = []
     for step in sorted(draw.sample(range(first, steps), count)):
-        moment, rank = draw.choice(KillAt.MOMENTS), draw.choice(ranks)
-        # A save's kill names the step count its checkpoint holds; last.ckpt is written every 2 steps and as a run
-        # ends, so a kill drawn after an odd step strikes in the next save.
-        kills.append({"step": step + 1 if moment == "save" else step, "moment": moment, "rank": rank})
+        moment, rank = draw.choice(KILL_MOMENTS), draw.choice(ranks)
+        if moment == "write":  # last.ckpt is written every 2 steps and as a run ends: the next save after the step
+            delay = round(draw.uniform(0.0, 2 * WRITE_SLOWED_S), 3)  # the first process writes under every strategy
+            kills.append({"step": step + 1, "moment": moment, "rank": 0, "delay_s": delay})
+        else:
+            kills.append({"step": step, "moment": moment, "rank": rank})
     return kills
 
 
@@ -382,7 +389,11 @@ def _killed_attempt(tmp_path: Path, args: list[str], kill: dict, attempt: int, e
     """Run ``args`` with ``kill`` (``_draw_kills``): the job must end by it, and a checkpoint on disk must be
     resumed from and never lost. Its output."""
     on_disk = _step_on_disk(tmp_path, "killed")
-    config = helper_callback(tmp_path, "KillAt", whole_job=True, **kill)
+    if kill["moment"] == "write":
+        options = {key: kill[key] for key in ("step", "rank", "delay_s")}
+        config = helper_plugin(tmp_path, "KillInWrites", slow_s=WRITE_SLOWED_S, **options)
+    else:
+        config = helper_callback(tmp_path, "KillAt", whole_job=True, **kill)
     result = run_cli(*args, "--config", config, env=env, timeout=180)
     left = _step_on_disk(tmp_path, "killed")
     print(f"attempt {attempt}: from step {on_disk}, killed at {kill}, left step {left}")

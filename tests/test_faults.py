@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import SMOKE, helper_callback, run_args, run_cli
+from helpers import SMOKE, helper_callback, helper_plugin, run_args, run_cli
 
 from multigpu.run.sharded_checkpoints import read_checkpoint
 
@@ -21,19 +21,12 @@ def _fit(tmp_path: Path, *args: str, checkpoint_root: Path | None = None, timeou
     return run_cli("fit", "--config", SMOKE, *TWO_PROCESSES, *run_args(tmp_path), *root, *args, timeout=timeout)
 
 
-def _plugin(tmp_path: Path, name: str, **init_args) -> str:
-    path = tmp_path / f"{name}.yaml"
-    lines = ["trainer:", "  plugins:", f"    - class_path: helpers.{name}", "      init_args:"]
-    path.write_text("\n".join([*lines, *(f"        {key}: {value}" for key, value in init_args.items())]) + "\n")
-    return str(path)
-
-
 @pytest.mark.parametrize(("strategy", "rank"), [("fsdp", 1), ("ddp", 0)])
 def test_a_failed_checkpoint_write_ends_the_job_in_one_line_and_keeps_the_checkpoint_before(strategy, rank, tmp_path):
     """A background write that fails (a full quota) at step 3, under fsdp on the second process (whose shard the first
     would otherwise wait for, for up to 30 minutes) and under ddp on the first: the job ends with status 1 at the next
     step, one line names the process, the file and the error, and last.ckpt still holds step 2, whole."""
-    fail = _plugin(tmp_path, "FailWrite", rank=rank, step=3)
+    fail = helper_plugin(tmp_path, "FailWrite", rank=rank, step=3)
     result = _fit(tmp_path, f"--trainer.strategy={strategy}", "--save_every_n_steps=1", "--config", fail)
     assert result.returncode == 1, result.stdout
     said = [line for line in result.stdout.splitlines() if line.startswith(f"error: process {rank} could not write")]
