@@ -461,6 +461,17 @@ class FillDiskAt(Callback):
                     file.write(b"\0" * free)
 
 
+class SlowSteps(Callback):
+    """Makes every training step last ``seconds`` longer, on every process: steps of seconds, as a large network's."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    @override
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        time.sleep(self.seconds)
+
+
 class StopAt(Callback):
     """SIGSTOPs this process as optimizer step ``step`` starts on global rank ``rank``, as the system stops a process
     (or a device hangs): it neither fails nor answers."""

@@ -39,9 +39,14 @@ COLLECTIVES = (
     "_broadcast_coalesced",
 )  # fmt: skip
 # Callers whose collectives are a strategy's own arithmetic: FSDP's gathers and reductions, the pipeline's sends and
-# receives, and the replicas' BatchNorm statistics (one all-reduce of 2 numbers per channel a step, which keeps them
-# one device's: docs/speed.md says why it is not put off).
-OWN = ("torch/distributed/fsdp/", "torch/distributed/pipelining/", "multigpu/model/step_batch_norm.py")
+# receives and its clipping norm over the stages, and the replicas' BatchNorm statistics (one all-reduce of 2 numbers
+# per channel a step, which keeps them one device's: docs/speed.md says why it is not put off).
+OWN = (
+    "torch/distributed/fsdp/",
+    "torch/distributed/pipelining/",
+    "multigpu/model/step_batch_norm.py",
+    "multigpu/strategies/pipeline/gradients.py",  # the clipping norm of every stage's gradients
+)
 # Callers that talk to the other processes on the host alone, on CPU tensors in a gloo group of their own, never waiting
 # for a device: the stop signal's vote (``run/stop_votes.py``), counted apart as ``host``.
 HOST = ("multigpu/run/stop_votes.py",)

@@ -76,3 +76,15 @@ def test_a_stopped_process_ends_the_job_within_the_stall_timeout_and_is_named(tm
     assert result.returncode != 0, result.stdout
     assert "process 1 stopped answering" in result.stdout, result.stdout
     assert "Where each process stood" in result.stdout and "process 0 (host" in result.stdout, result.stdout
+
+
+def test_max_time_stops_every_process_after_the_same_step_without_a_broadcast_per_step(tmp_path):
+    """``--trainer.max_time`` under ddp, with steps of a second: Lightning's Timer, which broadcast its decision every
+    step, checks at epochs' ends only, and the stop vote carries the time limit: both processes stop after the same
+    step, well inside the 12-step epoch, and last.ckpt holds it (the counting test checks no broadcast is left)."""
+    slow = helper_callback(tmp_path, "SlowSteps", seconds=1)
+    result = _fit(tmp_path, "--trainer.strategy=ddp", "--trainer.max_time=00:00:00:03", "--data.synthetic_size=192",
+                  "--config", slow)  # fmt: skip
+    assert result.returncode == 0 and "Time limit reached" in result.stdout, result.stdout
+    step = torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt", weights_only=True)["global_step"]
+    assert 1 <= step < 12, step

@@ -6,7 +6,7 @@ from helpers import REPO, SMOKE, run_args, run_cli
 from step_waits import quiet_counts
 
 CPU2 = ["--trainer.accelerator=cpu", "--trainer.devices=2"]
-REPLICAS = {"ddp": 2, "fsdp": 2, "manual_model_parallel replicas": 2}  # the others: one
+REPLICAS = {"ddp": 2, "fsdp": 2, "manual_model_parallel replicas": 2, "ddp max_time": 2}  # the others: one
 STRATEGIES = {
     "one device": [],
     "dp": ["--trainer.strategy=dp"],
@@ -19,6 +19,10 @@ STRATEGIES = {
     "ddp": ["--trainer.strategy=ddp", *CPU2],
     "fsdp": ["--trainer.strategy=fsdp", *CPU2],
     "pipeline": ["--trainer.strategy=pipeline", *CPU2],
+    # Lightning's Timer broadcast its decision every step, and the pipeline's clipping reads the norm of every stage:
+    # both ride on what the steps already do (the stop vote; the norm's all-reduce, on the device, never read).
+    "ddp max_time": ["--trainer.strategy=ddp", *CPU2, "--trainer.max_time=00:01:00:00"],
+    "pipeline clipping": ["--trainer.strategy=pipeline", *CPU2, "--trainer.gradient_clip_val=1.0"],
 }
 GPU = ["--trainer.accelerator=gpu", "--trainer.devices=1"]
 ON_CUDA = {"cuda": GPU, "cuda fast.yaml": ["--config", str(REPO / "configs" / "fast.yaml"), *GPU]}

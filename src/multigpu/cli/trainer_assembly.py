@@ -7,6 +7,7 @@
 - the progress bar and the model summary in place of Lightning's defaults, unless the user chose their own;
 - ``last.ckpt`` every ``--save_every_n_steps`` steps (``LastCheckpoint``);
 - who launched the processes, noted before Lightning's launcher starts any (``RunMetadata``);
+- ``--trainer.max_time`` checked by the stop vote after every step, Lightning's Timer at epochs' ends only;
 - the watch over faults: a stalled process, a failed background write (``FaultWatch``, ``--stall_timeout_s``);
 - the combinations that would only fail once training has started, refused.
 """
@@ -16,7 +17,7 @@ from typing import Any
 
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.accelerators import CUDAAccelerator
-from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar, RichModelSummary, RichProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar, RichModelSummary, RichProgressBar, Timer
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 
@@ -72,6 +73,10 @@ def assemble_trainer(
     for callback in trainer.callbacks:
         if isinstance(callback, RunMetadata):
             callback.note_launch(trainer)
+    if trainer_options.get("max_time") is not None:  # its step check broadcasts every step; the stop vote carries it
+        for index, callback in enumerate(trainer.callbacks):
+            if type(callback) is Timer and callback not in chosen:
+                trainer.callbacks[index] = Timer(trainer_options["max_time"], interval="epoch")
     bar = trainer.progress_bar_callback
     bar_chosen = any(isinstance(callback, ProgressBar) for callback in chosen)
     if not bar_chosen and type(bar) is RichProgressBar:  # Lightning's default, added to the list it was given

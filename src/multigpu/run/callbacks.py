@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from lightning.fabric.utilities.throughput import get_available_flops
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -230,6 +230,8 @@ class CheckpointOnStopSignal(Callback):
     time limit when asked, ``--signal=USR1@90``) or a first Ctrl-C (SIGINT), every process stops after the same
     optimizer step, ``last.ckpt`` is written, and the processes exit: with status 0 after SIGTERM or SIGUSR1, 130
     after Ctrl-C. A second Ctrl-C stops at once, without a checkpoint and without waiting for the one being written.
+    The vote also carries ``--trainer.max_time``: when a process runs out of time, every process stops after the
+    same step (Lightning's Timer broadcasts its decision every step; here it checks at epochs' ends only).
 
     The same command with ``--ckpt_path last`` then continues where the run stopped.
 
@@ -303,11 +305,18 @@ class CheckpointOnStopSignal(Callback):
         if (batch_idx + 1) % trainer.accumulate_grad_batches and not last:
             return  # inside a step that accumulates batches: a stop waits for its optimizer step
         signalled = self.SIGNALS.index(self._signal) + 1 if self._signal else 0
+        timer = next((callback for callback in trainer.callbacks if isinstance(callback, Timer)), None)
+        remaining = timer.time_remaining() if timer is not None else None
+        vote = (signalled, int(remaining is not None and remaining <= 0))
         if self._votes.is_open:  # an epoch's end waits for every vote: a stop after it, or none
-            signalled = self._votes.settle(signalled) if last else self._votes.cast(signalled)
+            vote = self._votes.settle(vote) if last else self._votes.cast(vote)
+        signalled, out_of_time = vote
         if signalled:
             self._signal, self._agreed = self.SIGNALS[signalled - 1], True  # the same on every process
             stop_after_this_step_as_on_sigterm(trainer)
+        elif out_of_time and not trainer.should_stop:  # the Timer checks at epochs' ends only (trainer_assembly)
+            trainer.should_stop = True
+            rank_zero_info(f"Time limit reached ({timer.time_elapsed():.0f} s of training): stopping after this step.")
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

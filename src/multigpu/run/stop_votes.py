@@ -1,6 +1,7 @@
 """How the processes of a run agree, after every optimizer step and without waiting for one another, whether one of
-them got a stop signal: each step every process starts a non-blocking all-reduce (MAX) of what it has seen on a gloo
-group of its own, and reads the one it started ``LAG`` steps before, which has long ended.
+them got a stop signal, or ran out of its time (``--trainer.max_time``): each step every process starts a
+non-blocking all-reduce (MAX) of what it has seen on a gloo group of its own, and reads the one it started ``LAG``
+steps before, which has long ended.
 
 Why this channel (docs/fault-tolerance.md, "Stop signals"): the vote of step ``s`` is the ``s``-th collective of that
 group in every process, so every process reads the same answer at the same step and all stop after it; gloo works on
@@ -14,7 +15,9 @@ from collections import deque
 import torch
 import torch.distributed as dist
 
-__all__ = ["StopVotes"]
+__all__ = ["StopVotes", "Vote"]
+
+Vote = tuple[int, ...]
 
 
 class StopVotes:
@@ -36,35 +39,36 @@ class StopVotes:
     def is_open(self) -> bool:
         return self._group is not None
 
-    def _start(self, vote: int) -> None:
-        flag = torch.tensor([vote], dtype=torch.int32)
+    def _start(self, vote: Vote) -> None:
+        flag = torch.tensor(vote, dtype=torch.int32)
         self._rounds.append((flag, dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True)))
 
     @staticmethod
-    def _result(round_: tuple[torch.Tensor, dist.Work]) -> int:
+    def _result(round_: tuple[torch.Tensor, dist.Work]) -> Vote:
         flag, work = round_
         work.wait()
-        return int(flag[0])
+        return tuple(flag.tolist())
 
-    def cast(self, vote: int) -> int:
-        """Vote ``vote`` for this step; the highest vote of every process ``LAG`` steps ago (0 before that)."""
+    def cast(self, vote: Vote) -> Vote:
+        """Vote ``vote`` (a few numbers) for this step; the highest of each over every process, ``LAG`` steps ago
+        (zeros before that)."""
         self._start(vote)
-        return self._result(self._rounds.popleft()) if len(self._rounds) > self.LAG else 0
+        return self._result(self._rounds.popleft()) if len(self._rounds) > self.LAG else (0,) * len(vote)
 
-    def settle(self, vote: int) -> int:
+    def settle(self, vote: Vote) -> Vote:
         """Vote ``vote`` and wait for every vote still open, this one included: the highest of them all (an epoch's
         end, and a stop, leave nothing open behind them)."""
         self._start(vote)
-        highest = 0
+        highest = vote
         while self._rounds:
-            highest = max(highest, self._result(self._rounds.popleft()))
+            highest = tuple(map(max, highest, self._result(self._rounds.popleft())))
         return highest
 
     def close(self, wait: bool = True) -> None:
         """Drop the group; with ``wait``, once the votes still open have ended (after a failure, another process may
         never vote again: nothing is waited for)."""
         if wait and self._rounds:
-            self.settle(0)
+            self.settle((0,) * len(self._rounds[0][0]))
         self._rounds.clear()
         if self._group is not None and wait:
             dist.destroy_process_group(self._group)
