@@ -117,6 +117,21 @@ def test_checkpoint_benchmark_times_each_save_and_makes_its_table(tmp_path, monk
 
 
 @pytest.mark.slow
+def test_the_sharded_checkpoint_benchmark_saves_and_loads_both_ways(tmp_path):
+    """One round of ours and DCP's sharded saves on one process, a small torchvision network: each is timed, and each
+    checkpoint reads back whole (the benchmark's load)."""
+    command = [sys.executable, str(REPO / "benchmarks" / "sharded_checkpoints.py"), "--arch=squeezenet1_1"]
+    result = subprocess.run(
+        [*command, "--rounds=1", "--processes=1", f"--out={tmp_path}"], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    rows = json.loads((tmp_path / "sharded_checkpoints.json").read_text())["rows"]
+    assert [row["way"] for row in rows] == ["ours", "dcp"]
+    assert all(row[key][0] > 0 for row in rows for key in ("held", "wall", "load")), rows
+    assert (tmp_path / "ours-0" / "last.ckpt").is_file() and (tmp_path / "dcp-0" / "whole.pt").is_file()
+
+
+@pytest.mark.slow
 def test_pipeline_benchmark_prints_where_each_process_spends_its_time(tmp_path):
     command = [
         sys.executable,
