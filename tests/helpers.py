@@ -462,14 +462,21 @@ class FillDiskAt(Callback):
 
 
 class SlowSteps(Callback):
-    """Makes every training step last ``seconds`` longer, on every process: steps of seconds, as a large network's."""
+    """Makes every training step last ``seconds`` longer, on every process (steps of seconds, as a large network's),
+    the run's first step ``first_s`` longer (as a compiled network's), and every validation batch ``validation_s``."""
 
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
+    def __init__(self, seconds: float = 0.0, first_s: float = 0.0, validation_s: float = 0.0) -> None:
+        self.seconds, self.first_s, self.validation_s = seconds, first_s, validation_s
+        self._first = True
 
     @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        time.sleep(self.seconds)
+        time.sleep(self.seconds + (self.first_s if self._first else 0.0))
+        self._first = False
+
+    @override
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        time.sleep(self.validation_s)
 
 
 class StopAt(Callback):

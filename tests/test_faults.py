@@ -66,6 +66,14 @@ def test_a_full_disk_during_fsdp_saves_ends_the_job_naming_the_error_and_the_che
     assert 1 <= last["global_step"] <= 3 and all(torch.is_tensor(value) for value in last["state_dict"].values())
 
 
+def test_a_long_first_step_and_a_long_validation_that_progresses_do_not_trip_the_stall_watch(tmp_path):
+    """With --stall_timeout_s=2.5: a first step of 6 s (as a compiled network's; the watch starts after it) and a
+    validation of 1.5 s a batch (each batch is progress), on both processes: the run ends as usual."""
+    slow = helper_callback(tmp_path, "SlowSteps", first_s=6, validation_s=1.5)
+    result = _fit(tmp_path, "--trainer.strategy=ddp", "--stall_timeout_s=2.5", "--config", slow)
+    assert result.returncode == 0 and "no process of the job made progress" not in result.stdout, result.stdout
+
+
 def test_a_stopped_process_ends_the_job_within_the_stall_timeout_and_is_named(tmp_path):
     """The second process of a ddp run is stopped (SIGSTOP, as the system or a hung device would hold it) as step 3
     starts; the first waits for it in the gradients' all-reduce. With --stall_timeout_s=6 the job ends, rather than
