@@ -1,8 +1,10 @@
 """The training run: what a run writes, where it stands, and the processes it runs in.
 
-callbacks           the console line, throughput, checkpoints every N steps and on SIGTERM or Ctrl-C
+callbacks           the console line, throughput, checkpoints every N steps and on SIGTERM, SIGUSR1 or Ctrl-C
+stop_votes          the processes' agreement, every step and without a wait, on a stop signal or the time limit
+watchdog            a stalled process named and its job ended; a failed background write raised after its step
 checkpoints         finding and checking a run's checkpoint files
-checkpoint_io       checkpoint files written in the background and atomically
+checkpoint_io       checkpoint files written in the background and atomically; a failed write named in one line
 sharded_checkpoints fsdp's checkpoints as each process holds them, and put together again
 device_sync         waiting for a device's queued work before a clock is read
 elastic             torchrun's restarts and node count
@@ -29,4 +31,6 @@ __all__ = [
     "replicas",
     "resume",
     "sharded_checkpoints",
+    "stop_votes",
+    "watchdog",
 ]
