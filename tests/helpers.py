@@ -310,8 +310,9 @@ class RecordSamples(Callback):
 class KillAt(Callback):
     """Stops this process at optimizer step ``step`` (counted from 0), at one of ``MOMENTS`` of it: SIGKILL as the
     step starts (``step``), before its backward pass (``backward``), before its optimizer step (``optimizer``), or once
-    it has ended but before the checkpoints of its end are written (``step-end``); SIGTERM as the step starts
-    (``sigterm``); SIGINT to its whole process group as the step starts, as a terminal's Ctrl-C does (``ctrl-c``).
+    it has ended but before the checkpoints of its end are written (``step-end``); SIGTERM or SIGUSR1 as the step
+    starts (``sigterm``, ``sigusr1``); SIGINT to its whole process group as the step starts, as a terminal's Ctrl-C
+    does (``ctrl-c``).
     (A kill inside a checkpoint's write: ``KillInWrites``.)
 
     ``whole_job``: SIGKILL the whole process group (every rank and loader worker of a job started in a session of
@@ -340,6 +341,7 @@ class KillAt(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._signal_if(trainer, "step", signal.SIGKILL)
         self._signal_if(trainer, "sigterm", signal.SIGTERM)
+        self._signal_if(trainer, "sigusr1", signal.SIGUSR1)
         self._signal_if(trainer, "ctrl-c", signal.SIGINT)
 
     @override
@@ -416,6 +418,29 @@ class KillInWrites(AtomicCheckpointIO):
         super().write(checkpoint, path)
         if self._armed:
             time.sleep(self.slow_s / 2)
+
+
+class CtrlCInWrite(AtomicCheckpointIO):
+    """``AtomicCheckpointIO`` whose writes of a checkpoint at global step ``step`` or later each take ``slow_s`` more
+    (before their bytes), and whose first such save sends SIGINT to the whole process group ``delay_s`` later, as a
+    second Ctrl-C typed during the save that the first one asked for."""
+
+    def __init__(self, step: int, slow_s: float = 20.0, delay_s: float = 0.5) -> None:
+        super().__init__()
+        self.step, self.slow_s, self.delay_s, self._armed = step, slow_s, delay_s, False
+
+    @override
+    def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
+        if not self._armed and checkpoint["global_step"] >= self.step:
+            self._armed = True
+            threading.Timer(self.delay_s, os.killpg, args=(os.getpgid(0), signal.SIGINT)).start()
+        super().save_checkpoint(checkpoint, path, storage_options)
+
+    @override
+    def write(self, checkpoint, path) -> None:
+        if self._armed:
+            self._abandoned.wait(self.slow_s)  # as a long write, which a second Ctrl-C gives up
+        super().write(checkpoint, path)
 
 
 def helper_plugin(folder: Path, name: str, **init_args) -> str:

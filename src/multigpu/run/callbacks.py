@@ -237,20 +237,24 @@ class CheckpointOnStopSignal(Callback):
 
     The handler only notes the signal (and passes SIGTERM on to the processes Lightning started, as Lightning does; a
     terminal's Ctrl-C reaches every process of the job already). After every optimizer step the processes vote on
-    what they have seen (``StopVotes``: a non-blocking all-reduce on a gloo group, read one step later), so all of
-    them stop after the same step: the one in flight when the signal came, and the next. No vote waits for the device
+    what they have seen (``StopVotes``: a non-blocking all-reduce on a gloo group, read one step later, or at the
+    step's end where steps last over a second), so all of them stop after the same step: the one in flight when the
+    signal came, and the next where steps are short. No vote waits for the device
     or, in practice, for another process; Lightning's own handler broadcasts a flag every step (a wait for the GPU)
     and from inside the signal handler (a hang when the signal reaches the processes at different moments), and both
     are left out (``replace_sigterm_notifier``, ``skip_sigterm_broadcast``). One process stops after its step.
     """
 
     SIGNALS = ("SIGTERM", "SIGUSR1", "Ctrl-C")  # as the processes agree on them: the higher wins
+    LONG_STEP_S = 1.0  # steps longer than this on some process: each step's vote is read at its own end
 
     def __init__(self) -> None:
         self._signal: str | None = None  # the stop signal's name, once one arrived
         self._agreed = False  # whether every process has agreed on it
         self._trainer: Trainer | None = None
         self._votes = StopVotes()
+        self._lag = 1  # steps between a vote and its reading, as the processes last chose it (``StopVotes``)
+        self._step_end: float | None = None  # when this process's last optimizer step ended
 
     @property
     def stopped_by(self) -> str | None:
@@ -268,7 +272,7 @@ class CheckpointOnStopSignal(Callback):
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._trainer = trainer
+        self._trainer, self._lag, self._step_end = trainer, 1, None
         skip_sigterm_broadcast(trainer)
         self._votes.open()
         if threading.current_thread() is threading.main_thread():
@@ -307,10 +311,14 @@ class CheckpointOnStopSignal(Callback):
         signalled = self.SIGNALS.index(self._signal) + 1 if self._signal else 0
         timer = next((callback for callback in trainer.callbacks if isinstance(callback, Timer)), None)
         remaining = timer.time_remaining() if timer is not None else None
-        vote = (signalled, int(remaining is not None and remaining <= 0))
+        now = time.monotonic()
+        long_step = self._step_end is not None and now - self._step_end > self.LONG_STEP_S
+        self._step_end = now
+        vote = (signalled, int(remaining is not None and remaining <= 0), int(long_step))
         if self._votes.is_open:  # an epoch's end waits for every vote: a stop after it, or none
-            vote = self._votes.settle(vote) if last else self._votes.cast(vote)
-        signalled, out_of_time = vote
+            vote = self._votes.settle(vote) if last else self._votes.cast(vote, self._lag)
+            self._lag = 0 if vote[2] else 1  # chosen together: every process reads the same votes at each step
+        signalled, out_of_time, _ = vote
         if signalled:
             self._signal, self._agreed = self.SIGNALS[signalled - 1], True  # the same on every process
             stop_after_this_step_as_on_sigterm(trainer)

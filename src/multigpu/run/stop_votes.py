@@ -21,9 +21,12 @@ Vote = tuple[int, ...]
 
 
 class StopVotes:
-    """The votes of this process, one per optimizer step; ``open`` in every process of the run, in the same order."""
+    """The votes of this process, one per optimizer step; ``open`` in every process of the run, in the same order.
 
-    LAG = 1  # a step's answer is read this many steps later: a signal stops the run after the step in flight and one
+    ``lag`` is how many steps later a step's answer is read: 1 where steps are short (a signal then stops the run
+    after the step in flight and the next), 0 where they are long (after the step in flight: waiting for that
+    step's vote, a few milliseconds on the host, is nothing beside the step). The processes choose it together, from
+    an earlier vote (``cast``'s ``lag``), so every process reads the same votes at the same step."""
 
     def __init__(self) -> None:
         self._group: dist.ProcessGroup | None = None
@@ -49,20 +52,19 @@ class StopVotes:
         work.wait()
         return tuple(flag.tolist())
 
-    def cast(self, vote: Vote) -> Vote:
-        """Vote ``vote`` (a few numbers) for this step; the highest of each over every process, ``LAG`` steps ago
-        (zeros before that)."""
+    def cast(self, vote: Vote, lag: int = 1) -> Vote:
+        """Vote ``vote`` (a few numbers) for this step; the highest of each over every process and over the votes
+        read now: those of ``lag`` steps ago and before (zeros where none is read)."""
         self._start(vote)
-        return self._result(self._rounds.popleft()) if len(self._rounds) > self.LAG else (0,) * len(vote)
+        highest = (0,) * len(vote)
+        while len(self._rounds) > lag:
+            highest = tuple(map(max, highest, self._result(self._rounds.popleft())))
+        return highest
 
     def settle(self, vote: Vote) -> Vote:
         """Vote ``vote`` and wait for every vote still open, this one included: the highest of them all (an epoch's
         end, and a stop, leave nothing open behind them)."""
-        self._start(vote)
-        highest = vote
-        while self._rounds:
-            highest = tuple(map(max, highest, self._result(self._rounds.popleft())))
-        return highest
+        return self.cast(vote, lag=0)
 
     def close(self, wait: bool = True) -> None:
         """Drop the group; with ``wait``, once the votes still open have ended (after a failure, another process may
