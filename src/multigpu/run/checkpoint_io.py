@@ -251,8 +251,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         _sync_folder(path.parent)  # the rename itself survives a crash of the machine
 
     def wait(self) -> None:
-        """Wait for the write in flight, if any; raise its error. A Ctrl-C while it waits (the second one, at the end of a
-        run a first one stopped) gives the write up: the process stops at once, the file before stays."""
+        """Wait for the write in flight, if any; raise its error. A Ctrl-C while it waits (the second one, at the end
+        of a run a first one stopped) gives the write up: the process stops at once, the file before stays."""
         if self._writer is not None:
             try:
                 self._writer.join()
