@@ -25,7 +25,13 @@ STRATEGIES = {
     "pipeline clipping": ["--trainer.strategy=pipeline", *CPU2, "--trainer.gradient_clip_val=1.0"],
 }
 GPU = ["--trainer.accelerator=gpu", "--trainer.devices=1"]
-ON_CUDA = {"cuda": GPU, "cuda fast.yaml": ["--config", str(REPO / "configs" / "fast.yaml"), *GPU]}
+ON_CUDA = {
+    "cuda": GPU,
+    "cuda fast.yaml": ["--config", str(REPO / "configs" / "fast.yaml"), *GPU],
+    "cuda 16-mixed": [*GPU, "--trainer.precision=16-mixed"],
+}
+# The one wait left, and where (docs/speed.md, "No wait in a step"): GradScaler reads its overflow flag every step.
+LISTED = {"cuda 16-mixed": "torch/amp/grad_scaler.py"}
 LOG_EVERY = 8
 
 
@@ -39,9 +45,10 @@ def test_no_wait_and_no_collective_of_ours_between_log_steps(strategy, tmp_path)
     steps between log steps also run under ``torch.cuda.set_sync_debug_mode("error")``."""
     counts = tmp_path / "counts"
     config = tmp_path / "count.yaml"
+    sync_debug = strategy in ON_CUDA and strategy not in LISTED
     config.write_text(
         "trainer:\n  callbacks:\n    - class_path: step_waits.CountWaits\n"
-        f"      init_args:\n        out_dir: {counts}\n        sync_debug: {str(strategy in ON_CUDA).lower()}\n"
+        f"      init_args:\n        out_dir: {counts}\n        sync_debug: {str(sync_debug).lower()}\n"
     )
     size = f"--data.synthetic_size={96 * REPLICAS.get(strategy, 1)}"
     result = run_cli(
@@ -55,5 +62,6 @@ def test_no_wait_and_no_collective_of_ours_between_log_steps(strategy, tmp_path)
     assert found, result.stdout
     for rank, counted in found.items():
         assert counted["windows"] == 24 and counted["quiet"] >= 18, (rank, counted)  # 24 steps; 3 log steps, 2 ends
-        assert counted["waits"] == {}, (strategy, rank, counted["waits"])
+        waits = {site: count for site, count in counted["waits"].items() if LISTED.get(strategy, "\0") not in site}
+        assert waits == {}, (strategy, rank, counted["waits"])
         assert counted["collectives"] == {}, (strategy, rank, counted["collectives"])
