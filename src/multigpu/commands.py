@@ -5,10 +5,12 @@ The entry point stands above everything it sends a command to: ``plan`` (``multi
 """
 
 import difflib
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch.distributed as dist
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -72,8 +74,17 @@ def main(args: list[str] | None = None, default_config_files: Sequence[str | Pat
         raise
     except RunFinished as finished:
         rank_zero_info(str(finished))
-    except (UsageError, MisconfigurationException, JobFailed) as error:
+    except JobFailed as failure:
+        if not failure.printed:
+            print(f"error: {' '.join(str(failure).split())}", file=sys.stderr, flush=True)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            # The other processes are being ended, or wait in a collective: no process group ends cleanly, and
+            # gloo's threads would abort the interpreter as it ends (run/process_groups.py).
+            sys.stdout.flush()
+            os._exit(1)
+        sys.exit(1)
+    except (UsageError, MisconfigurationException) as error:
         message = " ".join(str(error).split())  # one line, whatever the message's own layout
         print(f"error: {message}", file=sys.stderr, flush=True)
-        sys.exit(1 if isinstance(error, JobFailed) else 2)
+        sys.exit(2)
     end_process_groups()

@@ -13,7 +13,10 @@ class UsageError(ValueError):
 
 class JobFailed(RuntimeError):
     """A fault that ends the whole job (a checkpoint that could not be written, a process that stalled): the CLI
-    prints its message as one ``error: ...`` line and exits with status 1."""
+    prints its message as one ``error: ...`` line, unless it was printed when it happened (``printed``), and exits
+    with status 1."""
+
+    printed = False
 
 
 class RunFinished(Exception):

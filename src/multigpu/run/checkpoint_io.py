@@ -43,13 +43,18 @@ def _local(path: Any) -> bool:
 class CheckpointWriteFailed(JobFailed):
     """A checkpoint file this process could not write: the message names the process, the file and the error."""
 
+    @staticmethod
+    def reason(error: BaseException) -> str:
+        """What went wrong, in a few words: the system's words where there is a system error in the chain."""
+        cause = _in_chain(error, OSError)
+        return f"{cause.strerror or cause}" if isinstance(cause, OSError) else f"{type(error).__name__}: {error}"
+
     @classmethod
     def of(cls, path: Path, error: BaseException) -> "CheckpointWriteFailed":
         """The failure of the write of ``path``, named by the first system error in ``error``'s chain (torch wraps a
         full disk's ``No space left on device`` into its own ``unexpected pos``)."""
-        cause = _in_chain(error, OSError)
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-        reason = f"{cause.strerror or cause}" if isinstance(cause, OSError) else f"{type(error).__name__}: {error}"
+        reason = cls.reason(error)
         return cls(
             f"process {rank} could not write the checkpoint {path}: {reason}. The checkpoint before it is whole: free "
             "the space (or fix the folder's permissions) and resume with --ckpt_path last."
@@ -218,7 +223,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             elif not _interrupted(error) and not self._abort.is_set():  # given up on purpose: no error of its own
                 self._error = error if isinstance(error, JobFailed) else CheckpointWriteFailed.of(path, error)
                 self._error.__cause__ = None if error is self._error else error
-                print(f"error: {self._error}", file=sys.stderr, flush=True)
+                print(f"error: {self._error}", file=sys.stderr, flush=True)  # at once: the step may be long
+                self._error.printed = True
         with self._lock:
             removals, self._removals, self._writing = self._removals, [], None
         if not failed:  # the files this write replaces go once it is on disk; after a failure they stay
@@ -244,7 +250,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             os.replace(temporary, path)
         except Exception as error:
             if path.parent.parent.name.endswith(".shards") and not _interrupted(error):
-                failed_shard(path, error)
+                failed_shard(path, CheckpointWriteFailed.reason(error))
             raise
         finally:
             temporary.unlink(missing_ok=True)

@@ -89,12 +89,13 @@ def _failure_mark(shard: Path) -> Path:
     return shard.with_name(f"{shard.name}.failed")
 
 
-def failed_shard(shard: Path, error: BaseException) -> None:
-    """Mark beside ``shard`` that its write failed, with ``error``, so that the first process, which waits for every
-    shard before it writes the checkpoint file, stops waiting at once (best effort: a full disk may refuse even the
-    mark, and then the failing process ends the job at its next step)."""
+def failed_shard(shard: Path, reason: str) -> None:
+    """Mark beside ``shard`` that its write failed, and why, so that the first process, which waits for every shard
+    before it writes the checkpoint file, stops waiting at once (best effort: a full disk may refuse even the mark's
+    words, or the mark, and then the failing process ends the job at its next step)."""
     try:
-        _failure_mark(shard).write_text(f"{error}")
+        with open(_failure_mark(shard), "w") as mark:
+            mark.write(reason)
     except OSError:
         pass
 
@@ -107,8 +108,10 @@ def wait_for_shards(folder: Path, processes: int, abort: threading.Event, timeou
     deadline = time.monotonic() + timeout_s
     while any(not (folder / f"rank{rank}.pt").is_file() for rank in range(processes)):
         if failed := [rank for rank in range(processes) if _failure_mark(folder / f"rank{rank}.pt").exists()]:
-            raise JobFailed(f"process {failed[0]} could not write its shard into {folder}; the checkpoint file keeps "
-                            "naming the folder before")  # fmt: skip
+            mark = _failure_mark(folder / f"rank{failed[0]}.pt")
+            reason = mark.read_text(errors="replace").strip() or "see its own error"
+            raise JobFailed(f"process {failed[0]} could not write its shard {mark.with_suffix('')}: {reason}; the "
+                            "checkpoint file keeps naming the folder before")  # fmt: skip
         if abort.is_set() or time.monotonic() > deadline:
             raise RuntimeError(f"{folder}: the shards of {processes} processes were not all written; the checkpoint "
                                "file keeps naming the folder before")  # fmt: skip
