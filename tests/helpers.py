@@ -488,11 +488,13 @@ class FillDiskAt(Callback):
 
 class SlowSteps(Callback):
     """Makes every training step last ``seconds`` longer, on every process (steps of seconds, as a large network's),
-    the run's first step ``first_s`` longer (as a compiled network's), and every validation batch ``validation_s``."""
+    the run's first step ``first_s`` longer (as a compiled network's), and validation batches (below)."""
 
-    def __init__(self, seconds: float = 0.0, first_s: float = 0.0, validation_s: float = 0.0) -> None:
-        self.seconds, self.first_s, self.validation_s = seconds, first_s, validation_s
-        self._first = True
+    def __init__(
+        self, seconds: float = 0.0, first_s: float = 0.0, validation_s: float = 0.0, new_shape_s: float = 0.0
+    ) -> None:
+        self.seconds, self.first_s, self.validation_s, self.new_shape_s = seconds, first_s, validation_s, new_shape_s
+        self._first, self._shapes = True, set()
 
     @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -501,7 +503,13 @@ class SlowSteps(Callback):
 
     @override
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        time.sleep(self.validation_s)
+        """Each validation batch ``validation_s`` longer, and ``new_shape_s`` more where its shape is new (as a
+        compiled network compiles a validation's shorter last batch; the sanity check's shapes are compiled there, and
+        not slowed)."""
+        new = tuple(batch[0].shape) not in self._shapes
+        self._shapes.add(tuple(batch[0].shape))
+        if not trainer.sanity_checking:
+            time.sleep(self.validation_s + (self.new_shape_s if new else 0.0))
 
 
 class StopAt(Callback):

@@ -131,6 +131,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self._removals: list[Path] = []  # files to remove once the write in flight is on disk
         self._lock = threading.Lock()  # over ``_removals`` and the writer's end
         self.bytes_written = 0  # by every write so far: the watchdog's sign that a long write progresses
+        self.writing_elsewhere = False  # a save to remote storage (s3:// ...) in progress, whose bytes are not counted
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled with its strategy into the processes ``ddp_spawn`` starts: without its thread, events and lock
@@ -143,7 +144,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         self.wait()
         if not _local(path) or storage_options is not None:
-            return super().save_checkpoint(checkpoint, path, storage_options)
+            self.writing_elsewhere = True
+            try:
+                return super().save_checkpoint(checkpoint, path, storage_options)
+            finally:
+                self.writing_elsewhere = False
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         self._start(path, self.write, staged(checkpoint), path)

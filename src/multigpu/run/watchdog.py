@@ -5,11 +5,12 @@ background.
 Each process's watchdog thread publishes, every few seconds, where its process stands (optimizer step, its progress,
 the Python stack of its training thread) under a key of the job's store (the TCPStore of ``MASTER_ADDR:MASTER_PORT``,
 which Lightning's launcher, torchrun and SLURM all set up), through a client of its own with a short timeout. The job
-is stalled when no process has made progress (a batch, a validation batch, bytes of a checkpoint write) for the
-timeout: then the watchdog prints which process held it up (one that stopped answering, else the one at the lowest
-step) and where every process stood, and ends the job. Torch's own collective timeout is 30 minutes, and says
-nothing of which process is missing. The watch starts once a process's first step has ended (a compiled network's
-first step may take minutes) and ends with training.
+is stalled when no process has made progress for the timeout: a batch, a validation batch, bytes of a checkpoint
+write; a batch of a shape not seen before (which a compiled network compiles first) and a save to remote storage
+count as progress while they last. Then the watchdog prints which process held the job up (one that stopped
+answering, else the one behind) and where every process stood, and ends the job. Torch's own collective timeout is
+30 minutes, and says nothing of which process is missing. The watch starts once a process's first step has ended (a
+compiled network's first step may take minutes) and ends with training.
 """
 
 import json
@@ -63,28 +64,48 @@ class FaultWatch(Callback):
         self._step = 0
         self._thread: threading.Thread | None = None
         self._done: threading.Event | None = None  # made as the watch starts: a Trainer ddp_spawn pickles has none
+        self._shapes: set[Any] = set()  # the batch shapes this process has run, training and evaluating
+        self._new_shape = False  # whether the batch in flight is of a new shape
 
     def _progressed(self, trainer: Trainer) -> None:
         self._progress += 1
         self._step = trainer.global_step
 
+    def _batch_starts(self, trainer: Trainer, batch: Any) -> None:
+        """A batch of a shape this process has not seen yet may be compiled first (``--model.compile``: a validation's
+        last, shorter batch, say), however long that takes: it counts as progress until it ends."""
+        self._progressed(trainer)
+        images = batch[0] if isinstance(batch, list | tuple) and batch else batch
+        shape = (trainer.training, tuple(images.shape)) if hasattr(images, "shape") else None
+        self._new_shape = shape not in self._shapes
+        self._shapes.add(shape)
+
+    def _batch_ends(self, trainer: Trainer) -> None:
+        self._progressed(trainer)
+        self._new_shape = False
+        _raise_write_failure(trainer)
+
     @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        self._progressed(trainer)
+        self._batch_starts(trainer, batch)
 
     @override
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self._progressed(trainer)
-        _raise_write_failure(trainer)
+        self._batch_ends(trainer)
         if self._thread is None and self.timeout_s and trainer.world_size > 1 and dist.is_initialized():
             self._start(trainer)
 
     @override
+    def on_validation_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._batch_starts(trainer, batch)
+
+    @override
     def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any, **kwargs: Any) -> None:
-        self._progressed(trainer)
-        _raise_write_failure(trainer)
+        self._batch_ends(trainer)
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -134,7 +155,8 @@ class FaultWatch(Callback):
                 done.wait(period)
             progress = self._progress + (written.bytes_written if written is not None else 0)
             now = time.monotonic()
-            if progress != last_progress:
+            busy = self._new_shape or (written is not None and written.writing_elsewhere)
+            if progress != last_progress or busy:
                 last_progress, idle_since = progress, now
             beat += 1
             record = {
