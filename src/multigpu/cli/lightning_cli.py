@@ -39,6 +39,7 @@ from multigpu.run.callbacks import (
 from multigpu.run.elastic import torchrun_node_count
 from multigpu.run.replicas import accumulation_for, data_parallel_size
 from multigpu.run.resume import ResumePoint
+from multigpu.run.run_hparams import RunHparams
 from multigpu.strategies import name_to_class_path
 from multigpu.trained.prediction_writer import PredictionWriter
 
@@ -113,7 +114,9 @@ class MultiGPUCLI(CheckpointPathCLI):
             ImageClassifier,
             ImageDataModule,
             save_config_kwargs={"overwrite": True},
-            trainer_defaults={"callbacks": [RunMetadata(), CheckpointOnStopSignal(), StopAllProcessesOnError()]},
+            trainer_defaults={
+                "callbacks": [RunMetadata(), CheckpointOnStopSignal(), StopAllProcessesOnError(), RunHparams()]
+            },
             parser_kwargs=parser_kwargs,
             parser_class=OneLineErrorParser,
             auto_configure_optimizers=False,

@@ -14,6 +14,7 @@ model_summary       the model summary, without a FLOP count that was never made
 process_groups      process groups that end cleanly
 progress_bar        the progress bar, which reads the metrics only after log steps and at each end
 replicas            who reads which data: data-parallel replicas, ranks and micro-batches of a strategy
+run_hparams         a run as one row of TensorBoard's HPARAMS: its layout and recipe, its best and last validation
 resume              the one owner of resume: a checkpoint's ResumePoint, given to the sampler and the loop counters
 """
 
@@ -30,6 +31,7 @@ __all__ = [
     "progress_bar",
     "replicas",
     "resume",
+    "run_hparams",
     "sharded_checkpoints",
     "stop_votes",
     "watchdog",

@@ -1,0 +1,73 @@
+"""What a user sees in TensorBoard, read from a real ``tensorboard`` served on loopback through its HTTP data API."""
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from helpers import SMOKE, cli_main, free_port, run_args
+
+from multigpu.run.run_hparams import METRICS
+
+
+def _get(url: str, body: dict | None = None) -> dict:
+    data = json.dumps(body).encode() if body is not None else None
+    headers = {"Content-Type": "application/json", "X-XSRF-Protected": "1"}
+    with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers), timeout=10) as response:
+        return json.loads(response.read())
+
+
+@pytest.fixture
+def tensorboard():
+    """``serve(logdir)``: a tensorboard on a free loopback port; its address once it lists a run."""
+    servers = []
+
+    def serve(logdir) -> str:
+        port = free_port()
+        command = [sys.executable, "-m", "tensorboard.main", f"--logdir={logdir}", "--host=127.0.0.1"]
+        servers.append(subprocess.Popen([*command, f"--port={port}", "--load_fast=false"], stderr=subprocess.DEVNULL))
+        address, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if _get(f"{address}/data/plugin/scalars/tags"):
+                    return address
+            except OSError:
+                pass
+            time.sleep(0.25)
+        raise AssertionError("tensorboard did not serve the run within 60 s")
+
+    yield serve
+    for server in servers:
+        server.kill()
+        server.wait()
+
+
+@pytest.mark.slow
+def test_tensorboard_shows_the_runs_scalars_and_one_hparams_row_with_its_best_and_last_metrics(tmp_path, tensorboard):
+    """A smoke run of one epoch, resumed for a second: TensorBoard lists the training, validation and hp/ scalars, and
+    the HPARAMS dashboard one row for the run (the resume adds none), with its layout and recipe and the best and
+    last validation accuracy and loss as of its last step."""
+    args = ["fit", "--config", SMOKE, *run_args(tmp_path)]
+    cli_main(*args, "--trainer.max_epochs=1")
+    cli_main(*args, "--trainer.max_epochs=2", "--ckpt_path=last")
+    address = tensorboard(tmp_path / "logs")
+    tags = _get(f"{address}/data/plugin/scalars/tags")
+    assert list(tags) == ["test/version_0"], tags
+    assert {"train/loss", "train/acc", "train/lr", "val/loss", "val/acc", *METRICS} <= set(tags["test/version_0"])
+    groups = _get(
+        f"{address}/data/plugin/hparams/session_groups",
+        {"experimentName": "", "allowedStatuses": ["STATUS_SUCCESS", "STATUS_UNKNOWN"], "colParams": [],
+         "startIndex": 0, "sliceSize": 10},
+    )["sessionGroups"]  # fmt: skip
+    assert len(groups) == 1, groups
+    hparams = groups[0]["hparams"]
+    assert hparams["strategy"] == "SingleDeviceStrategy" and hparams["devices"] == 1 and hparams["nodes"] == 1
+    assert hparams["arch"] == "helpers.tiny_resnet" and hparams["dataset"] == "synthetic"
+    assert {"precision", "batch_size", "global_batch_size", "lr", "micro_batches"} <= set(hparams)
+    metrics = {value["name"]["tag"]: value for value in groups[0]["metricValues"]}
+    assert set(metrics) == set(METRICS) and all(value["trainingStep"] == 8 for value in metrics.values()), metrics
+    scalars = _get(f"{address}/data/plugin/scalars/scalars?run=test/version_0&tag=val/acc")
+    assert metrics["hp/val_acc_last"]["value"] == pytest.approx(scalars[-1][2])
+    assert metrics["hp/val_acc_best"]["value"] == pytest.approx(max(point[2] for point in scalars))
