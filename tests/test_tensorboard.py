@@ -1,6 +1,8 @@
-"""What a user sees in TensorBoard, read from a real ``tensorboard`` served on loopback through its HTTP data API."""
+"""What a user sees in TensorBoard, read from a real ``tensorboard`` served on loopback through its HTTP data API,
+and what a finished fit says."""
 
 import json
+import logging
 import subprocess
 import sys
 import time
@@ -45,13 +47,21 @@ def tensorboard():
 
 
 @pytest.mark.slow
-def test_tensorboard_shows_the_runs_scalars_and_one_hparams_row_with_its_best_and_last_metrics(tmp_path, tensorboard):
+def test_tensorboard_shows_the_runs_scalars_and_one_hparams_row_with_its_best_and_last_metrics(
+    tmp_path, tensorboard, caplog
+):
     """A smoke run of one epoch, resumed for a second: TensorBoard lists the training, validation and hp/ scalars, and
     the HPARAMS dashboard one row for the run (the resume adds none), with its layout and recipe and the best and
-    last validation accuracy and loss as of its last step."""
+    last validation accuracy and loss as of its last step. The end of each fit says its throughput, peak memory,
+    best checkpoint and the command that opens TensorBoard on the run."""
     args = ["fit", "--config", SMOKE, *run_args(tmp_path)]
     cli_main(*args, "--trainer.max_epochs=1")
-    cli_main(*args, "--trainer.max_epochs=2", "--ckpt_path=last")
+    with caplog.at_level(logging.INFO):
+        cli_main(*args, "--trainer.max_epochs=2", "--ckpt_path=last")
+    summary = caplog.text[caplog.text.index("Finished:") :]
+    assert "images/s over" in summary and "peak memory, process 0 (CPU):" in summary, summary
+    assert "best val/acc" in summary and str(tmp_path / "checkpoints" / "test") in summary, summary
+    assert f"tensorboard --logdir {tmp_path / 'logs' / 'test' / 'version_0'}" in summary, summary
     address = tensorboard(tmp_path / "logs")
     tags = _get(f"{address}/data/plugin/scalars/tags")
     assert list(tags) == ["test/version_0"], tags

@@ -37,6 +37,7 @@ from multigpu.run.callbacks import (
     ThroughputSummary,
 )
 from multigpu.run.elastic import torchrun_node_count
+from multigpu.run.fit_summary import FitSummary
 from multigpu.run.replicas import accumulation_for, data_parallel_size
 from multigpu.run.resume import ResumePoint
 from multigpu.run.run_hparams import RunHparams
@@ -115,7 +116,13 @@ class MultiGPUCLI(CheckpointPathCLI):
             ImageDataModule,
             save_config_kwargs={"overwrite": True},
             trainer_defaults={
-                "callbacks": [RunMetadata(), CheckpointOnStopSignal(), StopAllProcessesOnError(), RunHparams()]
+                "callbacks": [
+                    RunMetadata(),
+                    CheckpointOnStopSignal(),
+                    StopAllProcessesOnError(),
+                    RunHparams(),
+                    FitSummary(),
+                ]
             },
             parser_kwargs=parser_kwargs,
             parser_class=OneLineErrorParser,

@@ -8,6 +8,7 @@ checkpoint_io       checkpoint files written in the background and atomically; a
 sharded_checkpoints fsdp's checkpoints as each process holds them, and put together again
 device_sync         waiting for a device's queued work before a clock is read
 elastic             torchrun's restarts and node count
+fit_summary         what a finished fit says: throughput, each device's peak memory, its best checkpoint, TensorBoard
 host_memory         the C heap of a training process: freed memory kept for the next step
 loop_position       where a run stands in Lightning's loop counters, and whether it is finished
 model_summary       the model summary, without a FLOP count that was never made
@@ -24,6 +25,7 @@ __all__ = [
     "checkpoints",
     "device_sync",
     "elastic",
+    "fit_summary",
     "host_memory",
     "loop_position",
     "model_summary",

@@ -1,0 +1,77 @@
+"""What a finished ``fit`` says on the console: its throughput, each device's peak memory, its best checkpoint and the
+command that opens TensorBoard on the run."""
+
+import resource
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info
+from typing_extensions import override
+
+from multigpu.contracts import layout_of
+from multigpu.run.replicas import data_parallel_size
+
+__all__ = ["FitSummary", "peak_memory"]
+
+
+def peak_memory(trainer: Trainer) -> list[str]:
+    """This process's peak memory, per device: CUDA's most allocated (and reserved) on each device it trains on, or
+    its resident memory on the CPU."""
+    devices = [device for device in layout_of(trainer).process_devices if device.type == "cuda"]
+    if not devices:
+        peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+        return [f"process {trainer.global_rank} (CPU): {peak_mib:,.0f} MiB resident"]
+    return [
+        f"{device}: {torch.cuda.max_memory_allocated(device) / 2**20:,.0f} MiB allocated, "
+        f"{torch.cuda.max_memory_reserved(device) / 2**20:,.0f} MiB reserved"
+        for device in devices
+    ]
+
+
+class FitSummary(Callback):
+    """Prints, once ``fit`` has ended (not after a stop or a failure, which say their own), a few lines: images per
+    second over the run's training (all replicas), every device's peak memory, the best ``val/acc`` and its
+    checkpoint, and ``tensorboard --logdir <the run's logs>``."""
+
+    def __init__(self) -> None:
+        self._images = 0
+        self._seconds = 0.0
+        self._started: float | None = None
+
+    @override
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        self._started = time.perf_counter() if self._started is None else self._started
+
+    @override
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._images += len(batch[0])
+
+    @override
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._started is not None:  # training time only: validation comes after this
+            self._seconds += time.perf_counter() - self._started
+            self._started = None
+
+    @override
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        memory = peak_memory(trainer)
+        if dist.is_available() and dist.is_initialized() and trainer.world_size > 1:
+            every: list[list[str] | None] = [None] * trainer.world_size
+            dist.all_gather_object(every, memory)
+            memory = [line for lines in every for line in lines or []]
+        lines = ["Finished:"]
+        if self._seconds > 0:
+            images_per_s = self._images * data_parallel_size(trainer) / self._seconds
+            lines.append(f"  training: {images_per_s:,.1f} images/s over {self._seconds:,.1f} s")
+        lines += [f"  peak memory, {line}" for line in memory]
+        best = trainer.checkpoint_callback
+        if best is not None and best.best_model_path:
+            lines.append(f"  best {best.monitor} {float(best.best_model_score):.4f}: {best.best_model_path}")
+        if trainer.logger is not None and trainer.logger.log_dir:
+            lines.append(f"  tensorboard --logdir {trainer.logger.log_dir}")
+        rank_zero_info("\n".join(lines))
