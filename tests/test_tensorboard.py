@@ -11,6 +11,7 @@ import urllib.request
 import pytest
 from helpers import SMOKE, cli_main, free_port, run_args
 
+from multigpu.data.cifar10 import CIFAR10_CLASSES
 from multigpu.run.run_hparams import METRICS
 
 
@@ -52,8 +53,9 @@ def test_tensorboard_shows_the_runs_scalars_and_one_hparams_row_with_its_best_an
 ):
     """A smoke run of one epoch, resumed for a second: TensorBoard lists the training, validation and hp/ scalars, and
     the HPARAMS dashboard one row for the run (the resume adds none), with its layout and recipe and the best and
-    last validation accuracy and loss as of its last step. The end of each fit says its throughput, peak memory,
-    best checkpoint and the command that opens TensorBoard on the run."""
+    last validation accuracy and loss as of its last step; each validation's accuracy by class, and its confusion
+    matrix as an image (not with --validation_report.images=false). The end of each fit says its throughput, peak
+    memory, best checkpoint and the command that opens TensorBoard on the run."""
     args = ["fit", "--config", SMOKE, *run_args(tmp_path)]
     cli_main(*args, "--trainer.max_epochs=1")
     with caplog.at_level(logging.INFO):
@@ -62,15 +64,24 @@ def test_tensorboard_shows_the_runs_scalars_and_one_hparams_row_with_its_best_an
     assert "images/s over" in summary and "peak memory, process 0 (CPU):" in summary, summary
     assert "best val/acc" in summary and str(tmp_path / "checkpoints" / "test") in summary, summary
     assert f"tensorboard --logdir {tmp_path / 'logs' / 'test' / 'version_0'}" in summary, summary
+    cli_main("fit", "--config", SMOKE, *run_args(tmp_path, "plain"), "--validation_report.images=false")
     address = tensorboard(tmp_path / "logs")
     tags = _get(f"{address}/data/plugin/scalars/tags")
-    assert list(tags) == ["test/version_0"], tags
-    assert {"train/loss", "train/acc", "train/lr", "val/loss", "val/acc", *METRICS} <= set(tags["test/version_0"])
+    assert sorted(tags) == ["plain/version_0", "test/version_0"], tags
+    by_class = {f"val/acc_by_class/{name}" for name in CIFAR10_CLASSES}
+    assert {"train/loss", "train/acc", "train/lr", "val/loss", "val/acc", *METRICS, *by_class} <= set(
+        tags["test/version_0"]
+    )
+    images = _get(f"{address}/data/plugin/images/tags")
+    assert list(images) == ["test/version_0"] and list(images["test/version_0"]) == ["val/confusion_matrix"], images
+    shown = _get(f"{address}/data/plugin/images/images?run=test/version_0&tag=val/confusion_matrix")
+    assert [image["step"] for image in shown] == [4, 8], shown  # each validation's
     groups = _get(
         f"{address}/data/plugin/hparams/session_groups",
         {"experimentName": "", "allowedStatuses": ["STATUS_SUCCESS", "STATUS_UNKNOWN"], "colParams": [],
          "startIndex": 0, "sliceSize": 10},
     )["sessionGroups"]  # fmt: skip
+    groups = [group for group in groups if group["name"] == "test/version_0"]
     assert len(groups) == 1, groups
     hparams = groups[0]["hparams"]
     assert hparams["strategy"] == "SingleDeviceStrategy" and hparams["devices"] == 1 and hparams["nodes"] == 1

@@ -41,6 +41,7 @@ from multigpu.run.fit_summary import FitSummary
 from multigpu.run.replicas import accumulation_for, data_parallel_size
 from multigpu.run.resume import ResumePoint
 from multigpu.run.run_hparams import RunHparams
+from multigpu.run.validation_report import ValidationReport
 from multigpu.strategies import name_to_class_path
 from multigpu.trained.prediction_writer import PredictionWriter
 
@@ -180,6 +181,7 @@ class MultiGPUCLI(CheckpointPathCLI):
             "naming the one that held it up and where each stood (0: never; torch's own timeout is 30 minutes).",
         )
         parser.add_lightning_class_args(ThroughputSummary, "throughput")
+        parser.add_lightning_class_args(ValidationReport, "validation_report")
         parser.add_lightning_class_args(PredictionWriter, "predictions")
         parser.add_lightning_class_args(BestCheckpoints, "checkpoint")
         add_old_names(parser, "model")

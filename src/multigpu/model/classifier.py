@@ -20,7 +20,7 @@ from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 from torch import Tensor, nn
 from torch.optim import SGD
 from torch.optim.lr_scheduler import LambdaLR
-from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 from torchmetrics.functional.classification import multiclass_accuracy
 from typing_extensions import override
 
@@ -131,6 +131,9 @@ class ImageClassifier(LightningModule):
         # classes), the accuracy plain loops and ``predict`` report. Training's is the step's own (training_step).
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+        # Which classes the validation confuses (rows: the true class), over every process; read at its end
+        # (``run.validation_report``). Without the check of the targets' values: a wait for the GPU per batch.
+        self.val_confusion = MulticlassConfusionMatrix(num_classes, validate_args=False)
 
     @override
     def configure_model(self) -> None:
@@ -224,16 +227,18 @@ class ImageClassifier(LightningModule):
             self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
         return loss
 
-    def _eval_step(self, batch: tuple[Tensor, Tensor], split: str, accuracy: MulticlassAccuracy) -> None:
+    def _eval_step(self, batch: tuple[Tensor, Tensor], split: str, accuracy: MulticlassAccuracy) -> Tensor:
         x, y = batch
         logits = self(x)
         accuracy(logits, y)
         self.log(f"{split}/loss", self.criterion(logits, y), sync_dist=True, prog_bar=split == "val")
         self.log(f"{split}/acc", accuracy, prog_bar=split == "val")
+        return logits
 
     @override
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._eval_step(batch, "val", self.val_acc)
+        logits = self._eval_step(batch, "val", self.val_acc)
+        self.val_confusion.update(logits.detach(), batch[1])
 
     @override
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:

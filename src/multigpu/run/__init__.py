@@ -2,6 +2,7 @@
 
 callbacks           the console line, throughput, checkpoints every N steps and on SIGTERM, SIGUSR1 or Ctrl-C
 stop_votes          the processes' agreement, every step and without a wait, on a stop signal or the time limit
+validation_report   each validation's accuracy by class, and its confusion matrix as an image
 watchdog            a stalled process named and its job ended; a failed background write raised after its step
 checkpoints         finding and checking a run's checkpoint files
 checkpoint_io       checkpoint files written in the background and atomically; a failed write named in one line
@@ -36,5 +37,6 @@ __all__ = [
     "run_hparams",
     "sharded_checkpoints",
     "stop_votes",
+    "validation_report",
     "watchdog",
 ]
