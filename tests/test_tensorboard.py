@@ -54,8 +54,8 @@ def test_tensorboard_shows_the_runs_scalars_and_one_hparams_row_with_its_best_an
     """A smoke run of one epoch, resumed for a second: TensorBoard lists the training, validation and hp/ scalars, and
     the HPARAMS dashboard one row for the run (the resume adds none), with its layout and recipe and the best and
     last validation accuracy and loss as of its last step; each validation's accuracy by class, and its confusion
-    matrix as an image (not with --validation_report.images=false). The end of each fit says its throughput, peak
-    memory, best checkpoint and the command that opens TensorBoard on the run."""
+    matrix and its images of highest loss as images (none with --validation_report.images=false). The end of each
+    fit says its throughput, peak memory, best checkpoint and the command that opens TensorBoard on the run."""
     args = ["fit", "--config", SMOKE, *run_args(tmp_path)]
     cli_main(*args, "--trainer.max_epochs=1")
     with caplog.at_level(logging.INFO):
@@ -73,9 +73,11 @@ def test_tensorboard_shows_the_runs_scalars_and_one_hparams_row_with_its_best_an
         tags["test/version_0"]
     )
     images = _get(f"{address}/data/plugin/images/tags")
-    assert list(images) == ["test/version_0"] and list(images["test/version_0"]) == ["val/confusion_matrix"], images
-    shown = _get(f"{address}/data/plugin/images/images?run=test/version_0&tag=val/confusion_matrix")
-    assert [image["step"] for image in shown] == [4, 8], shown  # each validation's
+    assert list(images) == ["test/version_0"], images
+    assert sorted(images["test/version_0"]) == ["val/confusion_matrix", "val/most_wrong"], images
+    for tag in images["test/version_0"]:
+        shown = _get(f"{address}/data/plugin/images/images?run=test/version_0&tag={tag}")
+        assert [image["step"] for image in shown] == [4, 8], shown  # each validation's
     groups = _get(
         f"{address}/data/plugin/hparams/session_groups",
         {"experimentName": "", "allowedStatuses": ["STATUS_SUCCESS", "STATUS_UNKNOWN"], "colParams": [],

@@ -35,6 +35,7 @@ from multigpu.model.replica_statistics import ReplicaStatistics, micro_batches_p
 from multigpu.model.resnet import Stem
 from multigpu.model.step_batch_norm import record_step_statistics
 from multigpu.model.torchvision_weights import load_torchvision_weights
+from multigpu.model.worst_images import WorstImages
 from multigpu.renamed_options import renamed_class
 from multigpu.run.replicas import data_parallel_size
 
@@ -134,6 +135,7 @@ class ImageClassifier(LightningModule):
         # Which classes the validation confuses (rows: the true class), over every process; read at its end
         # (``run.validation_report``). Without the check of the targets' values: a wait for the GPU per batch.
         self.val_confusion = MulticlassConfusionMatrix(num_classes, validate_args=False)
+        self.val_worst = WorstImages()  # the validation images of highest loss
 
     @override
     def configure_model(self) -> None:
@@ -237,8 +239,9 @@ class ImageClassifier(LightningModule):
 
     @override
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        logits = self._eval_step(batch, "val", self.val_acc)
-        self.val_confusion.update(logits.detach(), batch[1])
+        logits = self._eval_step(batch, "val", self.val_acc).detach()
+        self.val_confusion.update(logits, batch[1])
+        self.val_worst.update(batch[0], logits, batch[1])
 
     @override
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:

@@ -1,5 +1,6 @@
-"""What each validation shows beyond its loss and accuracy: the accuracy of every class, as scalars to every logger,
-and the confusion matrix as an image, with the class names, to TensorBoard."""
+"""What each validation shows beyond its loss and accuracy: the accuracy of every class, as scalars to every logger;
+the confusion matrix, with the class names, and a grid of the images it got most wrong, each with its true and
+predicted class, as images to TensorBoard."""
 
 from typing import Any
 
@@ -9,17 +10,44 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch import Tensor
 from typing_extensions import override
 
-__all__ = ["ValidationReport", "confusion_figure"]
+__all__ = ["ValidationReport", "confusion_figure", "worst_figure"]
 
 
-def confusion_figure(matrix: Tensor, classes: list[str]) -> Any:
-    """The confusion matrix ``matrix`` (rows: the true class) as a matplotlib figure, each row as shares of its class's
-    images, with the class names where there are few enough to read."""
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")  # no screen: figures are drawn into TensorBoard
     from matplotlib import pyplot
 
+    return pyplot
+
+
+def worst_figure(images: Tensor, targets: Tensor, predictions: Tensor, classes: list[str], stats: Any) -> Any:
+    """The images in a grid, each titled with its true and its predicted class; ``stats`` (mean, std), when known,
+    undoes their normalisation."""
+    pyplot = _pyplot()
+    pictures = images.detach().float().cpu()
+    if stats:
+        mean, std = (torch.tensor(values).view(1, -1, 1, 1) for values in stats)
+        pictures = pictures * std + mean
+    pictures = pictures.clamp(0, 1).permute(0, 2, 3, 1).numpy()
+    columns = 4
+    rows = max(1, -(-len(pictures) // columns))
+    figure, grid = pyplot.subplots(rows, columns, figsize=(2.2 * columns, 2.4 * rows), squeeze=False)
+    for index, axes in enumerate(grid.flat):
+        axes.axis("off")
+        if index < len(pictures):
+            axes.imshow(pictures[index])
+            true, predicted = classes[int(targets[index])], classes[int(predictions[index])]
+            axes.set_title(f"{true}\n→ {predicted}", fontsize=8, color="darkred")
+    figure.tight_layout()
+    return figure
+
+
+def confusion_figure(matrix: Tensor, classes: list[str]) -> Any:
+    """The confusion matrix ``matrix`` (rows: the true class) as a matplotlib figure, each row as shares of its class's
+    images, with the class names where there are few enough to read."""
+    pyplot = _pyplot()
     shares = (matrix / matrix.sum(dim=1, keepdim=True).clamp(min=1)).cpu().numpy()
     count = len(classes)
     figure, axes = pyplot.subplots(figsize=(min(4 + 0.4 * count, 16),) * 2)
@@ -41,8 +69,8 @@ def confusion_figure(matrix: Tensor, classes: list[str]) -> Any:
 
 class ValidationReport(Callback):
     """After each validation of ``fit`` and ``validate``: ``val/acc_by_class/<class>`` for every class, and, with
-    ``images``, the confusion matrix as the image ``val/confusion_matrix`` (TensorBoard only; other loggers take
-    scalars only).
+    ``images``, the confusion matrix as the image ``val/confusion_matrix`` and the 16 images of highest loss as
+    ``val/most_wrong`` (TensorBoard only; other loggers take scalars only).
 
     Args:
         images: draw the validation's images (false: scalars only).
@@ -53,26 +81,30 @@ class ValidationReport(Callback):
 
     @override
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        confusion = getattr(pl_module, "val_confusion", None)  # a LightningModule of the user's may have none
+        # A LightningModule of the user's may keep neither.
+        confusion, worst = getattr(pl_module, "val_confusion", None), getattr(pl_module, "val_worst", None)
         if confusion is None or trainer.sanity_checking:
-            if confusion is not None:
-                confusion.reset()
+            for metric in (confusion, worst):
+                if metric is not None:
+                    metric.reset()
             return
         matrix = confusion.compute()  # every process's counts, summed
         confusion.reset()
-        classes = list(getattr(trainer.datamodule, "classes", None) or range(matrix.shape[0]))
-        classes = [str(name) for name in classes]
+        found = worst.compute() if worst is not None and self.images else None  # every process's, gathered
+        if worst is not None:
+            worst.reset()
+        classes = [str(name) for name in (getattr(trainer.datamodule, "classes", None) or range(matrix.shape[0]))]
         accuracy = matrix.diagonal() / matrix.sum(dim=1).clamp(min=1)
         for name, value in zip(classes, accuracy.tolist()):
             pl_module.log(f"val/acc_by_class/{name}", value)
-        if not (self.images and trainer.is_global_zero):
-            return
         loggers = [logger for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)]
-        if loggers:
-            figure = confusion_figure(matrix.to(torch.float64), classes)
+        if not (self.images and trainer.is_global_zero and loggers):
+            return
+        stats = getattr(trainer.datamodule, "known_stats", None)
+        figures = {"val/confusion_matrix": confusion_figure(matrix.to(torch.float64), classes)}
+        if found is not None and len(found[0]):
+            figures["val/most_wrong"] = worst_figure(*found[1:], classes, stats)
+        for tag, figure in figures.items():
             for logger in loggers:
-                logger.experiment.add_figure("val/confusion_matrix", figure, trainer.global_step, close=False)
-            figure.clear()
-            import matplotlib.pyplot
-
-            matplotlib.pyplot.close(figure)
+                logger.experiment.add_figure(tag, figure, trainer.global_step, close=False)
+            _pyplot().close(figure)
