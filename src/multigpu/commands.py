@@ -51,6 +51,17 @@ def _check_command(argv: Sequence[str]) -> None:
         )
 
 
+def _exit_after_a_failure() -> None:
+    """Exit with status 1 once a failure is reported. Among several processes, at once: the others are being ended,
+    or wait in a collective, so no process group ends cleanly, and gloo's threads would abort the interpreter as it
+    ends (run/process_groups.py)."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    sys.exit(1)
+
+
 def main(args: list[str] | None = None, default_config_files: Sequence[str | Path] = ()) -> None:
     """Run ``main.py``'s command: ``plan`` (``multigpu.planning``), ``export`` (``multigpu.cli.export_command``), or
     one of LightningCLI's (``fit``, ``validate``, ``test``, ``predict``); a bad request ends with one ``error: ...``
@@ -77,14 +88,13 @@ def main(args: list[str] | None = None, default_config_files: Sequence[str | Pat
     except JobFailed as failure:
         if not failure.printed:
             print(f"error: {' '.join(str(failure).split())}", file=sys.stderr, flush=True)
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            # The other processes are being ended, or wait in a collective: no process group ends cleanly, and
-            # gloo's threads would abort the interpreter as it ends (run/process_groups.py).
-            sys.stdout.flush()
-            os._exit(1)
-        sys.exit(1)
+        _exit_after_a_failure()
     except (UsageError, MisconfigurationException) as error:
         message = " ".join(str(error).split())  # one line, whatever the message's own layout
         print(f"error: {message}", file=sys.stderr, flush=True)
         sys.exit(2)
+    except Exception as error:
+        if not getattr(error, "printed", False):  # printed as the other processes were ended (StopAllProcessesOnError)
+            raise
+        _exit_after_a_failure()
     end_process_groups()

@@ -4,6 +4,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from typing import Any
 
 import torch
@@ -23,7 +24,7 @@ from multigpu.compat import (
     skip_sigterm_broadcast,
     stop_after_this_step_as_on_sigterm,
 )
-from multigpu.errors import UsageError
+from multigpu.errors import JobFailed, UsageError
 from multigpu.run.checkpoint_io import AtomicCheckpointIO
 from multigpu.run.loop_position import reopen_cut_epoch
 from multigpu.run.replicas import data_parallel_size
@@ -359,5 +360,15 @@ class StopAllProcessesOnError(Callback):
 
     @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        if launches_subprocesses(trainer.strategy) and not isinstance(exception, SIGTERMException):
-            trainer.strategy.launcher.kill(signal.SIGKILL)
+        if not launches_subprocesses(trainer.strategy) or isinstance(exception, SIGTERMException | KeyboardInterrupt):
+            return
+        # Lightning's watch over the processes it started kills this one too once it sees them gone, perhaps before
+        # the error reaches the terminal: it is printed first (``printed``: the CLI does not print it again).
+        if isinstance(exception, Exception) and not getattr(exception, "printed", False):
+            if isinstance(exception, JobFailed):
+                print(f"error: {' '.join(str(exception).split())}", file=sys.stderr, flush=True)
+            else:
+                traceback.print_exception(exception, file=sys.stderr)
+                sys.stderr.flush()
+            exception.printed = True
+        trainer.strategy.launcher.kill(signal.SIGKILL)

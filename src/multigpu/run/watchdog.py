@@ -120,8 +120,12 @@ class FaultWatch(Callback):
         self._stop()
 
     def _stop(self) -> None:
+        """End the watch, and wait for its thread: one still in a call to the store as the interpreter ends aborts it
+        ("terminate called without an active exception")."""
         if self._done is not None:
             self._done.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
         self._thread = self._done = None
 
     def _start(self, trainer: Trainer) -> None:
