@@ -41,6 +41,7 @@ from multigpu.run.fit_summary import FitSummary
 from multigpu.run.replicas import accumulation_for, data_parallel_size
 from multigpu.run.resume import ResumePoint
 from multigpu.run.run_hparams import RunHparams
+from multigpu.run.step_times import StepTimes
 from multigpu.run.validation_report import ValidationReport
 from multigpu.strategies import name_to_class_path
 from multigpu.trained.prediction_writer import PredictionWriter
@@ -123,6 +124,7 @@ class MultiGPUCLI(CheckpointPathCLI):
                     StopAllProcessesOnError(),
                     RunHparams(),
                     FitSummary(),
+                    StepTimes(),
                 ]
             },
             parser_kwargs=parser_kwargs,

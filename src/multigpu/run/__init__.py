@@ -1,6 +1,7 @@
 """The training run: what a run writes, where it stands, and the processes it runs in.
 
 callbacks           the console line, throughput, checkpoints every N steps and on SIGTERM, SIGUSR1 or Ctrl-C
+step_times          at log steps: step time, share between batches, images/s, a save's hold, peak memory, a straggler
 stop_votes          the processes' agreement, every step and without a wait, on a stop signal or the time limit
 validation_report   each validation's accuracy by class, and its confusion matrix as an image
 watchdog            a stalled process named and its job ended; a failed background write raised after its step
@@ -36,6 +37,7 @@ __all__ = [
     "resume",
     "run_hparams",
     "sharded_checkpoints",
+    "step_times",
     "stop_votes",
     "validation_report",
     "watchdog",

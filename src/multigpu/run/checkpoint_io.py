@@ -2,10 +2,13 @@
 a kill at any moment, during a write too, leaves the previous file intact, and a write that fails ends the job with
 one line that names the process, the file and the error."""
 
+import functools
 import os
 import shutil
 import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +100,21 @@ class _CountedFile:
         self._file.flush()
 
 
+def _holds(save: Callable) -> Callable:
+    """``save``, which records in ``held_s`` how long it held the training thread (a wait for the write before, the
+    copy to host memory; the whole write in the foreground)."""
+
+    @functools.wraps(save)
+    def timed(self: "AtomicCheckpointIO", *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return save(self, *args, **kwargs)
+        finally:
+            self.held_s = time.perf_counter() - start
+
+    return timed
+
+
 def staged(checkpoint: dict[str, Any]) -> dict[str, Any]:
     """A copy of ``checkpoint`` that training can no longer change: every tensor copied to host memory, every dict and
     list rebuilt (a callback's state may hold its own dict, which it changes at the next save)."""
@@ -132,6 +150,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self._lock = threading.Lock()  # over ``_removals`` and the writer's end
         self.bytes_written = 0  # by every write so far: the watchdog's sign that a long write progresses
         self.writing_elsewhere = False  # a save to remote storage (s3:// ...) in progress, whose bytes are not counted
+        self.held_s: float | None = None  # how long the last save held the training thread
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled with its strategy into the processes ``ddp_spawn`` starts: without its thread, events and lock
@@ -141,6 +160,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self.__dict__.update(state, _abort=threading.Event(), _abandoned=threading.Event(), _lock=threading.Lock())
 
     @override
+    @_holds
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         self.wait()
         if not _local(path) or storage_options is not None:
@@ -153,6 +173,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path.parent.mkdir(parents=True, exist_ok=True)
         self._start(path, self.write, staged(checkpoint), path)
 
+    @_holds
     def save_sharded(self, checkpoint: dict[str, Any], path: Any, rank: int, processes: int, token: str) -> None:
         """Save ``checkpoint``, whose tensors are sharded over ``processes`` processes, as each holds them: every
         process (this one is ``rank``) writes its shard into a folder of this save (``token``, the same in every
