@@ -67,13 +67,13 @@ def test_a_full_disk_during_fsdp_saves_ends_the_job_naming_the_error_and_the_che
 
 
 def test_a_long_first_step_and_a_long_validation_that_progresses_do_not_trip_the_stall_watch(tmp_path):
-    """With --stall_timeout_s=2.5: a first step of 6 s (as a compiled network's; the watch starts after it), and a
-    validation of 1.5 s a batch (each batch is progress) whose last, shorter batch takes 4 s more (as a compiled
+    """With --stall_timeout_s=4: a first step of 9 s (as a compiled network's; the watch starts after it), and a
+    validation of 2.5 s a batch (each batch is progress) whose last, shorter batch takes 6 s more (as a compiled
     network compiles a shape the one-batch sanity check did not show: such a batch counts as progress until it ends),
     on both processes: the run ends as usual."""
-    slow = helper_callback(tmp_path, "SlowSteps", first_s=6, validation_s=1.5, new_shape_s=4)
+    slow = helper_callback(tmp_path, "SlowSteps", first_s=9, validation_s=2.5, new_shape_s=6)
     sanity = "--trainer.num_sanity_val_steps=1"  # 12 validation images a process: batches of 8 and 4
-    result = _fit(tmp_path, "--trainer.strategy=ddp", "--stall_timeout_s=2.5", sanity, "--config", slow)
+    result = _fit(tmp_path, "--trainer.strategy=ddp", "--stall_timeout_s=4", sanity, "--config", slow)
     assert result.returncode == 0 and "no process of the job made progress" not in result.stdout, result.stdout
 
 
