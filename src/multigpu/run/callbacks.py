@@ -213,6 +213,18 @@ class LastCheckpoint(ModelCheckpoint):
         super().__init__(dirpath=dirpath, every_n_train_steps=every_n_train_steps, save_top_k=0, save_last=True)
 
     @override
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        # Only an optimizer step's last batch saves. Lightning tests the step count after every batch, and forgets
+        # the step it last saved across a resume: a run resumed at a multiple of N that accumulates batches saved
+        # again after the first batch of its first step, half of whose images its checkpoint then counted as
+        # trained (a kill before the next save lost them from a resumed run).
+        last = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        if (batch_idx + 1) % trainer.accumulate_grad_batches == 0 or last:
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # After an epoch's last batch, also when the step interval has just saved this very step (ModelCheckpoint
         # would skip it): that checkpoint was written before the epoch counted as done, and resumes into the
