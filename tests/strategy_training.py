@@ -37,6 +37,7 @@ from multigpu.data.synthetic import SyntheticCIFAR10
 from multigpu.model.classifier import ImageClassifier
 from multigpu.model.deferred_batch_norm import defer_batch_norm
 from multigpu.model.lazy_blocks import LazyBlocks, is_materialized
+from multigpu.run.gradient_norm import GradientNorm
 from multigpu.run.process_groups import end_process_groups
 from multigpu.strategies import (
     DataParallelStrategy,
@@ -97,6 +98,40 @@ class OverflowAt(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         pl_module.net[0][1].armed = trainer.global_step == 1 and trainer.global_rank in self.ranks
+
+
+class LoggedNorms(Callback):
+    """Records each step's logged ``train/grad_norm`` (``GradientNorm``, every step a log step) and, where this
+    process holds every gradient (``whole``), ``clip_grad_norm_``'s value on them before Lightning's clipping."""
+
+    def __init__(self, whole: bool) -> None:
+        self.whole, self.logged, self.clipped = whole, [], []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if self.whole:
+            self.clipped.append(torch.nn.utils.clip_grad_norm_(pl_module.parameters(), float("inf")))
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if batch_idx:  # the step before's, logged after its on_train_batch_end
+            self.logged.append(trainer.callback_metrics["train/grad_norm"])
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.logged.append(trainer.callback_metrics["train/grad_norm"])
+
+
+# Setups that log their gradient norm (``grad_norm`` in their state; ``clip_grad_norm`` on one device): the same
+# samples in every step as ``single``, whose norms they must log.
+LOGS_NORMS = (
+    "single",
+    "mmp_1x2",
+    "mmp_2x2",
+    "pipe_gpipe",
+    "pipe_1f1b",
+    "pipe_2x2",
+    "tiny_ddp_4",
+    "tiny_fsdp_4",
+    "tiny_fsdp_2x2",
+)
 
 
 BUILT: list[int] = []  # the blocks this process built for real, in order
@@ -360,6 +395,10 @@ def train(name: str, out: str) -> None:
     build, strategy, devices, batch_size, trainer_arguments = SETUPS[name]
     trainer_arguments = {key: value() if callable(value) else value for key, value in trainer_arguments.items()}
     callbacks = trainer_arguments.pop("callbacks", []) + ([HeldBlocks(out)] if build is factory else [])
+    norms = LoggedNorms(whole=name == "single") if name in LOGS_NORMS else None
+    if norms is not None:
+        callbacks += [GradientNorm(), norms]
+        trainer_arguments["log_every_n_steps"] = 1
     torch.set_num_threads(1)
     seed_everything(0)
     model, data = build(batch_size)
@@ -374,6 +413,10 @@ def train(name: str, out: str) -> None:
             scales = [torch.zeros(()) for _ in range(dist.get_world_size())]
             dist.all_gather(scales, torch.tensor(scaler.get_scale()))
         state["loss_scales"] = torch.stack(scales)
+    if norms is not None:
+        state["grad_norm"] = torch.stack(norms.logged)
+        if norms.clipped:
+            state["clip_grad_norm"] = torch.stack(norms.clipped)
     if name in WITH_MOMENTUM:  # and each parameter's momentum, in the optimizer's order
         optimizer_state = trainer.strategy.optimizer_state(trainer.optimizers[0])  # gathered on rank 0
         for index, parameter_state in optimizer_state.get("state", {}).items():

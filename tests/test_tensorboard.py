@@ -9,6 +9,7 @@ import time
 import urllib.request
 
 import pytest
+import torch
 from helpers import SMOKE, cli_main, free_port, run_args
 
 from multigpu.data.cifar10 import CIFAR10_CLASSES
@@ -94,3 +95,15 @@ def test_tensorboard_shows_the_runs_scalars_and_one_hparams_row_with_its_best_an
     scalars = _get(f"{address}/data/plugin/scalars/scalars?run=test/version_0&tag=val/acc")
     assert metrics["hp/val_acc_last"]["value"] == pytest.approx(scalars[-1][2])
     assert metrics["hp/val_acc_best"]["value"] == pytest.approx(max(point[2] for point in scalars))
+
+
+@pytest.mark.slow
+def test_the_logged_gradient_norm_is_clip_grad_norms_under_every_strategy(train_setup):
+    """``train/grad_norm`` at each of 4 steps, on the same samples: on one device it is ``clip_grad_norm_``'s value on
+    the same gradients; under ddp, fsdp (and HSDP), a pipeline (and 2 of its copies) and manual model parallel, each
+    process holding a part or a copy of them, the same."""
+    single = train_setup("single")
+    assert torch.equal(single["grad_norm"], single["clip_grad_norm"]) and single["grad_norm"].shape == (4,)
+    for setup in ("tiny_ddp_4", "tiny_fsdp_4", "tiny_fsdp_2x2", "pipe_gpipe", "pipe_1f1b", "pipe_2x2", "mmp_1x2"):
+        torch.testing.assert_close(train_setup(setup)["grad_norm"], single["clip_grad_norm"], rtol=1e-6, atol=0)
+    torch.testing.assert_close(train_setup("mmp_2x2")["grad_norm"], single["clip_grad_norm"], rtol=1e-6, atol=0)

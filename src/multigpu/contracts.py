@@ -16,8 +16,9 @@ types, not runtime checks: a module keeps its children where ``isinstance`` with
 from typing import Protocol
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torch.distributed import ProcessGroup
+from torch.distributed.tensor import DTensor
 
 __all__ = ["HoldsNetwork", "StrategyLayout", "TrainsNetwork", "layout_of"]
 
@@ -47,6 +48,13 @@ class StrategyLayout(Protocol):
     def process_devices(self) -> list[torch.device]:
         """The devices this process trains on, in the order of its stages."""
         return [self.root_device]
+
+    def gradient_norm(self, pl_module: nn.Module) -> Tensor:
+        """The 2-norm of all of the network's gradients, over every process that holds a part of them: the value
+        ``torch.nn.utils.clip_grad_norm_`` would return on the whole network's. On the device: read it at log steps
+        only. A sharded gradient (a DTensor) is reduced over its processes."""
+        norm = torch.nn.utils.get_total_norm([param.grad for param in pl_module.parameters() if param.grad is not None])
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
     def check_model(self, pl_module: "HoldsNetwork") -> object:
         """Refuse, before any process is launched, a LightningModule this strategy cannot run."""

@@ -38,6 +38,7 @@ from multigpu.run.callbacks import (
 )
 from multigpu.run.elastic import torchrun_node_count
 from multigpu.run.fit_summary import FitSummary
+from multigpu.run.gradient_norm import GradientNorm
 from multigpu.run.replicas import accumulation_for, data_parallel_size
 from multigpu.run.resume import ResumePoint
 from multigpu.run.run_hparams import RunHparams
@@ -125,6 +126,7 @@ class MultiGPUCLI(CheckpointPathCLI):
                     RunHparams(),
                     FitSummary(),
                     StepTimes(),
+                    GradientNorm(),
                 ]
             },
             parser_kwargs=parser_kwargs,

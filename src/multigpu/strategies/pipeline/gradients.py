@@ -17,7 +17,7 @@ from torch.optim import Optimizer
 
 from multigpu.compat import found_inf_flags
 
-__all__ = ["average_between_replicas", "clip_over_stages", "micro_batch_loss", "over_stages"]
+__all__ = ["average_between_replicas", "clip_over_stages", "micro_batch_loss", "norm_over_stages", "over_stages"]
 
 
 def average_between_replicas(params: Sequence[nn.Parameter], group: dist.ProcessGroup, replicas: int) -> None:
@@ -30,16 +30,22 @@ def average_between_replicas(params: Sequence[nn.Parameter], group: dist.Process
             param.grad /= replicas
 
 
+def norm_over_stages(params: Sequence[nn.Parameter], group: dist.ProcessGroup, device: torch.device) -> Tensor:
+    """The 2-norm of the gradients of every stage of the pipeline, from this stage's ``params`` (one all-reduce)."""
+    squares = torch.zeros((), device=device)
+    for param in params:
+        if param.grad is not None:
+            squares += param.grad.detach().float().pow(2).sum()
+    dist.all_reduce(squares, group=group)
+    return squares.sqrt()
+
+
 def _clip_norm_over_stages(
     params: Sequence[nn.Parameter], clip_val: float, group: dist.ProcessGroup, device: torch.device
 ) -> None:
     """Clip this stage's gradients by the norm of the gradients of every stage of the pipeline."""
     params = [param for param in params if param.grad is not None]
-    squares = torch.zeros((), device=device)
-    for param in params:
-        squares += param.grad.detach().float().pow(2).sum()
-    dist.all_reduce(squares, group=group)
-    torch.nn.utils.clip_grads_with_norm_(params, clip_val, squares.sqrt())
+    torch.nn.utils.clip_grads_with_norm_(params, clip_val, norm_over_stages(params, group, device))
 
 
 def _share_overflow(precision_plugin: Precision, optimizer: Optimizer, device: torch.device) -> None:

@@ -19,7 +19,12 @@ from multigpu.strategies.block_timing import time_blocks
 from multigpu.strategies.network_lookup import block_sequence
 from multigpu.strategies.partition import BalanceBy, choose_balance, split_table
 from multigpu.strategies.pipeline.checkpoints import gather_optimizer_state, gather_state_dict
-from multigpu.strategies.pipeline.gradients import average_between_replicas, micro_batch_loss, over_stages
+from multigpu.strategies.pipeline.gradients import (
+    average_between_replicas,
+    micro_batch_loss,
+    norm_over_stages,
+    over_stages,
+)
 from multigpu.strategies.pipeline.model_checks import pipeline_blocks, refuse_untrainable_micro_batches
 from multigpu.strategies.pipeline.runner import StageBlocks, StageRunner, create_groups, network_returns
 from multigpu.strategies.pipeline.stage_placement import StagePlacement, check_options
@@ -280,6 +285,11 @@ class PipelineStrategy(SplitNetworkStrategy):
             return result
 
         return super().optimizer_step(optimizer, closure_then_average, model, **kwargs)
+
+    @override
+    def gradient_norm(self, pl_module: nn.Module) -> Tensor:
+        """Over this process's stages and the other processes' (each holds its stages' gradients alone)."""
+        return norm_over_stages(list(self._stage_module.parameters()), self._pipe_group, self.root_device)
 
     # --- checkpoints --------------------------------------------------------------------------
 
