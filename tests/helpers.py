@@ -486,6 +486,31 @@ class FillDiskAt(Callback):
                     file.write(b"\0" * free)
 
 
+class SlowLoader(Callback):
+    """Makes the training loader take ``seconds`` longer per image, on every process, as a slow transform would."""
+
+    class sleeping(Dataset):
+        """``dataset``, each image ``seconds`` longer to read."""
+
+        def __init__(self, dataset: Dataset, seconds: float) -> None:
+            self.dataset, self.seconds = dataset, seconds
+
+        def __len__(self) -> int:
+            return len(self.dataset)
+
+        def __getitem__(self, index: int):
+            time.sleep(self.seconds)
+            return self.dataset[index]
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    @override
+    def setup(self, trainer, pl_module, stage) -> None:
+        datasets = trainer.datamodule.datasets  # set up before the callbacks
+        datasets["train"] = self.sleeping(datasets["train"], self.seconds)
+
+
 class SlowSteps(Callback):
     """Makes every training step last ``seconds`` longer, on every process (steps of seconds, as a large network's),
     the run's first step ``first_s`` longer (as a compiled network's), and validation batches (below)."""

@@ -13,11 +13,13 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+from torch.utils.data import DataLoader
 
 from multigpu.compat import (
     LIGHTNING_CONTRACTS,
     PRIVATE_HOOKS,
     STAGE_HOOKS_OF_TORCH_211,
+    TRAIN_LOADER_NEXT,
     _StageOfTorch211,
     pipeline_stage,
     resolve,
@@ -159,3 +161,26 @@ def test_dps_node_count_contract_refuses_a_second_machine():
     """What the ``num_nodes`` contract does, through public Lightning: dp takes one machine only."""
     with pytest.raises(UsageError, match="dp runs in one process on one machine, not 2"):
         Trainer(strategy=DataParallelStrategy(), accelerator="cpu", devices=1, num_nodes=2, logger=False)
+
+
+def test_lightnings_training_loop_profiles_its_wait_for_the_loader_under_the_name_compat_gives():
+    """Lightning profiles an action named ``TRAIN_LOADER_NEXT``, which ``LoaderClock`` adds up: 3 batches of 4
+    images, each 10 ms to read."""
+    from helpers import SlowLoader, bare_trainer
+    from strategy_training import tiny
+
+    from multigpu.run.step_times import LoaderClock
+
+    class Actions(LoaderClock):
+        names: set[str] = set()
+
+        def start(self, action_name: str) -> None:
+            self.names.add(action_name)
+            super().start(action_name)
+
+    model, data = tiny(4)
+    clock = Actions()
+    trainer = bare_trainer("auto", 1, 3, profiler=clock)
+    trainer.fit(model, DataLoader(SlowLoader.sleeping(data, 0.01), batch_size=4))
+    assert TRAIN_LOADER_NEXT in clock.names, sorted(clock.names)
+    assert clock.waited_s >= 3 * 4 * 0.01

@@ -1,6 +1,7 @@
 """What a user sees in TensorBoard, read from a real ``tensorboard`` served on loopback through its HTTP data API,
 and what a finished fit says."""
 
+import csv
 import json
 import logging
 import subprocess
@@ -10,7 +11,7 @@ import urllib.request
 
 import pytest
 import torch
-from helpers import SMOKE, cli_main, free_port, run_args
+from helpers import SMOKE, cli_main, free_port, helper_callback, run_args
 
 from multigpu.data.cifar10 import CIFAR10_CLASSES
 from multigpu.run.run_hparams import METRICS
@@ -70,9 +71,9 @@ def test_tensorboard_shows_the_runs_scalars_and_one_hparams_row_with_its_best_an
     tags = _get(f"{address}/data/plugin/scalars/tags")
     assert sorted(tags) == ["plain/version_0", "test/version_0"], tags
     by_class = {f"val/acc_by_class/{name}" for name in CIFAR10_CLASSES}
-    assert {"train/loss", "train/acc", "train/lr", "val/loss", "val/acc", *METRICS, *by_class} <= set(
-        tags["test/version_0"]
-    )
+    step = {f"perf/step/{name}" for name in ("seconds", "data_wait_share", "images_per_s", "resident_memory_gib")}
+    assert {"train/loss", "train/acc", "train/lr", "train/grad_norm", "val/loss", "val/acc", *METRICS, *by_class,
+            *step} <= set(tags["test/version_0"])  # fmt: skip
     images = _get(f"{address}/data/plugin/images/tags")
     assert list(images) == ["test/version_0"], images
     assert sorted(images["test/version_0"]) == ["val/confusion_matrix", "val/most_wrong"], images
@@ -107,3 +108,30 @@ def test_the_logged_gradient_norm_is_clip_grad_norms_under_every_strategy(train_
     for setup in ("tiny_ddp_4", "tiny_fsdp_4", "tiny_fsdp_2x2", "pipe_gpipe", "pipe_1f1b", "pipe_2x2", "mmp_1x2"):
         torch.testing.assert_close(train_setup(setup)["grad_norm"], single["clip_grad_norm"], rtol=1e-6, atol=0)
     torch.testing.assert_close(train_setup("mmp_2x2")["grad_norm"], single["clip_grad_norm"], rtol=1e-6, atol=0)
+
+
+@pytest.mark.slow
+def test_the_loaders_wait_shows_in_the_logged_steps_and_another_logger_gets_the_scalars(tmp_path, caplog):
+    """8 steps logged every 4 (Lightning fetches a batch ahead: 3 of the 4 batches fetched in each interval). A loader
+    slowed by 20 ms an image (160 ms a batch of 8, against steps of a few ms) waits more than half of the second
+    interval's time; the loader unslowed, beside steps made 200 ms longer, less than a tenth. Lightning's CSVLogger,
+    in place of TensorBoard, gets the scalars (the step's figures, the gradient norm, each class's accuracy), and the
+    end of the fit says where it wrote."""
+    shares = {}
+    for name, slowed in (("slow", ("SlowLoader", 0.02)), ("fast", ("SlowSteps", 0.2))):
+        with caplog.at_level(logging.INFO):
+            cli_main(
+                "fit", "--config", SMOKE, *run_args(tmp_path, name), "--data.synthetic_size=64",
+                "--trainer.log_every_n_steps=4", "--config", helper_callback(tmp_path, slowed[0], seconds=slowed[1]),
+                "--trainer.logger=CSVLogger", f"--trainer.logger.save_dir={tmp_path / 'csv'}",
+                f"--trainer.logger.name={name}",
+            )  # fmt: skip
+        written = tmp_path / "csv" / name / "version_0"
+        assert f"CSVLogger: {written}" in caplog.text
+        with (written / "metrics.csv").open() as file:
+            rows = list(csv.DictReader(file))
+        logged = {column for row in rows for column, value in row.items() if value}
+        assert {"train/grad_norm", "perf/step/seconds", "perf/step/images_per_s", "val/acc_by_class/cat"} <= logged
+        shares[name] = [float(row["perf/step/data_wait_share"]) for row in rows if row["perf/step/data_wait_share"]]
+    assert len(shares["slow"]) == 2 and shares["slow"][1] > 0.5, shares  # the first interval has the first steps'
+    assert len(shares["fast"]) == 2 and max(shares["fast"]) < 0.1, shares  # warm-up, as long as the machine is slow

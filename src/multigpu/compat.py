@@ -47,6 +47,7 @@ __all__ = [
     "LIGHTNING_CONTRACTS",
     "PRIVATE_HOOKS",
     "STAGE_HOOKS_OF_TORCH_211",
+    "TRAIN_LOADER_NEXT",
     "found_inf_flags",
     "is_log_step",
     "launches_subprocesses",
@@ -350,6 +351,11 @@ def skip_sigterm_broadcast(trainer: Trainer) -> None:
     step of a run of several processes, and reads back (a wait for the GPU): ``CheckpointOnStopSignal`` has every
     process agree on a stop signal, and raise the flag, at the same step, which then stops each of them after it."""
     trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
+
+
+TRAIN_LOADER_NEXT = "[_TrainingEpochLoop].train_dataloader_next"
+"""The action under which Lightning's training loop profiles its wait for the loader's next batch (the name of its
+private loop class; ``run.step_times.LoaderClock`` times it)."""
 
 
 def is_log_step(trainer: Trainer) -> bool:

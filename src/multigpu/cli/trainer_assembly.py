@@ -7,6 +7,7 @@
 - the progress bar and the model summary in place of Lightning's defaults, unless the user chose their own;
 - ``last.ckpt`` every ``--save_every_n_steps`` steps (``LastCheckpoint``);
 - who launched the processes, noted before Lightning's launcher starts any (``RunMetadata``);
+- the training loop's wait for the loader timed (``LoaderClock``), unless the user chose a profiler;
 - ``--trainer.max_time`` checked by the stop vote after every step, Lightning's Timer at epochs' ends only;
 - the watch over faults: a stalled process, a failed background write (``FaultWatch``, ``--stall_timeout_s``);
 - the combinations that would only fail once training has started, refused.
@@ -27,6 +28,7 @@ from multigpu.run.callbacks import LastCheckpoint, RunMetadata
 from multigpu.run.checkpoint_io import AtomicCheckpointIO
 from multigpu.run.model_summary import RunSummary
 from multigpu.run.progress_bar import PacedProgressBar
+from multigpu.run.step_times import LoaderClock
 from multigpu.run.watchdog import FaultWatch
 from multigpu.strategies import FullyShardedStrategy
 
@@ -54,6 +56,8 @@ def assemble_trainer(
         kwargs["strategy"] = FullyShardedStrategy()
     if trainer_options.get("plugins") is None:
         kwargs["plugins"] = [AtomicCheckpointIO(background=config.get("save_in_background", True))]
+    if trainer_options.get("profiler") is None:
+        kwargs["profiler"] = LoaderClock()
     chosen = list(chosen)  # as the user chose them: Lightning appends its defaults to the list it is given
     checkpointing = trainer_options.get("enable_checkpointing") is not False
     every = config.get("save_every_n_steps") or 0

@@ -79,6 +79,13 @@ class ThroughputSummary(Callback):
         count = getattr(pl_module, "training_flops_per_image", None)
         self._flops_per_image = count() if self._peak and count else None
 
+    def mfu(self, images_per_s: float) -> float | None:
+        """The model FLOP utilisation of training at ``images_per_s`` over all replicas; ``None`` where the devices'
+        peak is not known (once ``fit`` has started)."""
+        if not self._peak or not self._flops_per_image:
+            return None
+        return images_per_s * self._flops_per_image / self._peak
+
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.on_train_epoch_start(trainer, pl_module)  # a run resumed mid-epoch gets no epoch start
@@ -108,8 +115,7 @@ class ThroughputSummary(Callback):
         parts = [f"epoch {trainer.current_epoch}", f"step {trainer.global_step}"]
         parts += [f"{key} {float(metrics[key]):.4f}" for key in ("train/loss", "val/loss", "val/acc") if key in metrics]
         parts.append(f"{images_per_s:.1f} img/s")
-        if self._peak and self._flops_per_image:
-            mfu = images_per_s * self._flops_per_image / self._peak
+        if (mfu := self.mfu(images_per_s)) is not None:
             pl_module.log("perf/mfu", mfu, sync_dist=True)
             parts.append(f"MFU {100 * mfu:.1f}%")
         parts.append(f"{epoch_time:.1f} s")

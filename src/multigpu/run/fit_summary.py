@@ -1,5 +1,5 @@
 """What a finished ``fit`` says on the console: its throughput, each device's peak memory, its best checkpoint and the
-command that opens TensorBoard on the run."""
+command that opens TensorBoard on the run (or where another logger wrote)."""
 
 import resource
 import time
@@ -8,6 +8,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
@@ -72,6 +73,9 @@ class FitSummary(Callback):
         best = trainer.checkpoint_callback
         if best is not None and best.best_model_path:
             lines.append(f"  best {best.monitor} {float(best.best_model_score):.4f}: {best.best_model_path}")
-        if trainer.logger is not None and trainer.logger.log_dir:
-            lines.append(f"  tensorboard --logdir {trainer.logger.log_dir}")
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                lines.append(f"  tensorboard --logdir {logger.log_dir}")
+            elif logger.log_dir:
+                lines.append(f"  {type(logger).__name__}: {logger.log_dir}")
         rank_zero_info("\n".join(lines))

@@ -1,7 +1,7 @@
 """Where a run's time and memory go, written at each log step and nowhere else (between log steps it only reads the
-host's clock): the step time, the share of it between batches (the loader's wait among it), images per second, the
-hold of the last checkpoint save, and the peak memory since the last log step; under several processes the slowest
-and the fastest process's, so that a straggler shows."""
+host's clock): the step time and the share of it spent waiting for the loader, images per second, the model FLOP
+utilisation, the hold of the last checkpoint save, and the peak memory since the last log step; under several
+processes the slowest and the fastest process's, so that a straggler shows."""
 
 import os
 import time
@@ -10,15 +10,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.profilers import PassThroughProfiler
 from typing_extensions import override
 
-from multigpu.compat import is_log_step
+from multigpu.compat import TRAIN_LOADER_NEXT, is_log_step
 from multigpu.contracts import layout_of
+from multigpu.run.callbacks import ThroughputSummary
 from multigpu.run.checkpoint_io import AtomicCheckpointIO
 from multigpu.run.device_sync import synchronize
 from multigpu.run.replicas import data_parallel_size
 
-__all__ = ["StepTimes"]
+__all__ = ["LoaderClock", "StepTimes"]
 
 
 def _resident_gib() -> float:
@@ -26,38 +28,80 @@ def _resident_gib() -> float:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
 
 
-class StepTimes(Callback):
-    """Logs at each log step, over the steps since the one before, under ``perf/step/``:
+class LoaderClock(PassThroughProfiler):
+    """Lightning's default profiler, which records nothing, but for one action: the training loop's wait for the
+    loader's next batch, added up in ``waited_s``. The run's profiler unless the user chooses one
+    (``--trainer.profiler``, whose own report then says where the time went)."""
 
-    - ``seconds``: wall time per optimizer step (the interval's, the device waited for at its end);
-    - ``between_batches_share``: the share of it between a batch's end and the next one's start, where the training
-      thread waits for the loader's next batch (and Lightning does its work between batches: a slow loader shows
-      there, but it is not the loader's wait alone);
-    - ``images_per_s``: training images per second over all replicas;
+    def __init__(self) -> None:
+        super().__init__()
+        self.waited_s = 0.0
+        self._started: float | None = None
+
+    @override
+    def start(self, action_name: str) -> None:
+        if action_name == TRAIN_LOADER_NEXT:
+            self._started = time.perf_counter()
+
+    @override
+    def stop(self, action_name: str) -> None:
+        if action_name == TRAIN_LOADER_NEXT and self._started is not None:
+            self.waited_s += time.perf_counter() - self._started
+            self._started = None
+
+
+class StepTimes(Callback):
+    """Logs at each log step, over the training steps since the one before (a validation between them left out),
+    under ``perf/step/``:
+
+    - ``seconds``: wall time per optimizer step (the device waited for at the interval's end);
+    - ``data_wait_share``: the share of it the training loop waited for the loader's next batch (``LoaderClock``;
+      not with a profiler of the user's);
+    - ``images_per_s``: training images per second over all replicas, and ``mfu``, the model FLOP utilisation, where
+      the device's peak is known (``ThroughputSummary``: Lightning's table of peaks by device and precision, or
+      ``--throughput.peak_flops``);
     - ``checkpoint_hold_ms``: how long the last save held training (after a save);
     - ``peak_memory_gib/<device>``: the most memory allocated on each CUDA device of the process since the log step
-      before (``.../reserved`` beside it); on the CPU the process's resident memory (``resident_memory_gib``);
-    - under several processes, ``seconds_max``, ``seconds_min`` and ``between_batches_share_max`` over them.
+      before (``.../reserved`` beside it): each stage's device under ``manual_model_parallel``, each process's under
+      ``pipeline``; on the CPU the process's resident memory (``resident_memory_gib``);
+    - under several processes, ``seconds_max``, ``seconds_min``, ``data_wait_share_max`` and ``data_wait_share_min``
+      over them, and each process's peak memory under its rank (``.../rank<r>``).
     """
 
     def __init__(self) -> None:
-        self._reset(None)
+        self._throughput: ThroughputSummary | None = None
+        self._reset(None, None)
 
-    def _reset(self, now: float | None) -> None:
-        self._since, self._batch_end = now, now
-        self._waited, self._steps, self._images = 0.0, 0, 0
+    def _reset(self, now: float | None, trainer: Trainer | None) -> None:
+        self._since, self._steps, self._images, self._excluded = now, 0, 0, 0.0
+        self._waited_before = self._waited(trainer)
+        self._validation_start: float | None = None
+
+    @staticmethod
+    def _waited(trainer: Trainer | None) -> float | None:
+        profiler = trainer.profiler if trainer is not None else None
+        return profiler.waited_s if isinstance(profiler, LoaderClock) else None
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._reset(None)
+        self._throughput = next((c for c in trainer.callbacks if isinstance(c, ThroughputSummary)), None)
+        self._reset(None, None)
 
     @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        now = time.perf_counter()
         if self._since is None:
-            self._reset(now)
-        elif self._batch_end is not None:
-            self._waited += now - self._batch_end  # the loader's next batch, and Lightning's work around it
+            self._reset(time.perf_counter(), trainer)
+
+    @override
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._since is not None:
+            self._validation_start = time.perf_counter()
+
+    @override
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._validation_start is not None:
+            self._excluded += time.perf_counter() - self._validation_start
+            self._validation_start = None
 
     @override
     def on_train_batch_end(
@@ -67,28 +111,30 @@ class StepTimes(Callback):
         if (batch_idx + 1) % trainer.accumulate_grad_batches == 0:
             self._steps += 1
         if not is_log_step(trainer) or not self._steps:
-            self._batch_end = time.perf_counter()
             return
         devices = layout_of(trainer).process_devices
         for device in devices:
             synchronize(device)  # at log steps only: the interval's time is the device's too
-        now = time.perf_counter()
-        seconds = max(now - self._since, 1e-9)
-        figures = {
-            "perf/step/seconds": seconds / self._steps,
-            "perf/step/between_batches_share": self._waited / seconds,
-            "perf/step/images_per_s": self._images * data_parallel_size(trainer) / seconds,
-        }
+        seconds = max(time.perf_counter() - self._since - self._excluded, 1e-9)
+        images_per_s = self._images * data_parallel_size(trainer) / seconds
+        figures = {"perf/step/seconds": seconds / self._steps, "perf/step/images_per_s": images_per_s}
+        waited = self._waited(trainer)
+        if waited is not None and self._waited_before is not None:
+            figures["perf/step/data_wait_share"] = min((waited - self._waited_before) / seconds, 1.0)
+        if self._throughput is not None and (mfu := self._throughput.mfu(images_per_s)) is not None:
+            figures["perf/step/mfu"] = mfu
         io = trainer.strategy.checkpoint_io
         if isinstance(io, AtomicCheckpointIO) and io.held_s is not None:
             figures["perf/step/checkpoint_hold_ms"] = 1000 * io.held_s
             io.held_s = None
-        figures.update(self._memory(devices))
+        memory = self._memory(devices)
         if dist.is_available() and dist.is_initialized() and trainer.world_size > 1:
-            figures.update(self._spread(figures))
+            figures.update(self._spread(figures, memory, trainer.global_rank))
+        else:
+            figures.update(memory)
         for name, value in figures.items():
             pl_module.log(name, value)
-        self._reset(time.perf_counter())
+        self._reset(time.perf_counter(), trainer)
 
     @staticmethod
     def _memory(devices: list[torch.device]) -> dict[str, float]:
@@ -103,14 +149,17 @@ class StepTimes(Callback):
         return figures
 
     @staticmethod
-    def _spread(figures: dict[str, float]) -> dict[str, float]:
-        """The slowest and fastest process's step time, and the largest data-wait share, over every process (one
-        all-gather on the host, at log steps only)."""
-        every: list[tuple[float, float] | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(every, (figures["perf/step/seconds"], figures["perf/step/between_batches_share"]))
-        steps = [step for step, _ in every]
-        return {
-            "perf/step/seconds_max": max(steps),
-            "perf/step/seconds_min": min(steps),
-            "perf/step/between_batches_share_max": max(wait for _, wait in every),
-        }
+    def _spread(figures: dict[str, float], memory: dict[str, float], rank: int) -> dict[str, float]:
+        """The slowest and fastest process's step time and data wait, and every process's memory under its rank, from
+        one all-gather on the host, at log steps only (the first process writes the logs)."""
+        every: list[tuple[float, float | None, dict[str, float]] | None] = [None] * dist.get_world_size()
+        mine = (figures["perf/step/seconds"], figures.get("perf/step/data_wait_share"), memory)
+        dist.all_gather_object(every, mine)
+        steps = [step for step, _, _ in every]
+        spread = {"perf/step/seconds_max": max(steps), "perf/step/seconds_min": min(steps)}
+        waits = [wait for _, wait, _ in every if wait is not None]
+        if waits:
+            spread["perf/step/data_wait_share_max"], spread["perf/step/data_wait_share_min"] = max(waits), min(waits)
+        for other, (_, _, figures_of) in enumerate(every):
+            spread.update({f"{name}/rank{other}": value for name, value in figures_of.items()})
+        return spread
