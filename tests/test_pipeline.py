@@ -5,6 +5,7 @@ import re
 import pytest
 import torch
 from helpers import RESNET50, SMOKE, cli_error, cli_main, run_args, run_cli
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from multigpu.model.deferred_batch_norm import defer_batch_norm
 
@@ -53,6 +54,16 @@ def test_cli_trains_evaluates_and_shares_checkpoints_with_ddp_and_one_device(tmp
     assert "pipeline: 2 stages over 2 processes, schedule 1f1b, 1 replica(s), 4 micro-batches" in first.stdout
     assert re.search(r"^stage +device +blocks +params +time$", first.stdout, re.MULTILINE)
     assert "Total params" in first.stdout and "Total FLOPs" not in first.stdout  # none counted: no "0"
+    # At each log step, each process's idle share of the schedule's step and 1F1B's bubble over 2 stages and 4
+    # micro-batches, 1/5; each process's memory.
+    logged = EventAccumulator(str(tmp_path / "logs" / "test" / "version_0"))
+    logged.Reload()
+    scalars = {tag: [event.value for event in logged.Scalars(tag)] for tag in logged.Tags()["scalars"]}
+    for rank in (0, 1):
+        assert len(scalars[f"perf/pipeline/idle_share/rank{rank}"]) == 4  # the smoke preset's steps
+        assert all(0 <= share <= 1 for share in scalars[f"perf/pipeline/idle_share/rank{rank}"])
+        assert scalars[f"perf/pipeline/idle_share_ideal/rank{rank}"] == [pytest.approx(0.2)] * 4
+        assert f"perf/step/resident_memory_gib/rank{rank}" in scalars
     checkpoint = torch.load(last)
     # The gathered optimizer state holds every parameter's momentum, from both stages.
     assert len(checkpoint["optimizer_states"][0]["state"]) == len(

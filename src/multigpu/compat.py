@@ -46,6 +46,7 @@ __all__ = [
     "CheckpointPathCLI",
     "LIGHTNING_CONTRACTS",
     "PRIVATE_HOOKS",
+    "STAGE_ACTIONS",
     "STAGE_HOOKS_OF_TORCH_211",
     "TRAIN_LOADER_NEXT",
     "found_inf_flags",
@@ -64,6 +65,7 @@ __all__ = [
     "stop_after_this_step_as_on_sigterm",
     "thread_stack",
     "time_pipeline_parts",
+    "time_stage_actions",
     "without_child",
 ]
 
@@ -153,14 +155,28 @@ def pipeline_stage(
     return (_StageOfTorch211 if torch_211 else PipelineStage)(module, stage_index, num_stages, device, group=group)
 
 
+STAGE_ACTIONS = {
+    "forward_one_chunk": "forward",
+    "backward_one_chunk": "backward",
+    "backward_weight_one_chunk": "backward",
+}
+"""The methods of ``PipelineStage`` every schedule calls for its computations, and the part of the step each is:
+torch documents the schedules, not what they call."""
+
+
+def time_stage_actions(stage: PipelineStage, wrap: Callable[[str, Callable], Callable]) -> None:
+    """Replace the computations the schedules call on ``stage`` (``STAGE_ACTIONS``) with ``wrap(part, method)``,
+    on that stage alone."""
+    for name, part in STAGE_ACTIONS.items():
+        setattr(stage, name, wrap(part, getattr(stage, name)))
+
+
 def time_pipeline_parts(wrap: Callable[[str, Callable], Callable]) -> None:
     """Replace what every pipeline schedule calls for its actions and its point-to-point communication with
     ``wrap(part, function)``: parts ``forward``, ``backward``, ``send/recv`` (posting) and ``wait``. For the
     benchmarks' clocks; for the rest of the process."""
-    stage = PipelineStage
-    stage.forward_one_chunk = wrap("forward", stage.forward_one_chunk)
-    stage.backward_one_chunk = wrap("backward", stage.backward_one_chunk)
-    stage.backward_weight_one_chunk = wrap("backward", stage.backward_weight_one_chunk)
+    for name, part in STAGE_ACTIONS.items():
+        setattr(PipelineStage, name, wrap(part, getattr(PipelineStage, name)))
     # The schedules post and wait for their sends and receives through these two module functions, which
     # have no public counterpart or hook.
     pipeline_schedules._batch_p2p = wrap("send/recv", pipeline_schedules._batch_p2p)
@@ -395,6 +411,7 @@ _CHECKPOINT = "lightning.pytorch.callbacks.ModelCheckpoint"
 PRIVATE_HOOKS = (
     PrivateHook(_PIPELINE_STAGE, "_shape_inference", "pipeline_stage", ("self", "args", "kwargs"), optional=True),
     PrivateHook(_PIPELINE_STAGE, "_get_init_p2p_neighbors_ops", "pipeline_stage", ("self",), optional=True),
+    *(PrivateHook(_PIPELINE_STAGE, name, "time_stage_actions") for name in STAGE_ACTIONS),
     PrivateHook(_SCHEDULES, "_batch_p2p", "time_pipeline_parts", ("p2p_ops", "desc")),
     PrivateHook(_SCHEDULES, "_wait_batch_p2p", "time_pipeline_parts", ("work",)),
     PrivateHook("torch.distributed.pipelining._schedule_visualizer", "get_schedule_ops", "schedule_actions"),

@@ -56,6 +56,12 @@ class StrategyLayout(Protocol):
         norm = torch.nn.utils.get_total_norm([param.grad for param in pl_module.parameters() if param.grad is not None])
         return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
+    def step_figures(self) -> dict[str, float]:
+        """What the strategy measured of the last log step, by the name it is logged under, read once the device has
+        finished the step: none by default; a pipeline's idle share of its schedule's step, and the schedule's
+        ideal."""
+        return {}
+
     def check_model(self, pl_module: "HoldsNetwork") -> object:
         """Refuse, before any process is launched, a LightningModule this strategy cannot run."""
 

@@ -64,8 +64,11 @@ class StepTimes(Callback):
     - ``peak_memory_gib/<device>``: the most memory allocated on each CUDA device of the process since the log step
       before (``.../reserved`` beside it): each stage's device under ``manual_model_parallel``, each process's under
       ``pipeline``; on the CPU the process's resident memory (``resident_memory_gib``);
+    - under ``pipeline``, ``perf/pipeline/idle_share``: the share of the log step's schedule this process computed
+      nothing, and ``perf/pipeline/idle_share_ideal``, its schedule's bubble with stages alike
+      (``StrategyLayout.step_figures``);
     - under several processes, ``seconds_max``, ``seconds_min``, ``data_wait_share_max`` and ``data_wait_share_min``
-      over them, and each process's peak memory under its rank (``.../rank<r>``).
+      over them, and each process's memory and pipeline figures under its rank (``.../rank<r>``).
     """
 
     def __init__(self) -> None:
@@ -127,11 +130,11 @@ class StepTimes(Callback):
         if isinstance(io, AtomicCheckpointIO) and io.held_s is not None:
             figures["perf/step/checkpoint_hold_ms"] = 1000 * io.held_s
             io.held_s = None
-        memory = self._memory(devices)
+        own = self._memory(devices) | layout_of(trainer).step_figures()
         if dist.is_available() and dist.is_initialized() and trainer.world_size > 1:
-            figures.update(self._spread(figures, memory, trainer.global_rank))
+            figures.update(self._spread(figures, own))
         else:
-            figures.update(memory)
+            figures.update(own)
         for name, value in figures.items():
             pl_module.log(name, value)
         self._reset(time.perf_counter(), trainer)
@@ -149,17 +152,17 @@ class StepTimes(Callback):
         return figures
 
     @staticmethod
-    def _spread(figures: dict[str, float], memory: dict[str, float], rank: int) -> dict[str, float]:
-        """The slowest and fastest process's step time and data wait, and every process's memory under its rank, from
-        one all-gather on the host, at log steps only (the first process writes the logs)."""
+    def _spread(figures: dict[str, float], own: dict[str, float]) -> dict[str, float]:
+        """The slowest and fastest process's step time and data wait, and every process's own figures (memory, a
+        pipeline's idle share) under its rank, from one all-gather on the host, at log steps only (the first process
+        writes the logs)."""
         every: list[tuple[float, float | None, dict[str, float]] | None] = [None] * dist.get_world_size()
-        mine = (figures["perf/step/seconds"], figures.get("perf/step/data_wait_share"), memory)
-        dist.all_gather_object(every, mine)
+        dist.all_gather_object(every, (figures["perf/step/seconds"], figures.get("perf/step/data_wait_share"), own))
         steps = [step for step, _, _ in every]
         spread = {"perf/step/seconds_max": max(steps), "perf/step/seconds_min": min(steps)}
         waits = [wait for _, wait, _ in every if wait is not None]
         if waits:
             spread["perf/step/data_wait_share_max"], spread["perf/step/data_wait_share_min"] = max(waits), min(waits)
-        for other, (_, _, figures_of) in enumerate(every):
-            spread.update({f"{name}/rank{other}": value for name, value in figures_of.items()})
+        for rank, figures_of in enumerate(figures_of for _, _, figures_of in every):
+            spread.update({f"{name}/rank{rank}": value for name, value in figures_of.items()})
         return spread

@@ -2,7 +2,7 @@
 every stage gets, which the LightningModule's own step then reads as its network's output."""
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -15,6 +15,7 @@ from typing_extensions import override
 from multigpu.compat import pipeline_stage
 from multigpu.errors import UsageError
 from multigpu.strategies.pipeline.forward import ForwardOnly
+from multigpu.strategies.pipeline.schedule_clock import ScheduleClock
 from multigpu.strategies.pipeline.stage_placement import StagePlacement, schedule_class
 
 __all__ = ["StageBlocks", "StageRunner", "create_groups", "network_returns"]
@@ -101,6 +102,7 @@ class StageRunner:
         group: dist.ProcessGroup,
         device: torch.device,
         precision_plugin: Precision,
+        clock: ScheduleClock,
     ) -> None:
         self.schedule = schedule
         self.forward_only = forward_only
@@ -113,6 +115,7 @@ class StageRunner:
         self.train_batch_size: int | None = None
         self._output_width: int | None = None
         self._held_grads: list[tuple[nn.Parameter, Tensor | None]] = []
+        self.clock = clock
 
     @classmethod
     def build(
@@ -138,13 +141,22 @@ class StageRunner:
         forward_only = ForwardOnly(modules, held, rank_of, placement.num_stages, micro_batches, device)
         last = placement.num_stages - 1
         return cls(
-            schedule, forward_only, modules, 0 in held, last in held, rank_of(last), group, device, precision_plugin
+            schedule,
+            forward_only,
+            modules,
+            0 in held,
+            last in held,
+            rank_of(last),
+            group,
+            device,
+            precision_plugin,
+            ScheduleClock(stages, device),
         )
 
-    def run(self, batch: Any, train: bool, shared: bool = True) -> Tensor:
+    def run(self, batch: Any, train: bool, shared: bool = True, timed: bool = False) -> Tensor:
         """Run the batch through the pipeline; every stage gets the last stage's output, or with ``shared`` false
         only the last stage, the others zeros of its shape (no collective: a training step whose figures nobody
-        reads)."""
+        reads). ``timed``: a training step's computations timed by ``clock``."""
         x, y = batch[0], batch[1]
         size = len(x)
         if train and self.train_batch_size is None:
@@ -157,7 +169,7 @@ class StageRunner:
         with self.precision_plugin.forward_context():
             if train:
                 inputs = (x,) if self.is_first else ()
-                with self._gradients_held():
+                with self._gradients_held(), self.clock.timing() if timed else nullcontext():
                     output = self.schedule.step(*inputs, target=y if self.is_last else None)
             else:  # forward only; inference tensors would end up in the stage's buffers
                 with torch.inference_mode(False), torch.no_grad():

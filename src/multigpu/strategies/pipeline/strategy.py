@@ -27,6 +27,7 @@ from multigpu.strategies.pipeline.gradients import (
 )
 from multigpu.strategies.pipeline.model_checks import pipeline_blocks, refuse_untrainable_micro_batches
 from multigpu.strategies.pipeline.runner import StageBlocks, StageRunner, create_groups, network_returns
+from multigpu.strategies.pipeline.schedule_clock import ideal_idle_share
 from multigpu.strategies.pipeline.stage_placement import StagePlacement, check_options
 from multigpu.strategies.split_network import SplitNetworkStrategy
 
@@ -236,7 +237,8 @@ class PipelineStrategy(SplitNetworkStrategy):
     # --- steps --------------------------------------------------------------------------------
 
     def _step(self, hook: str, batch: Any, *args: Any, train: bool, **kwargs: Any) -> STEP_OUTPUT:
-        output = self._runner.run(batch, train, shared=not train or self._figures_read())
+        timed = train and is_log_step(self.lightning_module.trainer)
+        output = self._runner.run(batch, train, shared=not train or self._figures_read(), timed=timed)
         with network_returns(self.lightning_module, output):
             return getattr(super(), hook)(batch, *args, **kwargs)
 
@@ -285,6 +287,16 @@ class PipelineStrategy(SplitNetworkStrategy):
             return result
 
         return super().optimizer_step(optimizer, closure_then_average, model, **kwargs)
+
+    @override
+    def step_figures(self) -> dict[str, float]:
+        """This process's idle share of the last log step's schedule (its computations timed), and the schedule's
+        ideal (``ideal_idle_share``)."""
+        idle = self._runner.clock.idle_share()
+        if idle is None:
+            return {}
+        ideal = ideal_idle_share(self.placement, self.micro_batches)
+        return {"perf/pipeline/idle_share": idle, "perf/pipeline/idle_share_ideal": ideal}
 
     @override
     def gradient_norm(self, pl_module: nn.Module) -> Tensor:
