@@ -6,6 +6,7 @@ import json
 import logging
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -14,7 +15,9 @@ import torch
 from helpers import SMOKE, cli_main, free_port, helper_callback, run_args
 
 from multigpu.data.cifar10 import CIFAR10_CLASSES
+from multigpu.run import validation_report
 from multigpu.run.run_hparams import METRICS
+from multigpu.run.validation_report import ValidationReport
 
 
 def _get(url: str, body: dict | None = None) -> dict:
@@ -135,3 +138,19 @@ def test_the_loaders_wait_shows_in_the_logged_steps_and_another_logger_gets_the_
         shares[name] = [float(row["perf/step/data_wait_share"]) for row in rows if row["perf/step/data_wait_share"]]
     assert len(shares["slow"]) == 2 and shares["slow"][1] > 0.5, shares  # the first interval has the first steps'
     assert len(shares["fast"]) == 2 and max(shares["fast"]) < 0.1, shares  # warm-up, as long as the machine is slow
+
+
+def test_images_that_fail_to_draw_fail_the_run_at_its_end_and_the_images_wait_for_nothing(tmp_path, monkeypatch):
+    """The images are drawn in a thread of their own: the validation goes on without them, and what stopped them
+    is raised at the end of the fit."""
+    drawn = threading.Event()
+
+    def fails(*args):
+        if not drawn.wait(20):
+            raise AssertionError("the validation waited for its images to be drawn")
+        raise RuntimeError("no room for the confusion matrix")
+
+    monkeypatch.setattr(validation_report, "confusion_figure", fails)
+    monkeypatch.setattr(ValidationReport, "on_validation_end", lambda self, trainer, pl_module: drawn.set())
+    with pytest.raises(RuntimeError, match="no room for the confusion matrix"):
+        cli_main("fit", "--config", SMOKE, *run_args(tmp_path))
