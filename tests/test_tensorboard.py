@@ -66,7 +66,8 @@ def test_tensorboard_shows_the_runs_scalars_and_one_hparams_row_with_its_best_an
     with caplog.at_level(logging.INFO):
         cli_main(*args, "--trainer.max_epochs=2", "--ckpt_path=last")
     summary = caplog.text[caplog.text.index("Finished:") :]
-    assert "images/s over" in summary and "peak memory, process 0 (CPU):" in summary, summary
+    assert "images/s over" in summary and "waiting for the loader" in summary, summary
+    assert "peak memory, process 0 (CPU):" in summary, summary
     assert "best val/acc" in summary and str(tmp_path / "checkpoints" / "test") in summary, summary
     assert f"tensorboard --logdir {tmp_path / 'logs' / 'test' / 'version_0'}" in summary, summary
     cli_main("fit", "--config", SMOKE, *run_args(tmp_path, "plain"), "--validation_report.images=false")

@@ -14,6 +14,7 @@ from typing_extensions import override
 
 from multigpu.contracts import layout_of
 from multigpu.run.replicas import data_parallel_size
+from multigpu.run.step_times import LoaderClock
 
 __all__ = ["FitSummary", "peak_memory"]
 
@@ -34,8 +35,8 @@ def peak_memory(trainer: Trainer) -> list[str]:
 
 class FitSummary(Callback):
     """Prints, once ``fit`` has ended (not after a stop or a failure, which say their own), a few lines: images per
-    second over the run's training (all replicas), every device's peak memory, the best ``val/acc`` and its
-    checkpoint, and ``tensorboard --logdir <the run's logs>``."""
+    second over the run's training (all replicas) and the share of it the first process waited for its loader, every
+    device's peak memory, the best ``val/acc`` and its checkpoint, and ``tensorboard --logdir <the run's logs>``."""
 
     def __init__(self) -> None:
         self._images = 0
@@ -68,7 +69,10 @@ class FitSummary(Callback):
         lines = ["Finished:"]
         if self._seconds > 0:
             images_per_s = self._images * data_parallel_size(trainer) / self._seconds
-            lines.append(f"  training: {images_per_s:,.1f} images/s over {self._seconds:,.1f} s")
+            line = f"  training: {images_per_s:,.1f} images/s over {self._seconds:,.1f} s"
+            if isinstance(trainer.profiler, LoaderClock):
+                line += f", {100 * min(trainer.profiler.waited_s / self._seconds, 1):.0f}% of it waiting for the loader"
+            lines.append(line)
         lines += [f"  peak memory, {line}" for line in memory]
         best = trainer.checkpoint_callback
         if best is not None and best.best_model_path:
