@@ -18,6 +18,7 @@ from multigpu.data.cifar10 import CIFAR10_CLASSES
 from multigpu.run import validation_report
 from multigpu.run.run_hparams import METRICS
 from multigpu.run.validation_report import ValidationReport
+from multigpu.timing.peak_flops import peak_flops
 
 
 def _get(url: str, body: dict | None = None) -> dict:
@@ -155,3 +156,21 @@ def test_images_that_fail_to_draw_fail_the_run_at_its_end_and_the_images_wait_fo
     monkeypatch.setattr(ValidationReport, "on_validation_end", lambda self, trainer, pl_module: drawn.set())
     with pytest.raises(RuntimeError, match="no room for the confusion matrix"):
         cli_main("fit", "--config", SMOKE, *run_args(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("name", "precision", "tflops"),
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16-mixed", 989.4),
+        ("NVIDIA H100 PCIe", "16-mixed", 756.5),
+        ("NVIDIA H100 NVL", "32-true", 60.3),  # fp32: torch's default matmul precision, "highest"
+        ("NVIDIA H200", "bf16-mixed", 989.4),  # which Lightning's table does not know
+        ("NVIDIA H200 NVL", "bf16-mixed", 835.5),
+        ("NVIDIA A100-SXM4-80GB", "32-true", 19.5),
+        ("NVIDIA L4", "bf16-mixed", 121.0),
+    ],
+)
+def test_mfu_divides_by_the_devices_dense_peak_at_the_runs_precision(name, precision, tflops, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert peak_flops(torch.device("cuda", 0), precision) == pytest.approx(tflops * 1e12)
+    assert peak_flops(torch.device("cpu"), precision) is None

@@ -7,8 +7,6 @@ import time
 import traceback
 from typing import Any
 
-import torch
-from lightning.fabric.utilities.throughput import get_available_flops
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 from lightning.pytorch.trainer.states import TrainerFn
@@ -30,6 +28,7 @@ from multigpu.run.loop_position import reopen_cut_epoch
 from multigpu.run.replicas import data_parallel_size
 from multigpu.run.resume import KEY, layout_record, resume, training_order
 from multigpu.run.stop_votes import StopVotes
+from multigpu.timing.peak_flops import peak_flops as device_peak_flops
 
 __all__ = [
     "BestCheckpoints",
@@ -49,12 +48,12 @@ class ThroughputSummary(Callback):
     validation. MFU is ``images/s x FLOPs per image / (peak FLOP/s x devices)``: the FLOPs
     of one image's forward and backward pass come once from the model's
     ``training_flops_per_image()`` (torch's flop counter), the peak from ``peak_flops``
-    or, on known GPUs, from Lightning's table for the run's precision. Without either, MFU
-    is left out.
+    or, on known GPUs, from the table for the run's precision (``multigpu.timing.peak_flops``:
+    H100, H200, A100, L4, and Lightning's for others). Without either, MFU is left out.
 
     Args:
-        peak_flops: peak FLOP/s of one device, for devices Lightning's table does not know
-            (the CPU, say), or to compare against another figure than the table's.
+        peak_flops: peak FLOP/s of one device, for devices no table knows (the CPU, say), or to
+            compare against another figure than the table's.
     """
 
     def __init__(self, peak_flops: float | None = None) -> None:
@@ -69,12 +68,7 @@ class ThroughputSummary(Callback):
     @override
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # Once per run, and the FLOPs only where there is a peak to divide them by.
-        peak = self.peak_flops
-        if peak is None:
-            dtype = {"bf16": torch.bfloat16, "16": torch.float16}.get(
-                str(trainer.precision).split("-")[0], torch.float32
-            )
-            peak = get_available_flops(trainer.strategy.root_device, dtype)
+        peak = self.peak_flops or device_peak_flops(trainer.strategy.root_device, str(trainer.precision))
         self._peak = peak * trainer.num_devices * trainer.num_nodes if peak else None
         count = getattr(pl_module, "training_flops_per_image", None)
         self._flops_per_image = count() if self._peak and count else None
