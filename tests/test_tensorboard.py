@@ -117,17 +117,21 @@ def test_the_logged_gradient_norm_is_clip_grad_norms_under_every_strategy(train_
 
 @pytest.mark.slow
 def test_the_loaders_wait_shows_in_the_logged_steps_and_another_logger_gets_the_scalars(tmp_path, caplog):
-    """8 steps logged every 4 (Lightning fetches a batch ahead: 3 of the 4 batches fetched in each interval). A loader
-    slowed by 20 ms an image (160 ms a batch of 8, against steps of a few ms) waits more than half of the second
-    interval's time; the loader unslowed, beside steps made 200 ms longer, less than a tenth. Lightning's CSVLogger,
+    """8 batches, logged every 4 steps (Lightning fetches a batch ahead: 3 of the 4 batches fetched in each interval). A
+    loader slowed by 50 ms an image (400 ms a batch of 8, against steps of a few ms) waits more than half of the
+    second interval's time; the loader unslowed, beside batches made 100 ms longer, less than a tenth (2 batches
+    accumulated a step, logged every 2 steps: once each, at its last batch). Lightning's CSVLogger,
     in place of TensorBoard, gets the scalars (the step's figures, the gradient norm, each class's accuracy), and the
     end of the fit says where it wrote."""
     shares = {}
-    for name, slowed in (("slow", ("SlowLoader", 0.02)), ("fast", ("SlowSteps", 0.2))):
+    for name, slowed, steps in (
+        ("slow", ("SlowLoader", 0.05), ["--trainer.log_every_n_steps=4"]),
+        ("fast", ("SlowSteps", 0.1), ["--trainer.log_every_n_steps=2", "--trainer.accumulate_grad_batches=2"]),
+    ):
         with caplog.at_level(logging.INFO):
             cli_main(
-                "fit", "--config", SMOKE, *run_args(tmp_path, name), "--data.synthetic_size=64",
-                "--trainer.log_every_n_steps=4", "--config", helper_callback(tmp_path, slowed[0], seconds=slowed[1]),
+                "fit", "--config", SMOKE, *run_args(tmp_path, name), "--data.synthetic_size=64", *steps,
+                "--config", helper_callback(tmp_path, slowed[0], seconds=slowed[1]),
                 "--trainer.logger=CSVLogger", f"--trainer.logger.save_dir={tmp_path / 'csv'}",
                 f"--trainer.logger.name={name}",
             )  # fmt: skip

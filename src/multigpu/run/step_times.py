@@ -111,9 +111,9 @@ class StepTimes(Callback):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._images += len(batch[0])
-        if (batch_idx + 1) % trainer.accumulate_grad_batches == 0:
-            self._steps += 1
-        if not is_log_step(trainer) or not self._steps:
+        stepped = (batch_idx + 1) % trainer.accumulate_grad_batches == 0  # the step's last batch
+        self._steps += stepped
+        if not (stepped and is_log_step(trainer)):  # a log step's every batch is one: its last logs
             return
         devices = layout_of(trainer).process_devices
         for device in devices:
