@@ -49,7 +49,7 @@ TRAINING = [
     "--trainer.enable_progress_bar=false",
     "--trainer.enable_model_summary=false",
 ]
-SCALARS = r"^(train/(loss|lr)|val/(loss|acc))$"  # 4 charts: 2 rows in the window
+SCALARS = r"^(train/(loss|grad_norm)|val/acc|perf/step/(data_wait_share|images_per_s|seconds))$"  # 6 charts in 3 rows
 
 
 def fragment(dashboard: str, **state: str) -> str:
@@ -60,7 +60,7 @@ def fragment(dashboard: str, **state: str) -> str:
 # Each screenshot: its file, its dashboard (raw values on the scalars' curves, the first run's images) and the
 # window's size.
 SHOTS = {
-    "tensorboard-scalars.png": (fragment("scalars", _smoothingWeight="0", tagFilter=SCALARS), "1400,860"),
+    "tensorboard-scalars.png": (fragment("scalars", _smoothingWeight="0", tagFilter=SCALARS), "1400,1140"),
     "tensorboard-images.png": (fragment("images", regexInput=f"^{FIRST}/"), "1400,760"),
     "tensorboard-hparams.png": (fragment("hparams"), "2300,330"),  # 5 hyperparameters and the 4 metrics side by side
 }
