@@ -104,6 +104,7 @@ def test_tensorboard_shows_the_runs_scalars_and_one_hparams_row_with_its_best_an
 
 
 @pytest.mark.slow
+@pytest.mark.internals  # on the lowest torch we declare too: DTensor's norm, the pipeline's stages
 def test_the_logged_gradient_norm_is_clip_grad_norms_under_every_strategy(train_setup):
     """``train/grad_norm`` at each of 4 steps, on the same samples: on one device it is ``clip_grad_norm_``'s value on
     the same gradients; under ddp, fsdp (and HSDP), a pipeline (and 2 of its copies) and manual model parallel, each
