@@ -2,8 +2,6 @@
 command that opens TensorBoard on the run (or where another logger wrote)."""
 
 import resource
-import time
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -14,7 +12,7 @@ from typing_extensions import override
 
 from multigpu.contracts import layout_of
 from multigpu.run.replicas import data_parallel_size
-from multigpu.run.step_times import LoaderClock
+from multigpu.run.step_times import StepTimes
 
 __all__ = ["FitSummary", "peak_memory"]
 
@@ -35,29 +33,9 @@ def peak_memory(trainer: Trainer) -> list[str]:
 
 class FitSummary(Callback):
     """Prints, once ``fit`` has ended (not after a stop or a failure, which say their own), a few lines: images per
-    second over the run's training (all replicas) and the share of it the first process waited for its loader, every
-    device's peak memory, the best ``val/acc`` and its checkpoint, and ``tensorboard --logdir <the run's logs>``."""
-
-    def __init__(self) -> None:
-        self._images = 0
-        self._seconds = 0.0
-        self._started: float | None = None
-
-    @override
-    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        self._started = time.perf_counter() if self._started is None else self._started
-
-    @override
-    def on_train_batch_end(
-        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        self._images += len(batch[0])
-
-    @override
-    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._started is not None:  # training time only: validation comes after this
-            self._seconds += time.perf_counter() - self._started
-            self._started = None
+    second over the run's training (all replicas, validations left out) and the share of it the first process waited
+    for its loader (``StepTimes.run``, where the run has it), every device's peak memory, the best ``val/acc`` and its
+    checkpoint, and ``tensorboard --logdir <the run's logs>`` (where another logger wrote, for another)."""
 
     @override
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -67,11 +45,13 @@ class FitSummary(Callback):
             dist.all_gather_object(every, memory)
             memory = [line for lines in every for line in lines or []]
         lines = ["Finished:"]
-        if self._seconds > 0:
-            images_per_s = self._images * data_parallel_size(trainer) / self._seconds
-            line = f"  training: {images_per_s:,.1f} images/s over {self._seconds:,.1f} s"
-            if isinstance(trainer.profiler, LoaderClock):
-                line += f", {100 * min(trainer.profiler.waited_s / self._seconds, 1):.0f}% of it waiting for the loader"
+        times = next((callback.run for callback in trainer.callbacks if isinstance(callback, StepTimes)), None)
+        if times is not None and times.images:
+            seconds = times.seconds()
+            images_per_s = times.images * data_parallel_size(trainer) / seconds
+            line = f"  training: {images_per_s:,.1f} images/s over {seconds:,.1f} s"
+            if (wait_share := times.wait_share(trainer)) is not None:
+                line += f", {100 * wait_share:.0f}% of it waiting for the loader"
             lines.append(line)
         lines += [f"  peak memory, {line}" for line in memory]
         best = trainer.checkpoint_callback
@@ -80,6 +60,6 @@ class FitSummary(Callback):
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
                 lines.append(f"  tensorboard --logdir {logger.log_dir}")
-            elif logger.log_dir:
-                lines.append(f"  {type(logger).__name__}: {logger.log_dir}")
+            elif logger.log_dir or logger.save_dir:
+                lines.append(f"  {type(logger).__name__}: {logger.log_dir or logger.save_dir}")
         rank_zero_info("\n".join(lines))

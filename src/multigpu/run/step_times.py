@@ -20,7 +20,7 @@ from multigpu.run.checkpoint_io import AtomicCheckpointIO
 from multigpu.run.device_sync import synchronize
 from multigpu.run.replicas import data_parallel_size
 
-__all__ = ["LoaderClock", "StepTimes"]
+__all__ = ["LoaderClock", "StepTimes", "TrainingTime"]
 
 
 def _resident_gib() -> float:
@@ -50,6 +50,37 @@ class LoaderClock(PassThroughProfiler):
             self._started = None
 
 
+class TrainingTime:
+    """A clock of training since ``start``: its seconds with validations left out (``excluded``), its images and
+    optimizer steps (counted by ``StepTimes``), and the loader's wait among them (``LoaderClock``, where it is the
+    run's profiler)."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self.steps, self.images, self.excluded = 0, 0, 0.0
+        self._waited_before: float | None = None
+
+    @staticmethod
+    def _waited(trainer: Trainer) -> float | None:
+        return trainer.profiler.waited_s if isinstance(trainer.profiler, LoaderClock) else None
+
+    def start(self, trainer: Trainer) -> None:
+        self.since, self._waited_before = time.perf_counter(), self._waited(trainer)
+
+    def seconds(self) -> float:
+        """Training seconds since ``start`` (a few nanoseconds before it has started)."""
+        if self.since is None:
+            return 1e-9
+        return max(time.perf_counter() - self.since - self.excluded, 1e-9)
+
+    def wait_share(self, trainer: Trainer) -> float | None:
+        """The share of ``seconds`` the training loop waited for the loader's next batch."""
+        waited = self._waited(trainer)
+        if waited is None or self._waited_before is None:
+            return None
+        return min((waited - self._waited_before) / self.seconds(), 1.0)
+
+
 class StepTimes(Callback):
     """Logs at each log step, over the training steps since the one before (a validation between them left out),
     under ``perf/step/``:
@@ -58,8 +89,8 @@ class StepTimes(Callback):
     - ``data_wait_share``: the share of it the training loop waited for the loader's next batch (``LoaderClock``;
       not with a profiler of the user's);
     - ``images_per_s``: training images per second over all replicas, and ``mfu``, the model FLOP utilisation, where
-      the device's peak is known (``ThroughputSummary``: Lightning's table of peaks by device and precision, or
-      ``--throughput.peak_flops``);
+      the device's peak is known (``ThroughputSummary``: ``timing.peak_flops``' table of peaks by device and
+      precision, or ``--throughput.peak_flops``);
     - ``checkpoint_hold_ms``: how long the last save held training (after a save);
     - ``peak_memory_gib/<device>``: the most memory allocated on each CUDA device of the process since the log step
       before (``.../reserved`` beside it): each stage's device under ``manual_model_parallel``, each process's under
@@ -69,61 +100,59 @@ class StepTimes(Callback):
       (``StrategyLayout.step_figures``);
     - under several processes, ``seconds_max``, ``seconds_min``, ``data_wait_share_max`` and ``data_wait_share_min``
       over them, and each process's memory and pipeline figures under its rank (``.../rank<r>``).
+
+    ``run`` keeps the same count over the whole ``fit``, for its summary (``FitSummary``).
     """
 
     def __init__(self) -> None:
         self._throughput: ThroughputSummary | None = None
-        self._reset(None, None)
-
-    def _reset(self, now: float | None, trainer: Trainer | None) -> None:
-        self._since, self._steps, self._images, self._excluded = now, 0, 0, 0.0
-        self._waited_before = self._waited(trainer)
+        self._interval, self.run = TrainingTime(), TrainingTime()
         self._validation_start: float | None = None
-
-    @staticmethod
-    def _waited(trainer: Trainer | None) -> float | None:
-        profiler = trainer.profiler if trainer is not None else None
-        return profiler.waited_s if isinstance(profiler, LoaderClock) else None
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._throughput = next((c for c in trainer.callbacks if isinstance(c, ThroughputSummary)), None)
-        self._reset(None, None)
+        self._interval, self.run = TrainingTime(), TrainingTime()
 
     @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        if self._since is None:
-            self._reset(time.perf_counter(), trainer)
+        for clock in (self._interval, self.run):
+            if clock.since is None:
+                clock.start(trainer)
 
     @override
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._since is not None:
+        if self.run.since is not None:
             self._validation_start = time.perf_counter()
 
     @override
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._validation_start is not None:
-            self._excluded += time.perf_counter() - self._validation_start
+            for clock in (self._interval, self.run):
+                clock.excluded += time.perf_counter() - self._validation_start
             self._validation_start = None
 
     @override
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self._images += len(batch[0])
-        stepped = (batch_idx + 1) % trainer.accumulate_grad_batches == 0  # the step's last batch
-        self._steps += stepped
+        # The step's last batch; Lightning also steps on an epoch's last batch where accumulation has not ended.
+        last = batch_idx + 1 == trainer.num_training_batches
+        stepped = (batch_idx + 1) % trainer.accumulate_grad_batches == 0 or last
+        for clock in (self._interval, self.run):
+            clock.images += len(batch[0])
+            clock.steps += stepped
         if not (stepped and is_log_step(trainer)):  # a log step's every batch is one: its last logs
             return
         devices = layout_of(trainer).process_devices
         for device in devices:
             synchronize(device)  # at log steps only: the interval's time is the device's too
-        seconds = max(time.perf_counter() - self._since - self._excluded, 1e-9)
-        images_per_s = self._images * data_parallel_size(trainer) / seconds
-        figures = {"perf/step/seconds": seconds / self._steps, "perf/step/images_per_s": images_per_s}
-        waited = self._waited(trainer)
-        if waited is not None and self._waited_before is not None:
-            figures["perf/step/data_wait_share"] = min((waited - self._waited_before) / seconds, 1.0)
+        interval = self._interval
+        seconds = interval.seconds()
+        images_per_s = interval.images * data_parallel_size(trainer) / seconds
+        figures = {"perf/step/seconds": seconds / interval.steps, "perf/step/images_per_s": images_per_s}
+        if (wait_share := interval.wait_share(trainer)) is not None:
+            figures["perf/step/data_wait_share"] = wait_share
         if self._throughput is not None and (mfu := self._throughput.mfu(images_per_s)) is not None:
             figures["perf/step/mfu"] = mfu
         io = trainer.strategy.checkpoint_io
@@ -137,7 +166,8 @@ class StepTimes(Callback):
             figures.update(own)
         for name, value in figures.items():
             pl_module.log(name, value)
-        self._reset(time.perf_counter(), trainer)
+        self._interval = TrainingTime()
+        self._interval.start(trainer)
 
     @staticmethod
     def _memory(devices: list[torch.device]) -> dict[str, float]:

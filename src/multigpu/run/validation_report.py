@@ -2,7 +2,7 @@
 the confusion matrix, with the class names, and a grid of the images it got most wrong, each with its true and
 predicted class, as images to TensorBoard, drawn in a thread of their own while training goes on."""
 
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import torch
@@ -151,7 +151,7 @@ class ValidationReport(Callback):
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         drawing, self._drawing = self._drawing, None
         if drawing is not None:
-            drawing.exception()  # waited for; the run's own exception is the one to tell
+            wait((drawing,), timeout=30)  # a few seconds at most; the run's own exception is the one to tell
 
     @override
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:

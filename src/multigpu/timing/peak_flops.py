@@ -1,9 +1,10 @@
 """The peak FLOP/s of a device at a run's precision, which MFU divides by.
 
-Dense figures (without 2:4 sparsity) from NVIDIA's datasheets, by device and by what the matrix multiplications run
-in: bf16 and fp16 (``bf16-mixed``, ``16-mixed``), TF32 (``32-true`` where ``torch.set_float32_matmul_precision`` allows
-it) and fp32. Lightning's own table (``get_available_flops``) serves the devices not named here; it does not know the
-name an H200 gives (``NVIDIA H200``). None on the CPU.
+Dense figures (without 2:4 sparsity) from NVIDIA's datasheets, by device and by what the convolutions and matrix
+multiplications run in: bf16 and fp16 (``bf16-mixed``, ``16-mixed``), TF32 (``32-true`` where cuDNN's convolutions
+may use it, torch's default, or ``torch.set_float32_matmul_precision`` allows it) and fp32. Lightning's own table
+(``get_available_flops``) serves the devices not named here; it does not know the name an H200 gives (``NVIDIA
+H200``), and gives the L40 and L40S the L4's figures. None on the CPU.
 """
 
 import re
@@ -21,6 +22,8 @@ PEAK_TFLOPS = {
     "h100 nvl": (835.5, 417.5, 60.3),
     "h100 pcie": (756.5, 378.0, 51.2),
     "a100": (312.0, 156.0, 19.5),
+    "l40s": (362.05, 183.0, 91.6),
+    "l40": (181.05, 90.5, 90.5),
     "l4": (121.0, 60.0, 30.3),
 }
 
@@ -34,9 +37,8 @@ def _chip(device_name: str) -> str | None:
             return f"{family} {form}" if f"{family} {form}" in PEAK_TFLOPS else None
     if "a100" in name:
         return "a100"
-    if re.search(r"\bl4\b", name):  # not the L40 or L40S
-        return "l4"
-    return None
+    found = re.search(r"\b(l40s|l40|l4)\b", name)
+    return found.group(1) if found else None
 
 
 def peak_flops(device: torch.device, precision: str) -> float | None:
@@ -52,4 +54,5 @@ def peak_flops(device: torch.device, precision: str) -> float | None:
     low, tf32, fp32 = PEAK_TFLOPS[chip]
     if half:
         return low * 1e12
-    return (fp32 if torch.get_float32_matmul_precision() == "highest" else tf32) * 1e12
+    allows_tf32 = torch.backends.cudnn.allow_tf32 or torch.get_float32_matmul_precision() != "highest"
+    return (tf32 if allows_tf32 else fp32) * 1e12

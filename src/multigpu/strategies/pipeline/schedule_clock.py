@@ -3,7 +3,7 @@
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from functools import wraps
+from functools import cache, wraps
 from typing import Any
 
 import torch
@@ -16,6 +16,7 @@ from multigpu.strategies.pipeline.stage_placement import StagePlacement
 __all__ = ["ScheduleClock", "ideal_idle_share"]
 
 
+@cache
 def ideal_idle_share(placement: StagePlacement, micro_batches: int) -> float:
     """The share of a step a process of ``placement``'s schedule sits idle when every stage computes alike (a
     backward pass twice a forward pass) and tensors travel in no time: its bubble, ``(S - 1) / (M + S - 1)`` for
@@ -35,6 +36,7 @@ class ScheduleClock:
     def __init__(self, stages: list[PipelineStage], device: torch.device) -> None:
         self._cuda = device.type == "cuda"
         self._timing = False
+        self._depth = 0
         self._computing: list[tuple[Any, Any]] = []
         self._step: tuple[Any, Any] | None = None
         for stage in stages:
@@ -54,12 +56,14 @@ class ScheduleClock:
     def _timed(self, part: str, method: Callable) -> Callable:
         @wraps(method)
         def timed(*args: Any, **kwargs: Any) -> Any:
-            if not self._timing:
+            if not self._timing or self._depth:  # a computation inside another counts once
                 return method(*args, **kwargs)
             start = self._now()
+            self._depth += 1
             try:
                 return method(*args, **kwargs)
             finally:
+                self._depth -= 1
                 self._computing.append((start, self._now()))
 
         return timed
