@@ -42,6 +42,7 @@ def test_fit_writes_checkpoints_tensorboard_and_config_then_resumes_the_same_run
         assert tag in scalars, tag
     assert "hp_metric" not in scalars  # no empty card in TensorBoard
     assert sorted(scalars["train/loss"]) == [0, 1, 2, 3]
+    assert scalars["epoch"] == [0]  # once per epoch: Lightning adds it to every write of 4 steps and a validation
     assert torch.load(last)["global_step"] == 4
 
     # The same command again, without --ckpt_path: refused before anything is built, the run's folder untouched.
@@ -53,8 +54,8 @@ def test_fit_writes_checkpoints_tensorboard_and_config_then_resumes_the_same_run
         "resume it with --ckpt_path last, or start another run with a new --run_name."
     )
     assert "Traceback" not in again.stdout
-    for noise in ("Tip:", "LeafSpec", "TPU available", "worker processes in total", "many workers"):
-        assert noise not in first.stdout, noise
+    for noise in ("Tip:", "LeafSpec", "TPU available", "worker processes in total", "many workers", "Seed set to"):
+        assert noise not in first.stdout and noise not in again.stdout, noise
     assert {path.name: path.read_bytes() for path in sorted(last.parent.iterdir())} == before
     assert not (tmp_path / "logs" / "test" / "version_1").exists()
 

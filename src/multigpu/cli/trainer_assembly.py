@@ -1,7 +1,7 @@
 """The Trainer of a run, assembled in one place: Lightning's, with this application's parts put in.
 
 - the TensorBoard logger of the run (``<default_root_dir>/<run_name>/version_N``), the checkpoint's own version on
-  resume;
+  resume, its ``epoch`` scalar once per epoch (``RunLogger``);
 - ``fsdp`` as our object (Lightning refuses the name on the CPU before it reads the registry);
 - atomic checkpoint files, written in the background (``AtomicCheckpointIO``, ``--save_in_background``);
 - the progress bar and the model summary in place of Lightning's defaults, unless the user chose their own;
@@ -19,7 +19,6 @@ from typing import Any
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar, RichModelSummary, RichProgressBar, Timer
-from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 
 from multigpu.cli.saved_options import checkpoint_dir
@@ -28,6 +27,7 @@ from multigpu.run.callbacks import LastCheckpoint, RunMetadata
 from multigpu.run.checkpoint_io import AtomicCheckpointIO
 from multigpu.run.model_summary import RunSummary
 from multigpu.run.progress_bar import PacedProgressBar
+from multigpu.run.run_logger import RunLogger
 from multigpu.run.step_times import LoaderClock
 from multigpu.run.watchdog import FaultWatch
 from multigpu.strategies import FullyShardedStrategy
@@ -46,7 +46,7 @@ def assemble_trainer(
     the callbacks the user chose (``chosen``) and the TensorBoard version of the checkpoint it goes on from."""
     trainer_options = config["trainer"]
     if trainer_options.get("logger") in (None, True):
-        kwargs["logger"] = TensorBoardLogger(
+        kwargs["logger"] = RunLogger(
             save_dir=trainer_options.get("default_root_dir") or "logs",
             name=config["run_name"],
             version=log_version,

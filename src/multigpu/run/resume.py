@@ -147,7 +147,11 @@ def _report_layout(saved: Mapping[str, Any], now: dict[str, Any], resumed: tuple
         )
     if not changes and not changed:
         return
-    layout = f"another layout ({', '.join(changes)})" if changes else "the same layout"
+    opening = (
+        f"Resuming with another layout ({', '.join(changes)})"
+        if changes
+        else "Resuming on the same strategy and devices with another batch"
+    )
     parts = [f"kept {' and '.join(kept)}"] if kept else []
     if changed:
         parts.append(f"changed {' and '.join(changed)}")
@@ -159,4 +163,4 @@ def _report_layout(saved: Mapping[str, Any], now: dict[str, Any], resumed: tuple
     if resumed is not None:
         epoch, epoch_order = resumed
         where = f"; epoch {epoch} goes on after its first {epoch_order.start} of {epoch_order.samples} images"
-    rank_zero_info(f"Resuming with {layout}: {', '.join(parts)}{where}.")
+    rank_zero_info(f"{opening}: {', '.join(parts)}{where}.")
