@@ -1,12 +1,15 @@
 """The CLI end to end, in subprocesses, as a user runs it."""
 
 import logging
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 from helpers import SMOKE, cli_main, run_args, run_cli
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from multigpu.cli.quiet_console import quiet_console
 
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
 
@@ -207,3 +210,15 @@ def test_a_finished_run_stays_finished(tmp_path, caplog):
         assert knob in caplog.text and caplog.text.count("--trainer.max_") == 1, caplog.text
         assert files() == before, limits
     assert torch.load(folder / "last.ckpt")["global_step"] == 6  # max_steps=6 trained on from step 4
+
+
+def test_fsdp2s_view_warning_is_kept_off_the_console_for_every_wrapped_block():
+    """torchvision's blocks (``FSDPSequential``) as well as ours: every family trains under fsdp as on one device
+    (test_networks.py), so no such view is written in place. Other warnings still show."""
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("default")  # before the console's filters, which come first
+        quiet_console()
+        for block in ("FSDPSequential", "FSDPBottleneckEntry", "FSDPBasicBlock"):
+            warnings.warn(f"FSDP2-wrapped module ({block}) returned a view tensor, which ...", UserWarning)
+        warnings.warn("another warning", UserWarning)
+    assert [str(warning.message) for warning in shown] == ["another warning"]
