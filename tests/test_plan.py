@@ -361,7 +361,7 @@ def test_plan_forecasts_measures_the_best_marks_ties_and_writes_a_config_that_fi
         else:
             assert row["figures"] is None and rows[name][2] == "-"
     fastest = max(measured, key=lambda name: figures[name]["images_per_s"])
-    tied = {name for name in measured if figures[name]["interval"][1] >= figures[fastest]["interval"][0]}
+    tied = {name for name in measured if figures[name]["images_per_s"] >= figures[fastest]["interval"][0]}
     assert {name for name, row in figures.items() if row["tied_with_fastest"]} == tied
     assert {name for name in measured if rows[name][0].endswith("=")} == (tied if len(tied) > 1 else set())
     chosen = [name for name, row in figures.items() if row["chosen"]]

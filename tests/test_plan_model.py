@@ -370,15 +370,23 @@ def test_the_reference_the_top_forecasts_and_those_within_the_error_are_measured
     assert [o.layout.name for o in to_measure(outcomes, top=3)] == ["1 device", "a", "b", "c"]
 
 
-def test_overlapping_ranges_tie_and_the_simplest_of_the_tie_is_chosen():
+def test_a_median_within_the_fastest_range_ties_and_the_simplest_of_the_tie_is_chosen():
     one = _outcome("1 device", 1, 20.0, [19.0, 21.0, 20.0], peak=2)
-    fast = _outcome("a", 2, 22.0, [20.5, 22.0, 23.0], peak=1)
+    fast = _outcome("a", 2, 22.0, [19.5, 22.0, 23.0], peak=1)
     slow = _outcome("b", 2, 15.0, [14.0, 15.0, 16.0])
     assert one.images_per_s == 20.0 and one.interval == (19.0, 21.0)
     assert tied([one, fast, slow]) == [fast, one]
     assert choice([one, fast, slow]) is one  # one process beats two, however fast
-    apart = _outcome("1 device", 1, 20.0, [19.0, 20.0, 20.4])
+    apart = _outcome("1 device", 1, 20.0, [18.0, 19.0, 21.4])  # its range overlaps, its median does not
     assert tied([apart, fast, slow]) == [fast] and choice([apart, fast, slow]) is fast
+
+
+def test_a_range_made_wide_by_a_busy_machine_ties_with_nothing():
+    """The issue's measurements: the pipeline at 8.2 images/s, one device on busy cores at 0.9 with a window of 9.2.
+    The pipeline is chosen: one device's median is a ninth of it."""
+    pipeline = _outcome("pipeline 2 gpipe m2", 2, 8.0, [7.9, 8.2, 8.5])
+    busy = _outcome("1 device", 1, 5.0, [0.9, 0.9, 9.2])
+    assert tied([busy, pipeline]) == [pipeline] and choice([busy, pipeline]) is pipeline
 
 
 def test_a_choice_that_no_measurement_was_compared_with_says_so(capsys):
@@ -388,7 +396,9 @@ def test_a_choice_that_no_measurement_was_compared_with_says_so(capsys):
     print_report([one, _outcome("a", 2, 15.0)], [], None, (2**30, True), measured=True)
     assert "chosen: 1 device: the only layout measured, so nothing was compared with it." in capsys.readouterr().out
     print_report([one, _outcome("b", 2, 15.0, [14.0, 15.0, 16.0])], [], None, (2**30, True), measured=True)
-    assert "chosen: 1 device: the fastest, and no other layout's range overlaps its range." in capsys.readouterr().out
+    assert (
+        "chosen: 1 device: the fastest, and no other layout's median lies within its range." in capsys.readouterr().out
+    )
 
 
 def test_each_run_of_blocks_is_scaled_to_its_own_figures_in_its_blocks_proportions():

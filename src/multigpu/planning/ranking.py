@@ -5,9 +5,10 @@ layout whose forecast lies within ``FORECAST_ERROR`` of the best forecast: the l
 error the accuracy benchmark (``benchmarks/plan_accuracy.py``) allows. A measured layout's
 figure is the median of its windows' images per second, and its range runs from the slowest
 window to the fastest: with 5 windows the median lies inside it 15 times in 16, whatever the
-noise (each window is as likely to fall above the median as below it). Layouts whose range
-overlaps the fastest one's range are tied with it, and among them the plan picks the simplest:
-the fewest processes, then the least memory.
+noise (each window is as likely to fall above the median as below it). Layouts whose median
+lies within the fastest one's range are tied with it, and among them the plan picks the simplest:
+the fewest processes, then the least memory. A range made wide by a busy machine makes no tie:
+its median, not its fastest window, is set against the fastest layout's range.
 """
 
 import statistics
@@ -95,12 +96,12 @@ def ranked(outcomes: Sequence[Outcome]) -> list[Outcome]:
 
 
 def tied(outcomes: Sequence[Outcome]) -> list[Outcome]:
-    """The measured outcomes whose range overlaps the fastest one's, the fastest first."""
+    """The measured outcomes whose median lies within the fastest one's range, the fastest first."""
     fastest = ranked(outcomes)
     if not fastest:
         return []
     low = fastest[0].interval[0]
-    return [o for o in fastest if o.interval[1] >= low]
+    return [o for o in fastest if o.images_per_s >= low]
 
 
 def choice(outcomes: Sequence[Outcome]) -> Outcome | None:

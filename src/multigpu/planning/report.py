@@ -91,13 +91,13 @@ def print_report(
         others = [o.layout.label for o in tied(outcomes) if o is not chosen]
         if others:
             why = (
-                f"tied with {', '.join(others)} (their ranges overlap), and the simplest: the fewest processes, then "
-                "the least memory"
+                f"tied with {', '.join(others)} (their medians lie within the fastest one's range), and the simplest: "
+                "the fewest processes, then the least memory"
             )
         elif len(ranked(outcomes)) == 1:
             why = "the only layout measured, so nothing was compared with it"
         else:
-            why = "the fastest, and no other layout's range overlaps its range"
+            why = "the fastest, and no other layout's median lies within its range"
         print(f"\nchosen: {chosen.layout.label}: {why}.")
     print("\nfit options:")
     for outcome in ordered:
