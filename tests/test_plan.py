@@ -3,6 +3,7 @@ it measures, its table with ties, and its config."""
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -379,18 +380,14 @@ def test_plan_forecasts_measures_the_best_marks_ties_and_writes_a_config_that_fi
     config = yaml.safe_load((folder / "plan.yaml").read_text())
     assert config["model"] == {"recompute_activations": False}
     assert config["trainer"]["accelerator"] == "cpu"
-    trained = run_cli(
-        "fit",
-        "--config",
-        SMOKE,
-        "--config",
-        str(folder / "plan.yaml"),
-        *run_args(tmp_path, "winner"),
-        *arch,
-        cwd=tmp_path,
-    )
+    # The command it printed, run as printed: plan's options but its own, the plan's config, a run name of its own.
+    command = shlex.split(result.stdout.strip().splitlines()[-1].partition("Train with it: ")[2])
+    assert command[:3] == ["python", "main.py", "fit"] and command[-1] == "--run_name=test-plan", command
+    assert not [word for word in command if word.startswith(("--plan.", "--trainer.devices"))], command
+    assert (folder / "plan.yaml").read_text().splitlines()[1] == f"# Train with it: {shlex.join(command)}"
+    trained = run_cli(*command[2:], cwd=tmp_path)
     assert trained.returncode == 0, trained.stdout
-    assert torch.load(tmp_path / "checkpoints" / "winner" / "last.ckpt")["hyper_parameters"]["arch"] == "resnet18"
+    assert torch.load(tmp_path / "checkpoints" / "test-plan" / "last.ckpt")["hyper_parameters"]["arch"] == "resnet18"
 
 
 def test_a_time_budget_measures_the_reference_and_the_best_forecast_then_what_fits(monkeypatch, capsys, tmp_path):

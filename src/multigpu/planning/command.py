@@ -41,7 +41,7 @@ from multigpu.planning.links import ForkedRanks, fork_ranks, measure_links
 from multigpu.planning.measurement import TimedSteps, balanced, measure
 from multigpu.planning.options import BUSY_REMEDY, PlanOptions, check_no_plan_section
 from multigpu.planning.ranking import Outcome, ends_by, in_measuring_order, to_measure
-from multigpu.planning.report import dry_run_line, print_report, write_outputs
+from multigpu.planning.report import PlanInvocation, dry_run_line, print_report, write_outputs
 from multigpu.planning.resources import budget as memory_budget
 from multigpu.planning.selection import Setting, choose, devices_of, setting_of
 from multigpu.renamed_options import add_old_names
@@ -148,6 +148,7 @@ def _plan(config, options: PlanOptions, args: Sequence[str], started: float, for
             measured,
             options.budget_s,
             basis,
+            PlanInvocation(args, config["run_name"], config["checkpoint_root"]),
         )
         is None
     ):

@@ -2,8 +2,9 @@
 ``plan.yaml``, ``plan.json`` and a chart."""
 
 import json
+import shlex
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from multigpu.planning.bar_chart import write_bar_chart
 from multigpu.planning.ranking import Outcome, choice, ranked, tied
 from multigpu.strategies.layouts import Refusal
 
-__all__ = ["dry_run_line", "print_report", "write_outputs"]
+__all__ = ["PlanInvocation", "dry_run_line", "print_report", "write_outputs"]
 
 MIB = 2**20
 
@@ -104,6 +105,43 @@ def print_report(
         print(f"  {outcome.layout.label}: {' '.join(outcome.layout.fit_options(device_ids))}")
 
 
+@dataclass(frozen=True)
+class PlanInvocation:
+    """What ``plan`` was given: the options after ``plan`` on its command line, the run's name and where runs keep
+    their checkpoints; what the ``fit`` command it prints is made of."""
+
+    args: Sequence[str] = ()
+    run_name: str = "run"
+    checkpoint_root: str = "checkpoints"
+
+    def fit_command(self, plan_yaml: Path, config: dict[str, Any]) -> str:
+        """``python main.py fit`` with the options given to ``plan`` (but ``--plan.*``, the run's name and those the
+        plan's ``config`` sets: the plan decides those), then ``--config plan_yaml``, and a run name of its own that
+        has no checkpoint folder yet: a command that trains the chosen layout as printed."""
+        chosen = {f"{section}.{key}" for section, values in config.items() for key in values}
+        kept, skip_value = [], False
+        for arg in self.args:
+            if skip_value:
+                skip_value = False
+                continue
+            name = arg.split("=", 1)[0].removeprefix("--")
+            decided = (
+                name.startswith("plan.")
+                or name == "run_name"
+                or any(name == key or name.startswith(f"{key}.") for key in chosen)
+            )
+            if decided:
+                skip_value = arg.startswith("--") and "=" not in arg
+                continue
+            kept.append(arg)
+        name, count = f"{self.run_name}-plan", 1
+        while (Path(self.checkpoint_root) / name).exists():
+            count += 1
+            name = f"{self.run_name}-plan{count}"
+        words = ["python", "main.py", "fit", *kept, "--config", str(plan_yaml), f"--run_name={name}"]
+        return " ".join(shlex.quote(word) for word in words)
+
+
 def write_outputs(
     outcomes: Sequence[Outcome],
     folder: Path,
@@ -113,11 +151,13 @@ def write_outputs(
     selected: Sequence[Outcome],
     budget_s: float | None,
     basis: dict,
+    invocation: PlanInvocation = PlanInvocation(),
 ) -> Path | None:
     """Write the chosen layout as ``plan.yaml``, every forecast and figure as ``plan.json`` and the chart
     ``plan.png`` into ``folder``; return the config's path (None when no layout ran). ``selected``: the outcomes
     chosen to be measured, those that the time budget (``budget_s``) left unmeasured among them; ``basis``: what
-    the forecasts were built from (``plan.json`` keeps it, so that a forecast that missed can be traced)."""
+    the forecasts were built from (``plan.json`` keeps it, so that a forecast that missed can be traced);
+    ``invocation``: what ``plan`` was given, for the ``fit`` command it prints."""
     chosen = choice(outcomes)
     if chosen is None:
         return None
@@ -127,10 +167,10 @@ def write_outputs(
     if trainer.get("precision") is not None:
         config["trainer"]["precision"] = trainer["precision"]
     low, high = chosen.interval
+    command = invocation.fit_command(folder / "plan.yaml", config)
     header = (
         f"# The layout `python main.py plan` chose: {chosen.layout.label}, {chosen.images_per_s:.1f} img/s "
-        f"(windows {low:.1f}-{high:.1f}; {title}).\n# Train with it: python main.py fit <the same options> "
-        f"--config {folder / 'plan.yaml'}\n"
+        f"(windows {low:.1f}-{high:.1f}; {title}).\n# Train with it: {command}\n"
     )
     (folder / "plan.yaml").write_text(header + yaml.safe_dump(config, sort_keys=False))
     ties, picked = {id(o) for o in tied(outcomes)}, {o.layout.label for o in selected}
@@ -172,7 +212,7 @@ def write_outputs(
     print(
         f"\nplan: measured {measured} of {len(outcomes)} layouts and chose {chosen.layout.label} "
         f"({chosen.images_per_s:.1f} img/s); wrote {folder / 'plan.yaml'}, plan.json and plan.png. Train with it: "
-        f"python main.py fit <the same options> --config {folder / 'plan.yaml'}"
+        f"{command}"
     )
     return folder / "plan.yaml"
 
