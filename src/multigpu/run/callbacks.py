@@ -303,7 +303,7 @@ class CheckpointOnStopSignal(Callback):
             if self._trainer is not None and self._trainer.is_global_zero:
                 print(
                     "\nCtrl-C: stopping after this step and writing last.ckpt (Ctrl-C again to stop at once, "
-                    "without it) ...",
+                    "without it: from now on, a press before this line counted once) ...",
                     file=sys.stderr,
                     flush=True,
                 )
