@@ -51,11 +51,15 @@ def app_figures(logs: Path) -> list[dict]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(next(logs.rglob("events.out.tfevents.*")).parent)).Reload()
-    epoch_at = {event.step: int(event.value) for event in events.Scalars("epoch")}
+    # The run's logger writes ``epoch`` once per epoch, at the epoch's first step: an epoch's steps run from there to
+    # the next epoch's first. Each epoch ends with one validation, in order.
+    starts = sorted((event.step, int(event.value)) for event in events.Scalars("epoch"))
     losses: dict[int, list[float]] = {}
     for event in events.Scalars("train/loss"):
-        losses.setdefault(epoch_at[event.step], []).append(event.value)
-    accuracy = {epoch_at.get(event.step, -1): event.value for event in events.Scalars("val/acc")}
+        epoch = max((epoch for start, epoch in starts if start <= event.step), default=0)
+        losses.setdefault(epoch, []).append(event.value)
+    validations = sorted(events.Scalars("val/acc"), key=lambda event: event.step)
+    accuracy = {epoch: event.value for epoch, event in enumerate(validations)}
     return [
         {"epoch": epoch, "train_loss": statistics.fmean(values), "test_acc": accuracy.get(epoch)}
         for epoch, values in sorted(losses.items())
