@@ -28,24 +28,6 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: launches training processes; `pytest -m 'not slow'` is the quick loop")
 
 
-def _file_seconds() -> dict[str, float]:
-    """Each test file's seconds in the last timed run of the suite, from docs/testing.md's table of every test."""
-    seconds: dict[str, float] = {}
-    for line in (REPO / "docs" / "testing.md").read_text().splitlines():
-        cells = [cell.strip() for cell in line.split("|")]
-        if len(cells) > 4 and cells[2].startswith("`test_") and "::" in cells[2]:
-            name = cells[2].strip("`").partition("::")[0]
-            seconds[name] = seconds.get(name, 0.0) + float(cells[-2] or 0)
-    return seconds
-
-
-def pytest_collection_modifyitems(config, items):
-    """The longest files first: ``--dist loadfile`` hands the files to its two workers in this order, so that neither
-    is left alone with a long file at the end (each file's tests keep their order)."""
-    seconds = _file_seconds()
-    items.sort(key=lambda item: -seconds.get(item.path.name, 0.0))
-
-
 def pytest_runtest_setup(item):
     marker = item.get_closest_marker("min_cuda_gpus")
     if marker and torch.cuda.device_count() < marker.args[0]:
