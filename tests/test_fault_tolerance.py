@@ -261,10 +261,10 @@ def test_resuming_with_another_layout_says_what_changed(tmp_path, caplog):
     )
     caplog.clear()
     with caplog.at_level(logging.INFO):
-        cli_main(*args, "--ckpt_path=last", "--trainer.max_epochs=4", "--data.batch_size=2")
+        cli_main(*args, "--ckpt_path=last", "--trainer.max_epochs=4", "--data.batch_size=8")
     assert (
-        "Resuming on the same strategy and devices with another batch: changed the global batch 4 -> 2 and images "
-        "per forward pass 4 -> 2, the learning rate keeps the checkpoint's scaling." in caplog.text
+        "Resuming on the same strategy and devices with another batch: changed the global batch 4 -> 8 and images "
+        "per forward pass 4 -> 8, the learning rate keeps the checkpoint's scaling." in caplog.text
     )
 
 
