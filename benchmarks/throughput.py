@@ -2,6 +2,8 @@
 
     python benchmarks/throughput.py                                  # the default set for this machine
     python benchmarks/throughput.py --configs plain app ddp --processes 2 --batch-size 32
+    python benchmarks/throughput.py --configs plain-ddp ddp plain-fsdp fsdp plain-pipeline pipeline \
+        plain-mmp manual_model_parallel --arch resnet18               # every strategy beside its counterpart
     python benchmarks/throughput.py --list                           # every configuration
 
 Each configuration trains ResNet-50 on synthetic CIFAR-sized images in fresh processes:
@@ -9,11 +11,13 @@ Each configuration trains ResNet-50 on synthetic CIFAR-sized images in fresh pro
 configurations interleaved (every configuration once per round, each round in another order), so that a
 slow period of the machine falls on all of them alike; each ratio is taken within each round. Then it runs
 more rounds until the interval of every claim (each multi-process row's efficiency, each other row's ratio to
-its plain loop) lies within ``--within`` (±3%) of its median, or ``--max-rounds`` (20) have run, and says which; a
-row whose reference is not in the set has no claim to judge.
+its plain loop, each strategy's ratio to its counterpart) lies within ``--within`` (±3%) of its median, or
+``--max-rounds`` (20) have run, and says which; a row whose reference is not in the set has no claim to judge.
 The application runs through ``main.py fit`` with its own callbacks and logger (no checkpoint is written); the
-reference is ``plain_loop.py``, the loop the plain recipes write by hand. On the CPU every process
-gets ``--threads`` threads (default 1). A run that fails, or is still going after ``--timeout-s`` (900 s), ends
+reference is ``plain_loop.py``, the loop the plain recipes write by hand, and ``ddp``, ``fsdp``, ``pipeline`` and
+``manual_model_parallel`` each have their plain PyTorch counterpart (``plain-ddp``, ``plain-fsdp``,
+``plain-pipeline``, ``plain-mmp``: ``plain_peers.py``). On the CPU every process gets ``--threads`` threads
+(default 1). A run that fails, or is still going after ``--timeout-s`` (900 s), ends
 the benchmark with the reason. The table shows, for each configuration:
 
     img/s          images per second over all processes
@@ -21,6 +25,7 @@ the benchmark with the reason. The table shows, for each configuration:
     peak MiB       the most memory each device held (CUDA: allocated, per device; CPU: resident, per process)
     vs plain       img/s over the plain loop's with the same precision and memory format
     efficiency     multi-process runs: img/s over (processes x the one-process img/s)
+    vs peer        a strategy: img/s over its plain PyTorch counterpart's, where that ran too
 
 Each figure is that of the configuration's median round, and each interval the rounds' order-statistic
 interval of the median (``multigpu.timing.intervals``): with 5 rounds, the slowest and the fastest, which
@@ -61,20 +66,24 @@ FAST = ["--trainer.precision=bf16-mixed", "--model.channels_last=true"]
 
 @dataclass(frozen=True)
 class Config:
-    """One row of the table: the plain loop (``plain`` arguments) or the application (``app`` arguments)."""
+    """One row of the table: the plain loop (``plain`` arguments), a strategy's plain PyTorch counterpart (``peer``
+    arguments) or the application (``app`` arguments)."""
 
     name: str
     description: str
     plain: list[str] | None = None
+    peer: list[str] | None = None  # of plain_peers.py
     app: list[str] | None = None
     multi_process: bool = False  # one process per device: scaling efficiency against `one_process`
     one_process: str = "app"
     reference: str = "plain"  # the plain loop it is compared with
+    counterpart: str | None = None  # the peer row of the same strategy: `vs peer` is img/s over its img/s
     fast: bool = field(default=False)  # bf16 and channels_last, whatever --precision says
 
 
 def configs(processes: int) -> dict[str, Config]:
     spread, each = [f"--trainer.devices={processes}"], f"{processes} process{'es' * (processes != 1)}"
+    peers = [f"--processes={processes}"]
     every = [
         Config("plain", "plain PyTorch loop, synthetic batches on the device", plain=[]),
         Config(
@@ -86,24 +95,55 @@ def configs(processes: int) -> dict[str, Config]:
             f"main.py fit, ddp, {each}",
             app=["--trainer.strategy=ddp", *spread],
             multi_process=True,
+            counterpart="plain-ddp",
         ),
         Config(
             "pipeline",
             f"main.py fit, pipeline, {processes} stages, 4 micro-batches",
             app=["--trainer.strategy=pipeline", *spread],
             multi_process=True,
+            counterpart="plain-pipeline",
         ),
         Config(
             "fsdp",
             f"main.py fit, fsdp (FSDP2), {each}",
             app=["--trainer.strategy=fsdp", *spread],
             multi_process=True,
+            counterpart="plain-fsdp",
         ),
         Config("dp", f"main.py fit, dp over {processes} devices", app=["--trainer.strategy=dp", *spread]),
         Config(
             "manual_model_parallel",
             f"main.py fit, manual_model_parallel over {processes} devices",
             app=["--trainer.strategy=manual_model_parallel", *spread],
+            counterpart="plain-mmp",
+        ),
+        # Each strategy's plain PyTorch counterpart (plain_peers.py), the loop a user writes without Lightning.
+        Config(
+            "plain-ddp",
+            f"plain PyTorch loop, DistributedDataParallel, {each}",
+            peer=["ddp", *peers],
+            multi_process=True,
+            one_process="plain",
+        ),
+        Config(
+            "plain-fsdp",
+            f"plain PyTorch loop, fully_shard per block, {each}",
+            peer=["fsdp", *peers],
+            multi_process=True,
+            one_process="plain",
+        ),
+        Config(
+            "plain-pipeline",
+            f"plain PyTorch loop, torch.distributed.pipelining, {processes} stages, 1F1B, 4 micro-batches",
+            peer=["pipeline", *peers],
+            multi_process=True,
+            one_process="plain",
+        ),
+        Config(
+            "plain-mmp",
+            f"plain PyTorch loop, the network cut over {processes} devices in one process",
+            peer=["mmp", *peers],
         ),
         Config("app-16", "main.py fit, 16-mixed (float16, gradient scaler)", app=["--trainer.precision=16-mixed"]),
         Config("plain-fast", "plain loop, bf16 + channels_last", plain=["--channels-last"], fast=True),
@@ -141,21 +181,20 @@ def default_configs(cuda: bool) -> list[str]:
 def command(config: Config, args: argparse.Namespace, folder: Path) -> list[str]:
     out = folder / f"{config.name}.json"
     precision = "bf16-mixed" if config.fast else args.precision
+    loop = [
+        f"--device={'cuda' if args.cuda else 'cpu'}",
+        f"--batch-size={args.batch_size}",
+        f"--steps={args.steps}",
+        f"--warmup={args.warmup}",
+        f"--precision={precision}",
+        f"--stem={args.stem}",
+        f"--arch={args.arch}",
+        f"--out={out}",
+    ]
     if config.plain is not None:
-        return [
-            sys.executable,
-            str(HERE / "plain_loop.py"),
-            f"--device={'cuda' if args.cuda else 'cpu'}",
-            f"--batch-size={args.batch_size}",
-            f"--steps={args.steps}",
-            f"--warmup={args.warmup}",
-            f"--precision={precision}",
-            f"--stem={args.stem}",
-            f"--arch={args.arch}",
-            f"--out={out}",
-            f"--workers={args.workers}",
-            *config.plain,
-        ]
+        return [sys.executable, str(HERE / "plain_loop.py"), *loop, f"--workers={args.workers}", *config.plain]
+    if config.peer is not None:
+        return [sys.executable, str(HERE / "plain_peers.py"), *config.peer, *loop]
     options = [*(FAST if config.fast else []), *config.app]
     return fit_command(
         config.name,
@@ -254,9 +293,13 @@ def widest_interval(rows: list[dict]) -> tuple[float, str]:
     """The largest distance from a ratio's median to an end of its interval, as a share of the median, and whose
     it is: what ``--within`` bounds. The ratios are the claims, each taken within a round so that the machine's
     drift from round to round cancels: a multi-process row's efficiency, another row's ratio to its plain loop (a
-    multi-process row's own follows from the two). A set without either (no plain loop, no one-process run) is
-    judged by its images per second."""
-    claims = [("efficiency" if row.get("efficiency") is not None else "vs_plain", row) for row in rows]
+    multi-process row's own follows from the two), and a strategy's ratio to its plain PyTorch counterpart. A set
+    without any (no plain loop, no one-process run, no counterpart) is judged by its images per second."""
+    claims = [
+        (name, row)
+        for row in rows
+        for name in ("efficiency" if row.get("efficiency") is not None else "vs_plain", "vs_peer")
+    ]
     spans = [
         (row[name], row[f"{name}_interval"], f"{row['name']} {name.replace('_', ' ')}")
         for name, row in claims
@@ -281,7 +324,8 @@ def spread(rows: list[dict]) -> str:
 
 def summary(name: str, table: dict[str, Config], runs: dict[str, list[dict]], processes: int) -> dict:
     """``name``'s row: the figures of its median round, and the median and 95% interval of its images per second,
-    of its ratio to its plain loop and of its scaling efficiency, each taken round by round."""
+    of its ratio to its plain loop, of its scaling efficiency and of its ratio to its counterpart, each taken round
+    by round."""
     config, own = table[name], [figures["images_per_s"] for figures in runs[name]]
     median_round = sorted(range(len(own)), key=own.__getitem__)[(len(own) - 1) // 2]
     row = {"name": name, "description": config.description, **runs[name][median_round]}
@@ -291,6 +335,7 @@ def summary(name: str, table: dict[str, Config], runs: dict[str, list[dict]], pr
     pairs = {
         "vs_plain": (config.reference, 1) if name != config.reference else None,
         "efficiency": (config.one_process, processes) if config.multi_process else None,
+        "vs_peer": (config.counterpart, 1) if config.counterpart else None,
     }
     for field_name, pair in pairs.items():
         row[field_name] = row[f"{field_name}_interval"] = None
@@ -312,7 +357,7 @@ def print_table(rows: list[dict]) -> None:
 
     print(
         f"\n{'config':<22} {'img/s':>9} {'img/s interval':>17} {'step ms':>9} {'peak MiB':>16} "
-        f"{'vs plain':>22} {'efficiency':>22}"
+        f"{'vs plain':>22} {'efficiency':>22} {'vs peer':>22}"
     )
     for row in rows:
         memory = "/".join(f"{value / 2**20:.0f}" for value in row["peak_memory_bytes"])
@@ -320,7 +365,7 @@ def print_table(rows: list[dict]) -> None:
         print(
             f"{row['name']:<22} {row['images_per_s']:>9.1f} {f'[{low:.1f}, {high:.1f}]':>17} "
             f"{row['step_time_s'] * 1000:>9.1f} {memory:>16} {ratio(row, 'vs_plain'):>22} "
-            f"{ratio(row, 'efficiency'):>22}"
+            f"{ratio(row, 'efficiency'):>22} {ratio(row, 'vs_peer'):>22}"
         )
 
 
@@ -328,13 +373,14 @@ def markdown(data: dict) -> str:
     """``throughput.json``'s table for the docs: each figure with its interval."""
 
     def with_interval(row: dict, name: str) -> str:
-        if row[name] is None:
+        if row.get(name) is None:
             return "- | -"
         low, high = row[f"{name}_interval"]
         return f"{row[name]:.3f} | {low:.3f}-{high:.3f}"
 
     settings, rows = data["settings"], data["results"]
     share, label = widest_interval(rows)
+    peers = any(row.get("vs_peer") is not None for row in rows)  # a column only where a counterpart ran
     target = (
         f" (asked: ±{settings['within']:.1%}, in at most {settings['max_rounds']} rounds)" if settings["within"] else ""
     )
@@ -346,15 +392,19 @@ def markdown(data: dict) -> str:
         f"{rows[0]['interval_coverage']:.0%} of the time; the widest lies within ±{share:.1%} of its median "
         f"({label}){target}:",
         "",
-        "| config | img/s | interval | vs plain | interval | efficiency | interval | step ms | peak MiB |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| config | img/s | interval | vs plain | interval | efficiency | interval |"
+        + (" vs peer | interval |" if peers else "")
+        + " step ms | peak MiB |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: | ---: |" if peers else "") + " ---: | ---: |",
     ]
     for row in rows:
         low, high = row["images_per_s_interval"]
         memory = "/".join(f"{value / 2**20:,.0f}" for value in row["peak_memory_bytes"])
         lines.append(
             f"| {row['name']} | {row['images_per_s']:.1f} | {low:.1f}-{high:.1f} | {with_interval(row, 'vs_plain')} "
-            f"| {with_interval(row, 'efficiency')} | {row['step_time_s'] * 1000:,.0f} | {memory} |"
+            f"| {with_interval(row, 'efficiency')} |"
+            + (f" {with_interval(row, 'vs_peer')} |" if peers else "")
+            + f" {row['step_time_s'] * 1000:,.0f} | {memory} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -364,6 +414,7 @@ def write_chart(rows: list[dict], title: str, path: Path) -> None:
     for row in rows:
         parts = [f"{row['vs_plain']:.2f}x plain"] if row["vs_plain"] is not None else []
         parts += [f"eff. {row['efficiency']:.2f}"] if row["efficiency"] is not None else []
+        parts += [f"{row['vs_peer']:.2f}x peer"] if row["vs_peer"] is not None else []
         notes.append(", ".join(parts))
     write_bar_chart(
         [row["name"] for row in rows],

@@ -3,17 +3,21 @@
 import argparse
 import importlib
 import json
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from helpers import REPO, write_tiny_cifar10
+from helpers import HELPERS_ENV, REPO, write_tiny_cifar10
 
 
 @pytest.mark.slow
 def test_throughput_harness_prints_its_table_and_writes_json_and_chart(tmp_path):
+    """One round on the tiny ResNet of the plain loop, the application, ddp and every strategy's plain PyTorch
+    counterpart (whose losses test_plain_peers holds against the strategy's)."""
+    peers = ["plain-ddp", "plain-fsdp", "plain-pipeline", "plain-mmp"]
     command = [
         sys.executable,
         str(REPO / "benchmarks" / "throughput.py"),
@@ -21,35 +25,45 @@ def test_throughput_harness_prints_its_table_and_writes_json_and_chart(tmp_path)
         "plain",
         "app",
         "ddp",
+        *peers,
         "--accelerator=cpu",
         "--steps=1",
         "--warmup=1",
-        "--batch-size=2",
-        "--stem=imagenet",
+        "--batch-size=4",  # the pipeline's 4 micro-batches
+        "--arch=helpers.tiny_resnet",
         "--rounds=1",  # more rounds and their intervals: test_throughput_runs_rounds_until_every_claim_is_within...
         "--within=0",  # exactly 1 round
         f"--out={tmp_path}",
     ]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    env = {**os.environ, **HELPERS_ENV}
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "round 1 of 1 (img/s): plain " in result.stdout and "\n1 rounds in " in result.stdout
     table = result.stdout[result.stdout.index("config") :].splitlines()
-    assert [line.split()[0] for line in table[1:4]] == ["plain", "app", "ddp"]
+    assert table[0].split()[-2:] == ["vs", "peer"]
+    assert [line.split()[0] for line in table[1:8]] == ["plain", "app", "ddp", *peers]
     figures = json.loads((tmp_path / "throughput.json").read_text())
     assert figures["rounds"] == 1 and figures["minutes"] > 0
     rows = {row["name"]: row for row in figures["results"]}
     assert rows["plain"]["vs_plain"] is None and rows["app"]["efficiency"] is None
     assert rows["plain"]["vs_plain_interval"] is None and rows["app"]["efficiency_interval"] is None
-    for name, field in (("app", "vs_plain"), ("ddp", "vs_plain"), ("ddp", "efficiency")):  # taken round by round
+    assert [name for name, row in rows.items() if row["vs_peer"] is not None] == ["ddp"]  # the one with its peer
+    ratios = [("app", "vs_plain"), ("ddp", "vs_plain"), ("ddp", "efficiency"), ("ddp", "vs_peer")]
+    ratios += [(name, "efficiency") for name in peers[:3]]  # against the plain loop, as ours against the app
+    for name, field in ratios:  # taken round by round
         low, high = rows[name][f"{field}_interval"]
         assert low <= rows[name][field] <= high, (name, field)
     for row in rows.values():  # the median round's figures, inside the rounds' interval
         assert len(row["rounds_images_per_s"]) == 1 and row["images_per_s"] in row["rounds_images_per_s"]
         assert row["images_per_s_interval"] == [min(row["rounds_images_per_s"]), max(row["rounds_images_per_s"])]
-    # Images per step over all processes: the batch of 2 once, and once per ddp process.
-    for name, images in (("plain", 2), ("app", 2), ("ddp", 4)):
+    # Images per step over all processes: the batch of 4 once (a pipeline's stages read the same), and once per
+    # data-parallel process.
+    once, twice = ("plain", "app", "plain-pipeline", "plain-mmp"), ("ddp", "plain-ddp", "plain-fsdp")
+    for name in (*once, *twice):
+        images = 4 if name in once else 8
         assert rows[name]["images_per_s"] * rows[name]["step_time_s"] == pytest.approx(images), name
-    assert len(rows["ddp"]["peak_memory_bytes"]) == 2  # one figure per process
+    for name in ("ddp", *peers):  # one figure per process
+        assert len(rows[name]["peak_memory_bytes"]) == (1 if name == "plain-mmp" else 2), name
     assert (tmp_path / "throughput.png").read_bytes().startswith(b"\x89PNG")
     machine = figures["machine"]  # the cores checked before and after the rounds
     assert set(machine["cores_share"]) == {"before", "after"} and isinstance(machine["busy"], bool)
