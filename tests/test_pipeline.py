@@ -67,6 +67,11 @@ def test_cli_trains_evaluates_and_shares_checkpoints_with_ddp_and_one_device(tmp
         assert all(0 < share < 1 for share in scalars[f"perf/pipeline/idle_share/rank{rank}"])
         assert scalars[f"perf/pipeline/idle_share_ideal/rank{rank}"] == [pytest.approx(0.2)] * 4
         assert f"perf/step/resident_memory_gib/rank{rank}" in scalars
+    # Under several processes, the slowest and the fastest process's step time and wait for the loader.
+    slowest, fastest = scalars["perf/step/seconds_max"], scalars["perf/step/seconds_min"]
+    assert len(slowest) == 4 and all(high >= low > 0 for high, low in zip(slowest, fastest))
+    waits = zip(scalars["perf/step/data_wait_share_max"], scalars["perf/step/data_wait_share_min"])
+    assert all(1 >= high >= low >= 0 for high, low in waits)
     checkpoint = torch.load(last)
     # The gathered optimizer state holds every parameter's momentum, from both stages.
     assert len(checkpoint["optimizer_states"][0]["state"]) == len(

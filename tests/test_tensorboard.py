@@ -16,9 +16,9 @@ from helpers import SMOKE, cli_main, free_port, helper_callback, run_args
 
 from multigpu.data.cifar10 import CIFAR10_CLASSES
 from multigpu.run import validation_report
+from multigpu.run.peak_flops import peak_flops
 from multigpu.run.run_hparams import METRICS
 from multigpu.run.validation_report import ValidationReport
-from multigpu.timing.peak_flops import peak_flops
 
 
 def _get(url: str, body: dict | None = None) -> dict:

@@ -1,18 +1,11 @@
 """What this machine can give ``plan``'s layouts: the memory each may use, read from CUDA, /proc and the control
 group's limit."""
 
-import os
 from pathlib import Path
 
 import torch
 
-__all__ = ["budget", "resident_bytes"]
-
-
-def resident_bytes() -> int:
-    """This process's resident memory now: Python, torch and Lightning, before any network."""
-    with open("/proc/self/statm") as file:
-        return int(file.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+__all__ = ["budget"]
 
 
 def budget(cuda: bool, device_ids: list[int], memory_per_device: float | None) -> tuple[int, bool]:

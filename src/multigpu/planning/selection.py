@@ -10,7 +10,7 @@ from multigpu.model.architectures import network_blocks
 from multigpu.model.lazy_blocks import LazyBlocks
 from multigpu.planning.memory_estimate import block_memory
 from multigpu.planning.profile import BlockProfile, precision_plugin
-from multigpu.planning.resources import resident_bytes
+from multigpu.run.host_memory import resident_bytes
 from multigpu.strategies.block_timing import sgd_options
 from multigpu.strategies.layouts import BlockMemory, Layout, Refusal
 

@@ -1,9 +1,12 @@
 """The training run: what a run writes, where it stands, and the processes it runs in.
 
 callbacks           the console line, throughput, checkpoints every N steps and on SIGTERM, SIGUSR1 or Ctrl-C
-step_times          at log steps: step time, share between batches, images/s, a save's hold, peak memory, a straggler
+step_times          at log steps: step time, the loader's wait, images/s, MFU, a save's hold, peak memory, a straggler
+gradient_norm       the gradient norm before clipping, at log steps, which each strategy computes
+peak_flops          a device's peak FLOP/s at a run's precision, which MFU divides by
+run_logger          the run's TensorBoard logger: the epoch scalar once per epoch
 stop_votes          the processes' agreement, every step and without a wait, on a stop signal or the time limit
-validation_report   each validation's accuracy by class, and its confusion matrix as an image
+validation_report   each validation's accuracy by class, its confusion matrix and worst images, drawn in a thread
 watchdog            a stalled process named and its job ended; a failed background write raised after its step
 checkpoints         finding and checking a run's checkpoint files
 checkpoint_io       checkpoint files written in the background and atomically; a failed write named in one line
@@ -11,7 +14,7 @@ sharded_checkpoints fsdp's checkpoints as each process holds them, and put toget
 device_sync         waiting for a device's queued work before a clock is read
 elastic             torchrun's restarts and node count
 fit_summary         what a finished fit says: throughput, each device's peak memory, its best checkpoint, TensorBoard
-host_memory         the C heap of a training process: freed memory kept for the next step
+host_memory         the C heap of a training process: freed memory kept for the next step; its resident memory
 loop_position       where a run stands in Lightning's loop counters, and whether it is finished
 model_summary       the model summary, without a FLOP count that was never made
 process_groups      process groups that end cleanly
@@ -28,14 +31,17 @@ __all__ = [
     "device_sync",
     "elastic",
     "fit_summary",
+    "gradient_norm",
     "host_memory",
     "loop_position",
     "model_summary",
+    "peak_flops",
     "process_groups",
     "progress_bar",
     "replicas",
     "resume",
     "run_hparams",
+    "run_logger",
     "sharded_checkpoints",
     "step_times",
     "stop_votes",

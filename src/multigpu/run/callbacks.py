@@ -25,10 +25,10 @@ from multigpu.compat import (
 from multigpu.errors import JobFailed, UsageError
 from multigpu.run.checkpoint_io import AtomicCheckpointIO
 from multigpu.run.loop_position import reopen_cut_epoch
+from multigpu.run.peak_flops import peak_flops as device_peak_flops
 from multigpu.run.replicas import data_parallel_size
 from multigpu.run.resume import KEY, layout_record, resume, training_order
 from multigpu.run.stop_votes import StopVotes
-from multigpu.timing.peak_flops import peak_flops as device_peak_flops
 
 __all__ = [
     "BestCheckpoints",
@@ -48,7 +48,7 @@ class ThroughputSummary(Callback):
     validation. MFU is ``images/s x FLOPs per image / (peak FLOP/s x devices)``: the FLOPs
     of one image's forward and backward pass come once from the model's
     ``training_flops_per_image()`` (torch's flop counter), the peak from ``peak_flops``
-    or, on known GPUs, from the table for the run's precision (``multigpu.timing.peak_flops``:
+    or, on known GPUs, from the table for the run's precision (``multigpu.run.peak_flops``:
     H100, H200, A100, L4, and Lightning's for others). Without either, MFU is left out.
 
     Args:

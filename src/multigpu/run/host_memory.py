@@ -8,6 +8,9 @@ docs/measurements.md, "Host memory", have the figures). Host memory on a GPU hol
 anyway, so little should change there. The setting is the main thread's heap; blocks of other threads (gloo's) above
 64 MiB are still mapped one by one.
 
+``resident_bytes`` reads the process's resident memory (``plan``'s overhead of a process, the CPU's figure at each
+log step).
+
 ``MULTIGPU_KEEP_FREED_MEMORY=0`` leaves glibc's own behaviour. So does a user's own setting of its thresholds
 (``MALLOC_MMAP_MAX_``, ``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_TOP_PAD_``, or the same
 tunables in ``GLIBC_TUNABLES``), or another allocator in ``LD_PRELOAD`` (jemalloc, tcmalloc, mimalloc).
@@ -16,7 +19,7 @@ tunables in ``GLIBC_TUNABLES``), or another allocator in ``LD_PRELOAD`` (jemallo
 import ctypes
 import os
 
-__all__ = ["give_back_freed_memory", "keep_freed_memory"]
+__all__ = ["give_back_freed_memory", "keep_freed_memory", "resident_bytes"]
 
 # glibc's malloc.h and mallopt(3): free memory at the heap's top above the trim threshold goes back to the kernel
 # (-1: never); at most ``M_MMAP_MAX`` blocks are served by their own mmap (0: none, every block from the heap).
@@ -56,3 +59,9 @@ def give_back_freed_memory() -> None:
     that need it (``plan``'s measured runs, after its profiling)."""
     if (libc := _glibc()) is not None:
         libc.malloc_trim(0)
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now."""
+    with open("/proc/self/statm") as file:
+        return int(file.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

@@ -3,7 +3,6 @@ host's clock): the step time and the share of it spent waiting for the loader, i
 utilisation, the hold of the last checkpoint save, and the peak memory since the last log step; under several
 processes the slowest and the fastest process's, so that a straggler shows."""
 
-import os
 import time
 from typing import Any
 
@@ -18,14 +17,10 @@ from multigpu.contracts import layout_of
 from multigpu.run.callbacks import ThroughputSummary
 from multigpu.run.checkpoint_io import AtomicCheckpointIO
 from multigpu.run.device_sync import synchronize
+from multigpu.run.host_memory import resident_bytes
 from multigpu.run.replicas import data_parallel_size
 
 __all__ = ["LoaderClock", "StepTimes", "TrainingTime"]
-
-
-def _resident_gib() -> float:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
 
 
 class LoaderClock(PassThroughProfiler):
@@ -89,7 +84,7 @@ class StepTimes(Callback):
     - ``data_wait_share``: the share of it the training loop waited for the loader's next batch (``LoaderClock``;
       not with a profiler of the user's);
     - ``images_per_s``: training images per second over all replicas, and ``mfu``, the model FLOP utilisation, where
-      the device's peak is known (``ThroughputSummary``: ``timing.peak_flops``' table of peaks by device and
+      the device's peak is known (``ThroughputSummary``: ``run.peak_flops``, its table of peaks by device and
       precision, or ``--throughput.peak_flops``);
     - ``checkpoint_hold_ms``: how long the last save held training (after a save);
     - ``peak_memory_gib/<device>``: the most memory allocated on each CUDA device of the process since the log step
@@ -173,7 +168,7 @@ class StepTimes(Callback):
     def _memory(devices: list[torch.device]) -> dict[str, float]:
         cuda = [device for device in devices if device.type == "cuda"]
         if not cuda:
-            return {"perf/step/resident_memory_gib": _resident_gib()}
+            return {"perf/step/resident_memory_gib": resident_bytes() / 2**30}
         figures = {}
         for device in cuda:
             figures[f"perf/step/peak_memory_gib/{device}"] = torch.cuda.max_memory_allocated(device) / 2**30

@@ -4,7 +4,6 @@ timed_runs    a configuration's training run in processes of its own, its figure
 step_timer    ``StepTimer``, the callback that times a run's optimizer steps and records its peak memory
 intervals     the median of repeated measurements and its distribution-free interval
 busy_cores    the cores a process may use, and whether other processes keep them busy
-peak_flops    a device's peak FLOP/s at a run's precision, which MFU divides by
 """
 
-__all__ = ["busy_cores", "intervals", "peak_flops", "step_timer", "timed_runs"]
+__all__ = ["busy_cores", "intervals", "step_timer", "timed_runs"]
