@@ -64,6 +64,7 @@ def one_run(devices: int) -> dict:
         "errors": {row["layout"]: row["error"] for row in measured if row["error"] is not None},
         "chosen": next(row["layout"] for row in rows if row["chosen"]),
         "tied": [row["layout"] for row in measured if row["tied_with_fastest"] and not row["chosen"]],
+        "by_forecast": plan["chosen_by"] == "forecast",
         "busy": busy,
         "printout": result.stdout.strip(),
     }
@@ -99,14 +100,16 @@ def _choices(runs: list[dict]) -> str:
     parts = []
     for chosen, count in Counter(run["chosen"] for run in runs).most_common():
         own = [run for run in runs if run["chosen"] == chosen]
-        alone = sum(not run["tied"] for run in own)
+        by_forecast = sum(run.get("by_forecast", False) for run in own)  # runs before plan chose by forecast: none
+        alone = sum(not run["tied"] for run in own) - by_forecast
         tied = Counter(layout for run in own for layout in run["tied"])
         with_ties = ", ".join(f"{layout} in {n}" for layout, n in tied.most_common())
         alone_part = f", {alone} of them" if count > 1 else ""
         parts.append(
             f"{count} chose `{chosen}`"
-            + (f"{alone_part} with no other range overlapping its range" if alone else "")
+            + (f"{alone_part} with no other median within its range" if alone else "")
             + (f" (tied with {with_ties}, and the simplest)" if with_ties else "")
+            + (f" ({by_forecast} by forecast: every layout measured on busy cores)" if by_forecast else "")
         )
     return "; ".join(parts)
 

@@ -252,10 +252,10 @@ def test_smoke_plan_describes_its_runs_and_abridges_the_first_printout(monkeypat
     printout = "\n".join([began, left, "", *table, "", "fit options:"])
     printout += "\n" + "\n".join(f"  layout {n}: --trainer.devices=2" for n in range(7)) + "\n\nplan: measured 2"
 
-    def run(seconds, chosen, tied, errors, began):
+    def run(seconds, chosen, tied, errors, began, by_forecast=False):
         return {
             "seconds": seconds, "began_measuring_s": began, "budget_s": 90.0, "layouts": 7, "selected": 5,
-            "measured": 2, "busy": False,
+            "measured": 2, "busy": by_forecast, "by_forecast": by_forecast,
             "left_by_budget": ["pipeline 0", "pipeline 1", "pipeline 2"], "errors": errors, "chosen": chosen,
             "tied": tied, "printout": printout,
         }  # fmt: skip
@@ -265,21 +265,23 @@ def test_smoke_plan_describes_its_runs_and_abridges_the_first_printout(monkeypat
         run(85.0, "1 device", ["model parallel 2"], {"1 device": -0.09, "model parallel 2": -0.04}, 36.0),
         {"seconds": 70.0, "refused": busy, "busy": True, "printout": ""},
         run(95.0, "model parallel 2", [], {"1 device": 0.02, "model parallel 2": 0.12}, 31.0),
+        run(99.0, "model parallel 2", [], {"1 device": -0.3, "model parallel 2": 0.5}, 40.0, by_forecast=True),
     ]
     figures = smoke_plan.summary(runs)
     assert figures["within_budget"] == 1 and figures["refused"] == 1
-    assert figures["largest_error"] == (0.12, "model parallel 2")
-    assert (figures["within_10"], figures["within_15"], figures["errors"]) == (3, 4, 4)
+    assert figures["largest_error"] == (0.5, "model parallel 2")
+    assert (figures["within_10"], figures["within_15"], figures["errors"]) == (3, 4, 6)
     paragraph, shown = smoke_plan.markdown({"devices": 2, "runs": runs}).split("\n\nThe first printed:\n\n```\n")
     assert paragraph.startswith("`python main.py plan --config configs/smoke.yaml --trainer.accelerator=cpu ")
-    assert "ran 3 times: median 85 s, interval 70-95 s (75%), Python's start included. 1 wrote no plan: " in paragraph
-    assert f"1x `{busy}`. 1 of 2 finished within its 90 s budget. They began measuring 31 to 36 s after" in paragraph
+    assert "ran 4 times: median 90 s, interval 70-99 s (88%), Python's start included. 1 wrote no plan: " in paragraph
+    assert f"1x `{busy}`. 1 of 3 finished within its 90 s budget. They began measuring 31 to 40 s after" in paragraph
     assert "the start (Python's start-up, the profile and the links). Each chose 5 of 7 layouts to measure" in paragraph
     assert "and measured 2, leaving 3 to the time budget." in paragraph
-    assert "largest +12.0%, `model parallel 2`; median 6.5%" in paragraph
+    assert "largest +50.0%, `model parallel 2`; median 10.5%" in paragraph
     assert (
-        "Of the 2 that chose, 1 chose `1 device` (tied with model parallel 2 in 1, and the simplest); 1 chose `model "
-        "parallel 2` with no other range overlapping its range. 1 found the cores busy." in paragraph
+        "Of the 3 that chose, 2 chose `model parallel 2`, 1 of them with no other median within its range (1 by "
+        "forecast: every layout measured on busy cores); 1 chose `1 device` (tied with model parallel 2 in 1, and the "
+        "simplest). 2 found the cores busy." in paragraph
     )
     lines = shown.splitlines()
     assert (
@@ -311,7 +313,9 @@ def test_smoke_plan_reads_what_plan_measured_from_its_plan_json(monkeypatch):
     def plan(command, cwd, **_):
         folder = Path(cwd) / "logs" / "smoke"
         folder.mkdir(parents=True)
-        (folder / "plan.json").write_text(json.dumps({"title": "", "budget_s": 90.0, "results": rows}))
+        (folder / "plan.json").write_text(
+            json.dumps({"title": "", "budget_s": 90.0, "chosen_by": "measurement", "results": rows})
+        )
         said = "measuring 3 of 4 layouts, within 90 s in all (33 s so far: ...)\nplan: measured 2 of 4 layouts\n"
         return subprocess.CompletedProcess(command, 0, said, "")
 
@@ -320,7 +324,7 @@ def test_smoke_plan_reads_what_plan_measured_from_its_plan_json(monkeypatch):
     assert (run["budget_s"], run["layouts"], run["selected"], run["measured"]) == (90.0, 4, 3, 2)
     assert run["began_measuring_s"] == 33.0
     assert run["left_by_budget"] == ["fsdp"] and run["errors"] == {"1 device": -0.05, "ddp": 0.08}
-    assert (run["chosen"], run["tied"]) == ("1 device", ["ddp"])
+    assert (run["chosen"], run["tied"], run["by_forecast"]) == ("1 device", ["ddp"], False)
 
 
 def test_cuda_paths_keeps_a_failing_path_with_its_reason_and_writes_every_round(monkeypatch):

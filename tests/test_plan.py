@@ -374,8 +374,10 @@ def test_plan_forecasts_measures_the_best_marks_ties_and_writes_a_config_that_fi
     assert (
         result.stdout.strip()
         .splitlines()[-1]
-        .startswith(f"plan: measured {len(measured)} of {len(figures)} layouts and chose {chosen[0]} (")
+        .startswith(f"plan: measured {len(measured)} of {len(figures)} layouts in ")
     )
+    assert f" s (no time budget) and chose {chosen[0]} (" in result.stdout.strip().splitlines()[-1]
+    assert plan["chosen_by"] == "measurement" or all(figures[name]["busy"] for name in measured)
     assert (folder / "plan.png").read_bytes().startswith(b"\x89PNG")
     config = yaml.safe_load((folder / "plan.yaml").read_text())
     assert config["model"] == {"recompute_activations": False}
@@ -430,9 +432,14 @@ def test_a_time_budget_measures_the_reference_and_the_best_forecast_then_what_fi
     )
     basis = {"passes_s": {"8 images on 2 thread(s)": 0.9}, "links": Links(world=1).figures()}
     outcomes = [*measured, Outcome(LAYOUTS["dp"]("dp", 2, 1, 8), [1], 9.0)]
-    write_outputs(outcomes, tmp_path, None, {}, "", measured, 2.0, basis)
+    write_outputs(outcomes, tmp_path, None, {}, "", measured, 2.0, 3.4, basis)
     plan = json.loads((tmp_path / "plan.json").read_text())
-    assert plan["budget_s"] == 2.0 and plan["basis"] == basis
+    assert plan["budget_s"] == 2.0 and plan["elapsed_s"] == 3.4 and plan["basis"] == basis
+    last = capsys.readouterr().out.strip().splitlines()[-1]  # the budget, and why it was not kept
+    assert last.startswith(
+        "plan: measured 2 of 5 layouts in 3 s, 1 s past its 2 s budget (the reference and the best forecast are "
+        "measured whatever the time) and chose "
+    )
     assert {row["layout"]: (row["selected"], row["left_by_budget"]) for row in plan["results"]} == {
         "1 device": (True, False),
         "model parallel 2": (True, False),

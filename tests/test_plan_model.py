@@ -29,7 +29,7 @@ from multigpu.planning.forecast import forecast
 from multigpu.planning.link_probe import REPEATS, SHARDED_ROUNDS, SIZES, _sharded_costs, _timed
 from multigpu.planning.links import ForkedRanks, Link, Links, fork_ranks
 from multigpu.planning.profile import BlockProfile, PassTimes
-from multigpu.planning.ranking import Outcome, choice, tied, to_measure
+from multigpu.planning.ranking import Outcome, choice, chosen_by_forecast, tied, to_measure
 from multigpu.planning.report import print_report
 from multigpu.strategies.layouts import LAYOUTS, BlockMemory, PipelineLayout
 from multigpu.strategies.layouts.layout import overlapped_reduction
@@ -387,6 +387,23 @@ def test_a_range_made_wide_by_a_busy_machine_ties_with_nothing():
     pipeline = _outcome("pipeline 2 gpipe m2", 2, 8.0, [7.9, 8.2, 8.5])
     busy = _outcome("1 device", 1, 5.0, [0.9, 0.9, 9.2])
     assert tied([busy, pipeline]) == [pipeline] and choice([busy, pipeline]) is pipeline
+
+
+def test_with_every_layout_measured_on_busy_cores_the_best_forecast_is_chosen_and_said(capsys):
+    """The cores too busy to measure: the figures measured the other work too, so the plan chooses by forecast among
+    the layouts it measured, and says so; one quiet measurement is compared by its figures again."""
+    one = replace(_outcome("1 device", 1, 9.0, [5.0, 6.0, 7.0]), busy="a convolution got 40% of the cores")
+    ddp = replace(_outcome("ddp", 2, 14.0, [4.0, 5.0, 5.5]), busy="a convolution got 45% of the cores")
+    unmeasured = _outcome("pipeline", 2, 30.0)
+    assert chosen_by_forecast([one, ddp, unmeasured]) and choice([one, ddp, unmeasured]) is ddp
+    assert tied([one, ddp, unmeasured]) == []
+    print_report([one, ddp, unmeasured], [], None, (2**30, True), measured=True)
+    assert (
+        "chosen: ddp: by forecast (14.0 img/s, the best of the layouts measured): every one trained on busy cores, so "
+        "their figures measure the other work too (plan again on quiet cores to choose by measurement)."
+    ) in capsys.readouterr().out
+    quiet = replace(one, busy=None)
+    assert not chosen_by_forecast([quiet, ddp]) and choice([quiet, ddp]) is quiet
 
 
 def test_a_choice_that_no_measurement_was_compared_with_says_so(capsys):

@@ -147,6 +147,7 @@ def _plan(config, options: PlanOptions, args: Sequence[str], started: float, for
             f"{where}, batch {setting.batch_size} per device, {setting.precision}",
             measured,
             options.budget_s,
+            time.monotonic() - started,
             basis,
             PlanInvocation(args, config["run_name"], config["checkpoint_root"]),
         )

@@ -8,7 +8,9 @@ window to the fastest: with 5 windows the median lies inside it 15 times in 16, 
 noise (each window is as likely to fall above the median as below it). Layouts whose median
 lies within the fastest one's range are tied with it, and among them the plan picks the simplest:
 the fewest processes, then the least memory. A range made wide by a busy machine makes no tie:
-its median, not its fastest window, is set against the fastest layout's range.
+its median, not its fastest window, is set against the fastest layout's range. Where every layout
+measured trained on busy cores, their figures measure the other work too: the plan then picks the
+best forecast among them, and says so.
 """
 
 import statistics
@@ -22,6 +24,7 @@ __all__ = [
     "FORECAST_ERROR",
     "Outcome",
     "choice",
+    "chosen_by_forecast",
     "ends_by",
     "in_measuring_order",
     "ranked",
@@ -95,17 +98,27 @@ def ranked(outcomes: Sequence[Outcome]) -> list[Outcome]:
     return sorted((o for o in outcomes if o.figures), key=lambda o: -o.images_per_s)
 
 
+def chosen_by_forecast(outcomes: Sequence[Outcome]) -> bool:
+    """Whether every measured outcome trained on busy cores (none is then compared by its figures)."""
+    measured = [o for o in outcomes if o.figures]
+    return bool(measured) and all(o.busy for o in measured)
+
+
 def tied(outcomes: Sequence[Outcome]) -> list[Outcome]:
-    """The measured outcomes whose median lies within the fastest one's range, the fastest first."""
+    """The measured outcomes whose median lies within the fastest one's range, the fastest first (none where the
+    choice goes by forecast)."""
     fastest = ranked(outcomes)
-    if not fastest:
+    if not fastest or chosen_by_forecast(outcomes):
         return []
     low = fastest[0].interval[0]
     return [o for o in fastest if o.images_per_s >= low]
 
 
 def choice(outcomes: Sequence[Outcome]) -> Outcome | None:
-    """The simplest of the layouts tied with the fastest: the fewest processes, then the least memory."""
+    """The simplest of the layouts tied with the fastest: the fewest processes, then the least memory; where every
+    measured layout trained on busy cores, the one of them with the best forecast."""
+    if chosen_by_forecast(outcomes):
+        return max((o for o in outcomes if o.figures), key=lambda o: o.forecast or 0.0)
     group = tied(outcomes)
     if not group:
         return None

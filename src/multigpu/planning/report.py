@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from multigpu.planning.bar_chart import write_bar_chart
-from multigpu.planning.ranking import Outcome, choice, ranked, tied
+from multigpu.planning.ranking import Outcome, choice, chosen_by_forecast, ranked, tied
 from multigpu.strategies.layouts import Refusal
 
 __all__ = ["PlanInvocation", "dry_run_line", "print_report", "write_outputs"]
@@ -90,7 +90,13 @@ def print_report(
     chosen = choice(outcomes)
     if chosen is not None:
         others = [o.layout.label for o in tied(outcomes) if o is not chosen]
-        if others:
+        if chosen_by_forecast(outcomes):
+            why = (
+                f"by forecast ({chosen.forecast or 0:.1f} img/s, the best of the layouts measured): every one trained "
+                "on busy cores, so their figures measure the other work too (plan again on quiet cores to choose by "
+                "measurement)"
+            )
+        elif others:
             why = (
                 f"tied with {', '.join(others)} (their medians lie within the fastest one's range), and the simplest: "
                 "the fewest processes, then the least memory"
@@ -150,14 +156,16 @@ def write_outputs(
     title: str,
     selected: Sequence[Outcome],
     budget_s: float | None,
+    elapsed_s: float,
     basis: dict,
     invocation: PlanInvocation = PlanInvocation(),
 ) -> Path | None:
     """Write the chosen layout as ``plan.yaml``, every forecast and figure as ``plan.json`` and the chart
     ``plan.png`` into ``folder``; return the config's path (None when no layout ran). ``selected``: the outcomes
-    chosen to be measured, those that the time budget (``budget_s``) left unmeasured among them; ``basis``: what
-    the forecasts were built from (``plan.json`` keeps it, so that a forecast that missed can be traced);
-    ``invocation``: what ``plan`` was given, for the ``fit`` command it prints."""
+    chosen to be measured, those that the time budget (``budget_s``) left unmeasured among them; ``elapsed_s``: the
+    seconds plan took so far, its process's start included, which its last line sets against the budget;
+    ``basis``: what the forecasts were built from (``plan.json`` keeps it, so that a forecast that missed can be
+    traced); ``invocation``: what ``plan`` was given, for the ``fit`` command it prints."""
     chosen = choice(outcomes)
     if chosen is None:
         return None
@@ -168,8 +176,10 @@ def write_outputs(
         config["trainer"]["precision"] = trainer["precision"]
     low, high = chosen.interval
     command = invocation.fit_command(folder / "plan.yaml", config)
+    by_forecast = chosen_by_forecast(outcomes)
+    how = f" by forecast ({chosen.forecast or 0:.1f} img/s; every layout measured on busy cores)" if by_forecast else ""
     header = (
-        f"# The layout `python main.py plan` chose: {chosen.layout.label}, {chosen.images_per_s:.1f} img/s "
+        f"# The layout `python main.py plan` chose{how}: {chosen.layout.label}, {chosen.images_per_s:.1f} img/s "
         f"(windows {low:.1f}-{high:.1f}; {title}).\n# Train with it: {command}\n"
     )
     (folder / "plan.yaml").write_text(header + yaml.safe_dump(config, sort_keys=False))
@@ -190,7 +200,14 @@ def write_outputs(
         }
         for outcome in outcomes
     ]
-    plan = {"title": title, "budget_s": budget_s, "results": rows, "basis": basis}
+    plan = {
+        "title": title,
+        "budget_s": budget_s,
+        "elapsed_s": elapsed_s,
+        "chosen_by": "forecast" if by_forecast else "measurement",
+        "results": rows,
+        "basis": basis,
+    }
     (folder / "plan.json").write_text(json.dumps(plan, indent=2, default=list))
     bars = ranked(outcomes)
     notes = [
@@ -209,12 +226,26 @@ def write_outputs(
         grey=[o.layout.reference for o in bars],
     )
     measured = sum(1 for outcome in outcomes if outcome.figures)
+    figure = f"by forecast, {chosen.forecast or 0:.1f} img/s" if by_forecast else f"{chosen.images_per_s:.1f} img/s"
+    busy = bool(basis.get("busy")) or any(outcome.busy for outcome in outcomes)
     print(
-        f"\nplan: measured {measured} of {len(outcomes)} layouts and chose {chosen.layout.label} "
-        f"({chosen.images_per_s:.1f} img/s); wrote {folder / 'plan.yaml'}, plan.json and plan.png. Train with it: "
+        f"\nplan: measured {measured} of {len(outcomes)} layouts {_time_taken(elapsed_s, budget_s, busy)} and chose "
+        f"{chosen.layout.label} ({figure}); wrote {folder / 'plan.yaml'}, plan.json and plan.png. Train with it: "
         f"{command}"
     )
     return folder / "plan.yaml"
+
+
+def _time_taken(elapsed_s: float, budget_s: float | None, busy: bool) -> str:
+    """How long plan took against its time budget, and where past it, why."""
+    if budget_s is None:
+        return f"in {elapsed_s:.0f} s (no time budget)"
+    if elapsed_s <= budget_s:
+        return f"in {elapsed_s:.0f} s, within its {budget_s:g} s budget"
+    why = "the reference and the best forecast are measured whatever the time"
+    if busy:
+        why += ", and busy cores slowed the profile and the runs (and the waits for quiet ones)"
+    return f"in {elapsed_s:.0f} s, {elapsed_s - budget_s:.0f} s past its {budget_s:g} s budget ({why})"
 
 
 def dry_run_line(outcomes: Sequence[Outcome], refusals: Sequence[Any], busy: str | None = None) -> str:
