@@ -20,6 +20,7 @@ from helpers import (
     LOSE_NODE,
     REPO,
     SMOKE,
+    VALIDATION_IMAGES,
     KillAt,
     cli_main,
     free_port,
@@ -527,7 +528,8 @@ def test_killed_at_chosen_moments_and_resumed_ends_bit_for_bit_like_an_uninterru
         (8, "write", "halfway through a background write"),
         (9, "sigterm", "SIGTERM in the epoch's last step"),
     ]
-    args = [*_resumable_run(resumable.cifar), *run_args(tmp_path, "killed"), *MODEL_PARALLEL, "--ckpt_path=last"]
+    run = [*run_args(tmp_path, "killed"), VALIDATION_IMAGES]  # each validation's images: the stops wait for them
+    args = [*_resumable_run(resumable.cifar), *run, *MODEL_PARALLEL, "--ckpt_path=last"]
     for step, moment, name in kills:
         kill = str(write_kill) if moment == "write" else _kill_config(tmp_path, step, moment)
         killed = run_cli(*args, "--config", kill, env=HELPERS_ENV)
@@ -555,7 +557,8 @@ def test_sigterm_to_one_ddp_process_or_ctrl_c_stops_both_after_the_same_step(tmp
     rather than one waiting for the other in a collective; the run then resumes bit for bit. The processes vote on a
     signal after every step and read the vote one step later (``StopVotes``), whatever the logging interval: SIGTERM
     in step 5 stops the run after step 6, the next."""
-    args = [*_resumable_run(resumable.cifar), *DDP, *run_args(tmp_path, "killed"), "--ckpt_path=last"]
+    run = [*run_args(tmp_path, "killed"), VALIDATION_IMAGES]  # each validation's images: the stops wait for them
+    args = [*_resumable_run(resumable.cifar), *DDP, *run, "--ckpt_path=last"]
     stopped = run_cli(*args, "--config", _kill_config(tmp_path, 4, "ctrl-c", rank=0), env=HELPERS_ENV, timeout=180)
     assert stopped.returncode == 130 and "Received Ctrl-C: saved" in stopped.stdout, stopped.stdout
     assert "Ctrl-C again to stop at once" in stopped.stdout, stopped.stdout

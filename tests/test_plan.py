@@ -361,23 +361,27 @@ def test_plan_forecasts_measures_the_best_marks_ties_and_writes_a_config_that_fi
             assert len(row["figures"]["peak_memory_bytes"]) == len(row["estimate"]) == processes
         else:
             assert row["figures"] is None and rows[name][2] == "-"
-    fastest = max(measured, key=lambda name: figures[name]["images_per_s"])
-    tied = {name for name in measured if figures[name]["images_per_s"] >= figures[fastest]["interval"][0]}
+    chosen = [name for name, row in figures.items() if row["chosen"]]
+    # Beside the suite's other worker every run may have trained on busy cores: then the best forecast is chosen
+    if by_forecast := all(figures[name]["busy"] for name in measured):
+        tied, expected = set(), max(measured, key=lambda name: figures[name]["forecast"])
+    else:
+        fastest = max(measured, key=lambda name: figures[name]["images_per_s"])
+        tied = {name for name in measured if figures[name]["images_per_s"] >= figures[fastest]["interval"][0]}
+        expected = min(  # the fewest processes, then the least memory
+            tied, key=lambda name: (1 if name == "1 device" else 2, sum(figures[name]["figures"]["peak_memory_bytes"]))
+        )
+    assert plan["chosen_by"] == ("forecast" if by_forecast else "measurement")
     assert {name for name, row in figures.items() if row["tied_with_fastest"]} == tied
     assert {name for name in measured if rows[name][0].endswith("=")} == (tied if len(tied) > 1 else set())
-    chosen = [name for name, row in figures.items() if row["chosen"]]
-    simplest = min(  # the fewest processes, then the least memory
-        tied, key=lambda name: (1 if name == "1 device" else 2, sum(figures[name]["figures"]["peak_memory_bytes"]))
-    )
-    assert chosen == [simplest]
-    assert f"chosen: {chosen[0]}: " in result.stdout
+    assert chosen == [expected]
+    assert f"chosen: {chosen[0]}: {'by forecast' if by_forecast else ''}" in result.stdout
     assert (
         result.stdout.strip()
         .splitlines()[-1]
         .startswith(f"plan: measured {len(measured)} of {len(figures)} layouts in ")
     )
     assert f" s (no time budget) and chose {chosen[0]} (" in result.stdout.strip().splitlines()[-1]
-    assert plan["chosen_by"] == "measurement" or all(figures[name]["busy"] for name in measured)
     assert (folder / "plan.png").read_bytes().startswith(b"\x89PNG")
     config = yaml.safe_load((folder / "plan.yaml").read_text())
     assert config["model"] == {"recompute_activations": False}

@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 import torch
-from helpers import SMOKE, cli_main, free_port, helper_callback, run_args
+from helpers import SMOKE, VALIDATION_IMAGES, cli_main, free_port, helper_callback, run_args
 
 from multigpu.data.cifar10 import CIFAR10_CLASSES
 from multigpu.run import validation_report
@@ -62,7 +62,7 @@ def test_tensorboard_shows_the_runs_scalars_and_one_hparams_row_with_its_best_an
     last validation accuracy and loss as of its last step; each validation's accuracy by class, and its confusion
     matrix and its images of highest loss as images (none with --validation_report.images=false). The end of each
     fit says its throughput, peak memory, best checkpoint and the command that opens TensorBoard on the run."""
-    args = ["fit", "--config", SMOKE, *run_args(tmp_path)]
+    args = ["fit", "--config", SMOKE, *run_args(tmp_path), VALIDATION_IMAGES]
     cli_main(*args, "--trainer.max_epochs=1")
     with caplog.at_level(logging.INFO):
         cli_main(*args, "--trainer.max_epochs=2", "--ckpt_path=last")
@@ -160,7 +160,7 @@ def test_images_that_fail_to_draw_fail_the_run_at_its_end_and_the_images_wait_fo
     monkeypatch.setattr(validation_report, "confusion_figure", fails)
     monkeypatch.setattr(ValidationReport, "on_validation_end", lambda self, trainer, pl_module: drawn.set())
     with pytest.raises(RuntimeError, match="no room for the confusion matrix"):
-        cli_main("fit", "--config", SMOKE, *run_args(tmp_path))
+        cli_main("fit", "--config", SMOKE, *run_args(tmp_path), VALIDATION_IMAGES)
 
 
 @pytest.mark.parametrize(
