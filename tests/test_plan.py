@@ -381,7 +381,7 @@ def test_plan_forecasts_measures_the_best_marks_ties_and_writes_a_config_that_fi
         .splitlines()[-1]
         .startswith(f"plan: measured {len(measured)} of {len(figures)} layouts in ")
     )
-    assert f" s (no time budget) and chose {chosen[0]} (" in result.stdout.strip().splitlines()[-1]
+    assert f" s (no time budget), and chose {chosen[0]} (" in result.stdout.strip().splitlines()[-1]
     assert (folder / "plan.png").read_bytes().startswith(b"\x89PNG")
     config = yaml.safe_load((folder / "plan.yaml").read_text())
     assert config["model"] == {"recompute_activations": False}
@@ -442,7 +442,7 @@ def test_a_time_budget_measures_the_reference_and_the_best_forecast_then_what_fi
     last = capsys.readouterr().out.strip().splitlines()[-1]  # the budget, and why it was not kept
     assert last.startswith(
         "plan: measured 2 of 5 layouts in 3 s, 1 s past its 2 s budget (the reference and the best forecast are "
-        "measured whatever the time) and chose "
+        "measured whatever the time), and chose "
     )
     assert {row["layout"]: (row["selected"], row["left_by_budget"]) for row in plan["results"]} == {
         "1 device": (True, False),

@@ -229,7 +229,7 @@ def write_outputs(
     figure = f"by forecast, {chosen.forecast or 0:.1f} img/s" if by_forecast else f"{chosen.images_per_s:.1f} img/s"
     busy = bool(basis.get("busy")) or any(outcome.busy for outcome in outcomes)
     print(
-        f"\nplan: measured {measured} of {len(outcomes)} layouts {_time_taken(elapsed_s, budget_s, busy)} and chose "
+        f"\nplan: measured {measured} of {len(outcomes)} layouts {_time_taken(elapsed_s, budget_s, busy)}, and chose "
         f"{chosen.layout.label} ({figure}); wrote {folder / 'plan.yaml'}, plan.json and plan.png. Train with it: "
         f"{command}"
     )
