@@ -117,7 +117,8 @@ def _choices(runs: list[dict]) -> str:
 def abridged(printout: str) -> str:
     """``printout`` with the list of layouts the budget left cut after two, its table after the measured layouts
     (those with a place) and the first one left (then the last one), and its fit options after the measured
-    layouts'."""
+    layouts'; the configs' folder as the user types it (each run ran in an empty folder, given its full path)."""
+    printout = printout.replace(f"{REPO / 'configs'}/", "configs/")
     lines, kept, position, placed = printout.splitlines(), [], 0, 0
     while position < len(lines):
         line = lines[position]
