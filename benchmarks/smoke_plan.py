@@ -43,6 +43,8 @@ def one_run(devices: int) -> dict:
         result = subprocess.run([*command, *options], cwd=folder, capture_output=True, text=True)
         seconds = time.monotonic() - started
         print(result.stdout, flush=True)
+        # The configs' folder as the user types it: each run ran in an empty folder, given the folder's full path
+        result.stdout = result.stdout.replace(f"{REPO / 'configs'}/", "configs/")
         plan_json = Path(folder) / "logs" / "smoke" / "plan.json"
         plan = json.loads(plan_json.read_text()) if plan_json.exists() else None
     busy = "the cores are busy" in result.stdout + result.stderr
@@ -117,8 +119,7 @@ def _choices(runs: list[dict]) -> str:
 def abridged(printout: str) -> str:
     """``printout`` with the list of layouts the budget left cut after two, its table after the measured layouts
     (those with a place) and the first one left (then the last one), and its fit options after the measured
-    layouts'; the configs' folder as the user types it (each run ran in an empty folder, given its full path)."""
-    printout = printout.replace(f"{REPO / 'configs'}/", "configs/")
+    layouts'."""
     lines, kept, position, placed = printout.splitlines(), [], 0, 0
     while position < len(lines):
         line = lines[position]
