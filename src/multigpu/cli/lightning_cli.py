@@ -39,6 +39,7 @@ from multigpu.run.callbacks import (
 from multigpu.run.elastic import torchrun_node_count
 from multigpu.run.fit_summary import FitSummary
 from multigpu.run.gradient_norm import GradientNorm
+from multigpu.run.process_groups import EndSpawnedProcessGroups
 from multigpu.run.replicas import accumulation_for, data_parallel_size
 from multigpu.run.resume import ResumePoint
 from multigpu.run.run_hparams import RunHparams
@@ -127,6 +128,7 @@ class MultiGPUCLI(CheckpointPathCLI):
                     FitSummary(),
                     StepTimes(),
                     GradientNorm(),
+                    EndSpawnedProcessGroups(),
                 ]
             },
             parser_kwargs=parser_kwargs,
