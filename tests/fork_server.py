@@ -3,15 +3,17 @@
 Each ``python main.py`` spends about 3.5 CPU-seconds importing before it does anything, as much as a tiny training
 run takes; a test worker launches dozens. ``helpers.run_cli`` sends its run here instead: the server forks a process
 that takes the run's working folder, environment and arguments, and runs ``main.py`` as ``python main.py ARGS`` would,
-in a session of its own, its output in a file. Only the run's first process starts this way; the ranks Lightning
-launches, torchrun and the loader workers start as they always do. Tests whose promise is the entry point or a launcher
-pass ``fresh=True`` (``MULTIGPU_TEST_FRESH=1`` makes every run fresh).
+in a process group of its own, its output in a file. The ranks Lightning's subprocess launcher starts (``python
+main.py ARGS`` again, with their ``LOCAL_RANK``) are forked the same way, into the run's group (``RankOrPopen``);
+torchrun, ``ddp_spawn`` and the loader workers start as they always do. Tests whose promise is the entry point or a
+launcher pass ``fresh=True`` (``MULTIGPU_TEST_FRESH=1`` makes every run fresh).
 
 The server runs one thread and computes nothing, so that a fork copies no lock another thread held and no thread pool:
-each request is taken by a forked go-between, which forks the run, sends its pid, waits for it and sends how it ended.
-It ends with the test process that started it.
+each request is taken by a forked go-between, which forks the run, sends its pid, forks the ranks the run asks for,
+waits for all of them and sends how the run ended. It ends with the test process that started it.
 """
 
+import contextlib
 import gc
 import importlib
 import os
@@ -21,8 +23,10 @@ import select
 import signal
 import socket
 import struct
+import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 PRELOADED = ["multigpu.commands"]  # torch, torchvision, torchmetrics, Lightning, jsonargparse and the package
@@ -51,9 +55,74 @@ def _pythonpath(env: dict[str, str]) -> list[str]:
     return [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
 
 
+class RankOrPopen(subprocess.Popen):
+    """``subprocess.Popen`` in a forked run, where ``python main.py ARGS`` as Lightning's subprocess launcher starts a
+    rank (``Popen(command, env=..., cwd=...)``) is forked by the run's go-between instead, and stands for it as much as
+    the launcher and its observer use: ``pid``, ``poll``, ``returncode``, ``wait``, ``send_signal``, ``kill``. Every
+    other command is a ``Popen``."""
+
+    ranks: socket.socket  # to the go-between: a rank asked for, its pid back, and each rank's exit code as it ends
+    ended: dict[int, int] = {}  # by pid (one run per process)
+    lock = threading.Lock()  # the launcher's observer thread polls too
+
+    def __new__(cls, command, *args, **kwargs):
+        if list(command[:2]) != [sys.executable, os.path.abspath(sys.argv[0])] or args or set(kwargs) - {"env", "cwd"}:
+            return super().__new__(cls)
+        request = {"main": command[1], "args": list(command[2:]), "cwd": kwargs.get("cwd") or os.getcwd()}
+        with cls.lock:
+            send(cls.ranks, {**request, "env": dict(kwargs.get("env") or os.environ)})
+            while not isinstance(message := receive(cls.ranks), int):
+                cls.ended.update([message])
+        return ForkedRank(message)
+
+
+class ForkedRank:
+    """A rank forked by the go-between, as ``RankOrPopen`` returns it."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.returncode = pid, None
+
+    def poll(self) -> int | None:
+        with RankOrPopen.lock:
+            RankOrPopen.ranks.setblocking(False)
+            try:
+                while True:  # each message is a few bytes, sent at once: it arrives whole or not at all
+                    RankOrPopen.ended.update([receive(RankOrPopen.ranks)])
+            except (BlockingIOError, EOFError):
+                pass
+            finally:
+                RankOrPopen.ranks.setblocking(True)
+        self.returncode = RankOrPopen.ended.get(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.05)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+
 def _become(request: dict, base_path: list[str]) -> None:
-    """Turn this forked process into ``python MAIN ARGS`` run in ``cwd`` with ``env``, its output into ``output``."""
-    os.setsid()  # as ``start_new_session``: its ranks and loader workers one group, which a timeout dumps whole
+    """Turn this forked process into ``python MAIN ARGS`` run in ``cwd`` with ``env``, its output into ``output``:
+    the run's first process (a group of its own, as ``start_new_session``: its ranks and loader workers one group,
+    which a timeout dumps whole), or a rank (in that group)."""
+    os.setpgid(0, request.get("group", 0))
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())  # the go-between's blocked signals
+    if "ranks" in request:
+        RankOrPopen.ranks = socket.socket(fileno=request["ranks"])
+        subprocess.Popen = RankOrPopen
     with open(os.devnull, "rb") as null:
         os.dup2(null.fileno(), 0)
     with open(request["output"], "ab") as output:
@@ -65,6 +134,9 @@ def _become(request: dict, base_path: list[str]) -> None:
     main = str(request["main"])
     sys.path[:] = [str(Path(main).parent), *_pythonpath(request["env"]), *base_path]
     sys.argv[:] = [main, *request["args"]]
+    from lightning.fabric.utilities.rank_zero import _get_rank, rank_zero_only
+
+    rank_zero_only.rank = _get_rank() or 0  # as Lightning's import reads it: a rank's lines are not rank 0's
     if "OMP_NUM_THREADS" in request["env"]:  # OpenMP read the server's value as torch loaded
         import torch
 
@@ -73,17 +145,49 @@ def _become(request: dict, base_path: list[str]) -> None:
 
 
 def _take(connection: socket.socket) -> dict:
-    """In the go-between: fork the run asked for, send its pid, wait for it, send its exit code (``-N``: signal N),
-    and end. Returns the request in the run's process alone."""
+    """In the go-between: fork the run asked for and send its pid; fork each rank it asks for, into its group, and
+    tell it each one's exit code as it ends; once the run and its ranks have ended, send the run's exit code (``-N``:
+    signal N) and end. Returns the request in the run's process, or a rank's, alone. It holds the signals a test sends
+    the run's group (Ctrl-C, a timeout's SIGABRT), which are not for it."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGABRT})
     try:
         request = receive(connection)
+        ranks, theirs = socket.socketpair()
         run = os.fork()
         if run == 0:
             connection.close()
-            return request
+            ranks.close()
+            return {**request, "ranks": theirs.detach()}
+        theirs.close()
+        with contextlib.suppress(OSError):  # as the run does, whichever comes first
+            os.setpgid(run, run)
         send(connection, run)
-        _, status = os.waitpid(run, 0)
-        send(connection, os.waitstatus_to_exitcode(status))
+        children, exit_code, asking = {run}, None, [ranks]
+        while children:
+            if select.select(asking, [], [], 0.1)[0]:
+                try:
+                    asked = receive(ranks)
+                except (EOFError, OSError):  # the run ended
+                    asking = []
+                    continue
+                rank = os.fork()
+                if rank == 0:
+                    connection.close()
+                    ranks.close()
+                    return {**asked, "output": request["output"], "group": run}
+                with contextlib.suppress(OSError):
+                    os.setpgid(rank, run)
+                children.add(rank)
+                send(ranks, rank)
+            while children and (ended := os.waitpid(-1, os.WNOHANG))[0]:
+                children.discard(ended[0])
+                code = os.waitstatus_to_exitcode(ended[1])
+                if ended[0] == run:
+                    exit_code = code
+                else:
+                    with contextlib.suppress(OSError):
+                        send(ranks, (ended[0], code))
+        send(connection, exit_code)
     except BaseException:  # the test process gone: nobody to tell
         pass
     os._exit(0)

@@ -39,10 +39,10 @@ from multigpu.run.callbacks import (
 from multigpu.run.elastic import torchrun_node_count
 from multigpu.run.fit_summary import FitSummary
 from multigpu.run.gradient_norm import GradientNorm
-from multigpu.run.process_groups import EndSpawnedProcessGroups
 from multigpu.run.replicas import accumulation_for, data_parallel_size
 from multigpu.run.resume import ResumePoint
 from multigpu.run.run_hparams import RunHparams
+from multigpu.run.spawned_ranks import EndSpawnedProcessGroups
 from multigpu.run.step_times import StepTimes
 from multigpu.run.validation_report import ValidationReport
 from multigpu.strategies import name_to_class_path

@@ -22,6 +22,7 @@ progress_bar        the progress bar, which reads the metrics only after log ste
 replicas            who reads which data: data-parallel replicas, ranks and micro-batches of a strategy
 run_hparams         a run as one row of TensorBoard's HPARAMS: its layout and recipe, its best and last validation
 resume              the one owner of resume: a checkpoint's ResumePoint, given to the sampler and the loop counters
+spawned_ranks       the process groups of ddp_spawn's ranks, ended as their Trainer tears down
 """
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "run_hparams",
     "run_logger",
     "sharded_checkpoints",
+    "spawned_ranks",
     "step_times",
     "stop_votes",
     "validation_report",

@@ -16,18 +16,15 @@ docs/measurements.md, "Process groups").
 
 ``multigpu.commands.main`` ends them in every process that runs it: the launching one, and those that Lightning's
 subprocess launcher, torchrun or SLURM start. The ranks of ``ddp_spawn`` (and ``ddp_fork``) run only the Trainer's
-function, and their interpreter ends as it returns: ``EndSpawnedProcessGroups`` ends theirs as the Trainer tears down
-(seen under ``ddp_spawn`` on torch 2.11, 1 run in 10 aborted without it).
+function, and their interpreter ends as it returns: ``multigpu.run.spawned_ranks`` ends theirs as the Trainer tears
+down. This module imports torch alone (``plan``'s link probe uses it).
 """
 
 import time
-from multiprocessing import parent_process
 
 import torch.distributed as dist
-from lightning.pytorch import Callback, LightningModule, Trainer
-from typing_extensions import override
 
-__all__ = ["EndSpawnedProcessGroups", "end_process_groups"]
+__all__ = ["end_process_groups"]
 
 
 def end_process_groups() -> None:
@@ -36,14 +33,3 @@ def end_process_groups() -> None:
         dist.barrier()
         dist.destroy_process_group()
         time.sleep(0.2)
-
-
-class EndSpawnedProcessGroups(Callback):
-    """Ends the process groups of a rank that ``multiprocessing`` started (``ddp_spawn``'s, ``ddp_fork``'s) once its
-    Trainer has finished (``teardown``, after every collective of ``on_fit_end``); every rank of such a run is one, so
-    they meet at the barrier together. The others end theirs in ``multigpu.commands.main``."""
-
-    @override
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if parent_process() is not None:
-            end_process_groups()
