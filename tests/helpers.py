@@ -627,6 +627,26 @@ def trained_steps(attempts: list[Path]) -> dict[int, list[int]]:
     return steps
 
 
+def assert_within_scale(found: dict, expected: dict, relative: float, where: str = "", rtol: float = 0.0) -> float:
+    """Two state dicts with the same keys, every floating-point tensor of ``found`` within ``relative`` of the largest
+    value of ``expected``'s (``torch.testing.assert_close``'s ``atol``, with ``rtol``), every other one bit for bit.
+    Returns the largest difference over that largest value, which tests print."""
+    assert found.keys() == expected.keys(), where
+    worst = 0.0
+    for name, tensor in expected.items():
+        scale = tensor.abs().max().item() if tensor.is_floating_point() else 0.0
+        torch.testing.assert_close(
+            found[name],
+            tensor,
+            rtol=rtol,
+            atol=relative * scale,
+            msg=lambda message, name=name: f"{where}: {name}: {message}",
+        )
+        if tensor.is_floating_point():
+            worst = max(worst, (found[name] - tensor).abs().max().item() / max(scale, 1e-30))
+    return worst
+
+
 class RecordSteps(Callback):
     """On global rank 0, saves the network's initial weights (``init.pt``, torchvision's names) and, after each of
     the first ``steps`` optimizer steps, its state dict and the learning rate the step used (``step<K>.pt``), so

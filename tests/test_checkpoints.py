@@ -42,8 +42,7 @@ def test_checkpoint_loads_back_and_resumes(precision, tmp_path):
     path = tmp_path / "saved.ckpt"
     trainer.save_checkpoint(path)
     loaded = ImageClassifier.load_from_checkpoint(path)
-    for name, tensor in trainer.lightning_module.state_dict().items():
-        torch.testing.assert_close(loaded.state_dict()[name], tensor, msg=name)
+    torch.testing.assert_close(loaded.state_dict(), trainer.lightning_module.state_dict())
     assert check_checkpoint(path)["global_step"] == 2
     resumed = _fit(tmp_path, precision, ckpt_path=str(path), max_steps=3)
     assert resumed.global_step == 3

@@ -75,8 +75,7 @@ def test_dp_scatters_over_two_gpus_in_bf16_like_one_gpu():
     scattered = _train_tiny_on_cuda(DataParallelStrategy(), 2, dp_dtypes)
     assert set(dp_dtypes) == set(single_dtypes) == {torch.bfloat16}  # the replicas' threads too
     assert len(dp_dtypes) == 2 * len(single_dtypes)  # one call per replica
-    for name, tensor in scattered.state_dict().items():
-        torch.testing.assert_close(tensor, single.state_dict()[name], rtol=0.02, atol=1e-3, msg=name)
+    torch.testing.assert_close(scattered.state_dict(), single.state_dict(), rtol=0.02, atol=1e-3)
 
 
 @pytest.mark.min_cuda_gpus(1)

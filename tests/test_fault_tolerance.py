@@ -22,6 +22,7 @@ from helpers import (
     SMOKE,
     VALIDATION_IMAGES,
     KillAt,
+    assert_within_scale,
     cli_main,
     free_port,
     helper_callback,
@@ -454,19 +455,8 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 def _assert_close_state(final: dict, expected: dict, name: str, tolerance: float = 1e-4) -> None:
     """The same step, and every parameter and buffer within ``tolerance`` of the largest value of its tensor."""
     assert final["global_step"] == expected["global_step"], name
-    worst = max(
-        ((final["state_dict"][key] - value).abs().max() / value.abs().max().clamp(min=1e-30)).item()
-        for key, value in expected["state_dict"].items()
-        if value.is_floating_point()
-    )
+    worst = assert_within_scale(final["state_dict"], expected["state_dict"], tolerance, name)
     print(f"{name}: step {final['global_step']}, largest difference over each tensor's largest value {worst:.1e}")
-    for key, value in expected["state_dict"].items():
-        found = final["state_dict"][key]
-        if value.is_floating_point():
-            scale = value.abs().max().item() or 1.0
-            assert (found - value).abs().max().item() <= tolerance * scale, f"{name}: {key}"
-        else:
-            assert torch.equal(found, value), f"{name}: {key}"
 
 
 @pytest.mark.slow

@@ -15,5 +15,5 @@ def test_an_overflow_on_one_process_skips_the_step_on_every_process_as_on_one_de
     assert reference.pop("loss_scales").tolist() == [2.0**15]  # 2**16 to start with, halved once
     assert set(trained.pop("loss_scales").tolist()) == {2.0**15}  # on every process
     assert trained.keys() == reference.keys()
-    for name, tensor in trained.items():  # float16 sums in another order: rounding, not a skipped step (~0.1)
-        torch.testing.assert_close(tensor, reference[name], rtol=0, atol=1e-3, msg=name)
+    # float16 sums in another order: rounding, not a skipped step (~0.1)
+    torch.testing.assert_close(trained, reference, rtol=0, atol=1e-3)

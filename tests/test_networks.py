@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from helpers import REPO, cli_error
+from helpers import REPO, assert_within_scale, cli_error
 from network_training import ARCHS, LAYOUTS
 from torch import nn
 
@@ -30,8 +30,9 @@ def test_a_torchvision_network_splits_into_blocks_that_chain_to_its_forward(arch
     for index in (len(whole) - 1, 0):  # the last block first: nothing shared with an earlier build
         alone = whole.build(index).state_dict()
         assert alone.keys() == whole[index].state_dict().keys()
-        for key, tensor in whole[index].state_dict().items():
-            assert torch.equal(tensor, alone[key]), f"{index}.{key}"
+        torch.testing.assert_close(
+            alone, whole[index].state_dict(), rtol=0, atol=0, msg=lambda message, index=index: f"{index}: {message}"
+        )
     assert whole(torch.zeros(2, 3, 32, 32)).shape == (2, 7)
 
 
@@ -118,15 +119,7 @@ def test_every_family_trains_under_every_strategy_as_on_one_device(layout, train
     reference, found = trained["one_device"]["trained"], trained[layout]["trained"]
     assert found.keys() == reference.keys() == set(ARCHS)
     for arch, state in reference.items():
-        assert found[arch].keys() == state.keys(), arch
-        worst = 0.0
-        for key, tensor in state.items():
-            if tensor.is_floating_point():
-                difference = float((found[arch][key] - tensor).abs().max() / tensor.abs().max().clamp_min(1e-30))
-                assert difference <= 1e-5, f"{layout}, {arch}: {key}"
-                worst = max(worst, difference)
-            else:
-                assert torch.equal(found[arch][key], tensor), f"{layout}, {arch}: {key}"
+        worst = assert_within_scale(found[arch], state, 1e-5, f"{layout}, {arch}")
         print(f"{layout} {arch}: largest difference {worst:.1e}")
 
 

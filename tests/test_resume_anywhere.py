@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import ABORTED_AT_EXIT, HELPERS_ENV, REPO, cli_error, trained_steps
+from helpers import ABORTED_AT_EXIT, HELPERS_ENV, REPO, assert_within_scale, cli_error, trained_steps
 from torch import nn
 
 from multigpu.data.datamodule import ImageDataModule
@@ -114,8 +114,7 @@ def test_step_statistics_of_one_replica_are_those_of_batch_norm_run_micro_batch_
             plain(images)
             recorded(images)
         commit_step_statistics(recorded, 6, replicas=1, replica=0, per_batch=3)
-    for name, expected in plain.state_dict().items():
-        torch.testing.assert_close(recorded.state_dict()[name], expected, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(recorded.state_dict(), plain.state_dict(), rtol=1e-6, atol=1e-7)
     assert int(recorded[1].num_batches_tracked) == 12
 
 
@@ -132,15 +131,6 @@ def test_a_global_batch_the_layout_cannot_split_is_refused_in_one_line(capsys):
     assert line.startswith("error: --data.global_batch_size=16 does not split over this layout's 3 replicas")
     line = cli_error(capsys, "--data.global_batch_size=16", "--trainer.accumulate_grad_batches=4")
     assert "disagree on this layout, which needs 2 accumulated batches" in line
-
-
-def _worst(found: dict, expected: dict) -> float:
-    """The largest difference of a floating-point tensor from ``expected``'s, over that tensor's largest value."""
-    return max(
-        ((found[name] - value).abs().max() / value.abs().max().clamp(min=1e-30)).item()
-        for name, value in expected.items()
-        if value.is_floating_point()
-    )
 
 
 def _train(layout: str, folder, attempt: str, steps: int, kill_at: int | None = None) -> int:
@@ -175,13 +165,8 @@ def test_one_device_ddp_and_fsdp_on_the_same_forward_groups_train_the_same_weigh
     assert sorted(steps["one_device_x4"]) == [0, 1, 2, 3]
     for layout, final in finals.items():
         assert steps[layout] == steps["one_device_x4"], layout
-        assert final.keys() == reference.keys()
-        print(f"{layout}: largest difference from one device {_worst(final, reference):.1e}")
-        for name, expected in reference.items():
-            if expected.is_floating_point():
-                torch.testing.assert_close(final[name], expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
-            else:
-                assert torch.equal(final[name], expected), f"{layout}: {name}"
+        worst = assert_within_scale(final, reference, 1e-5, layout, rtol=1e-5)
+        print(f"{layout}: largest difference from one device {worst:.1e}")
 
 
 @pytest.fixture(scope="module")
@@ -219,7 +204,7 @@ def test_a_run_killed_mid_epoch_and_resumed_on_another_layout_trains_the_same_im
         assert sorted(found[step]) == sorted(expected[step]), f"step {step}"
     if killed != "pipeline_2_replicas":  # the pipeline's forward passes take 2 images, not 4
         final = torch.load(tmp_path / "run" / "final.pt")
-        print(f"{killed} -> {resumed}: largest difference from uninterrupted {_worst(final, uninterrupted.final):.1e}")
-        for name, value in uninterrupted.final.items():
-            if value.is_floating_point():
-                torch.testing.assert_close(final[name], value, rtol=1e-5, atol=1e-5 * value.abs().max().item())
+        floats = [name for name, value in uninterrupted.final.items() if value.is_floating_point()]
+        found, expected = ({name: state[name] for name in floats} for state in (final, uninterrupted.final))
+        worst = assert_within_scale(found, expected, 1e-5, f"{killed} -> {resumed}", rtol=1e-5)
+        print(f"{killed} -> {resumed}: largest difference from uninterrupted {worst:.1e}")
