@@ -17,7 +17,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from multigpu.data.cifar10 import ImageTensorDataset, train_transform
+from multigpu.data.cifar import CIFAR10_MEAN, CIFAR10_STD
+from multigpu.data.transforms import ImageTensorDataset, train_transform
 from multigpu.model.architectures import DEFAULT_ARCH, network_blocks
 from multigpu.model.lazy_blocks import LazyBlocks
 from multigpu.model.resnet import resnet50_blocks
@@ -42,7 +43,7 @@ def batches(data: str, batch_size: int, count: int, device: torch.device, worker
     images = torch.randint(256, (batch_size * count, 3, 32, 32), dtype=torch.uint8, generator=generator)
     labels = torch.randint(10, (batch_size * count,), generator=generator)
     loader = DataLoader(
-        ImageTensorDataset(images, labels, train_transform()),
+        ImageTensorDataset(images, labels, train_transform(CIFAR10_MEAN, CIFAR10_STD)),
         batch_size=batch_size,
         shuffle=True,
         num_workers=workers,

@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
-from multigpu.data.cifar10 import CIFAR10_MEAN, CIFAR10_STD
+from multigpu.data.cifar import CIFAR10_MEAN, CIFAR10_STD
 from multigpu.data.datamodule import ImageDataModule
 
 IMAGES, BATCH, EPOCHS = 44, 8, 40  # 5 whole batches an epoch: 4 images left out of each, as with drop_last

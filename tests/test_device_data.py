@@ -4,10 +4,11 @@ import torch
 import torch.nn.functional as F
 from helpers import SMOKE, cli_main, run_args
 
-from multigpu.data.cifar10 import eval_transform
+from multigpu.data.cifar import CIFAR10_MEAN, CIFAR10_STD
 from multigpu.data.datamodule import ImageDataModule
 from multigpu.data.on_device import DeviceBatches, cifar10_stats, normalize, random_crop_flip
 from multigpu.data.sampling import ResumableSampler
+from multigpu.data.transforms import eval_transform
 
 
 def _module(data_dir, **kwargs) -> ImageDataModule:
@@ -37,7 +38,7 @@ def test_each_image_is_a_crop_of_its_padded_self_some_flipped():
 
 def test_normalisation_matches_the_loader_path():
     images = torch.randint(256, (4, 3, 32, 32), dtype=torch.uint8)
-    expected = torch.stack([eval_transform()(image) for image in images])
+    expected = torch.stack([eval_transform(CIFAR10_MEAN, CIFAR10_STD)(image) for image in images])
     torch.testing.assert_close(normalize(images, *cifar10_stats(images.device)), expected)
 
 

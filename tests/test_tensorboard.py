@@ -14,7 +14,7 @@ import pytest
 import torch
 from helpers import SMOKE, VALIDATION_IMAGES, cli_main, free_port, helper_callback, run_args
 
-from multigpu.data.cifar10 import CIFAR10_CLASSES
+from multigpu.data.cifar import CIFAR10_CLASSES
 from multigpu.run import validation_report
 from multigpu.run.peak_flops import peak_flops
 from multigpu.run.run_hparams import METRICS

@@ -3,17 +3,18 @@ the on-device path.
 
 datamodule     ImageDataModule: the LightningDataModule the CLI builds (``--data.*``): loaders, sharding, resume
 source         what a source of images says and makes (``ImageSource``); one per kind:
-cifar10          CifarFiles: CIFAR-10's and CIFAR-100's official files read into tensors; the transforms
+cifar            CifarFiles: CIFAR-10's and CIFAR-100's official files read into tensors
 image_folder     ImageFolderSource: a folder of labelled images in ImageNet's layout (``--data.dataset=imagefolder``)
 synthetic        SyntheticImages: random images of CIFAR's shape (``--data.synthetic``)
 sampling       each epoch's order in global batches, resumable on any layout
+transforms     what every source does to its images (augmentation, normalisation); images in memory
 on_device      whole batches cropped, flipped and normalised on the training device
 image_files    the user's own images for ``predict`` (``--data.predict_dir``)
 loader_workers how loader workers start (a fork server), and that they end with their training process
 """
 
 __all__ = [
-    "cifar10",
+    "cifar",
     "datamodule",
     "image_files",
     "image_folder",
@@ -22,4 +23,5 @@ __all__ = [
     "sampling",
     "source",
     "synthetic",
+    "transforms",
 ]

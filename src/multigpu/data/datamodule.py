@@ -11,7 +11,7 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from typing_extensions import override
 
-from multigpu.data.cifar10 import (
+from multigpu.data.cifar import (
     CIFAR10_CLASSES,
     CIFAR10_MEAN,
     CIFAR10_STD,

@@ -15,7 +15,8 @@ from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
-from multigpu.data.cifar10 import CIFAR10_MEAN, CIFAR10_STD, eval_transform
+from multigpu.data.cifar import CIFAR10_MEAN, CIFAR10_STD
+from multigpu.data.transforms import eval_transform
 from multigpu.errors import UsageError
 
 __all__ = ["IMAGE_SUFFIXES", "ImageFiles", "Indexed"]

@@ -21,9 +21,9 @@ from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
-from multigpu.data.cifar10 import ImageTensorDataset, eval_transform, train_transform
 from multigpu.data.on_device import free_memory
 from multigpu.data.source import Stats
+from multigpu.data.transforms import ImageTensorDataset, eval_transform, train_transform
 from multigpu.errors import UsageError
 
 __all__ = [
@@ -158,7 +158,7 @@ class ImageFolderSource:
     def splits(self, device: torch.device | None) -> dict[str, Dataset]:
         given = "as given (--data.mean and --data.std, or the run's checkpoint)" if self.stats else "measured"
         stats = self.measured_stats()
-        train = self._split("train", train_transform(self.image_size, *stats))
+        train = self._split("train", train_transform(*stats, size=self.image_size))
         val = self._split("val", eval_transform(*stats))
         classes = ", ".join(self.classes[:5]) + (", ..." if len(self.classes) > 5 else "")
         mean, std = (", ".join(f"{value:.3f}" for value in values) for values in stats)

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import DistributedSampler
 
-from multigpu.data.cifar10 import CIFAR10_MEAN, CIFAR10_STD, ImageTensorDataset
+from multigpu.data.cifar import CIFAR10_MEAN, CIFAR10_STD
+from multigpu.data.transforms import ImageTensorDataset
 
 __all__ = ["DeviceBatches", "cifar10_stats", "free_memory", "normalize", "random_crop_flip"]
 

@@ -4,8 +4,9 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from multigpu.data.cifar10 import ImageTensorDataset, train_transform
+from multigpu.data.cifar import CIFAR10_MEAN, CIFAR10_STD
 from multigpu.data.source import Stats
+from multigpu.data.transforms import ImageTensorDataset, train_transform
 
 __all__ = ["SyntheticCIFAR10", "SyntheticImages", "synthetic_images"]
 
@@ -37,7 +38,7 @@ def synthetic_images(length: int, num_classes: int = 10, seed: int = 0) -> Image
     generator = torch.Generator().manual_seed(seed)
     images = torch.randint(256, (length, 3, 32, 32), dtype=torch.uint8, generator=generator)
     labels = torch.randint(num_classes, (length,), generator=generator)
-    return ImageTensorDataset(images, labels, train_transform())
+    return ImageTensorDataset(images, labels, train_transform(CIFAR10_MEAN, CIFAR10_STD))
 
 
 class SyntheticImages:

@@ -27,7 +27,7 @@ import torch
 import torchvision
 from torch import nn
 
-from multigpu.data.cifar10 import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
+from multigpu.data.cifar import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
 from multigpu.errors import UsageError
 from multigpu.model.architectures import DEFAULT_ARCH, network_blocks
 from multigpu.model.lazy_blocks import BlockFactory, LazyBlocks

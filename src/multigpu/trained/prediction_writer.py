@@ -20,7 +20,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from multigpu.data.cifar10 import CIFAR10_MEAN, CIFAR10_STD
+from multigpu.data.cifar import CIFAR10_MEAN, CIFAR10_STD
 from multigpu.errors import check_at_least
 from multigpu.trained.prediction_plot import plot_predictions
 

@@ -1,8 +1,7 @@
-"""CIFAR-10 and CIFAR-100 as in-memory tensors: the source ``CifarFiles``, and the transforms every source uses.
+"""CIFAR-10 and CIFAR-100 as in-memory tensors: the source ``CifarFiles``.
 
 The official files are read once, in torchvision's layout, into one uint8 tensor
-(N, 3, 32, 32); augmentation runs per sample on that tensor with
-``torchvision.transforms.v2``, which avoids a round trip through PIL.
+(N, 3, 32, 32); augmentation runs per sample on that tensor (``multigpu.data.transforms``).
 """
 
 import os
@@ -15,9 +14,9 @@ from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.datasets import CIFAR10, CIFAR100
 from torchvision.datasets.utils import check_integrity
-from torchvision.transforms import v2
 
 from multigpu.data.source import Stats
+from multigpu.data.transforms import ImageTensorDataset, eval_transform, train_transform
 from multigpu.errors import UsageError
 
 __all__ = [
@@ -30,12 +29,9 @@ __all__ = [
     "CIFAR100_MEAN",
     "CIFAR100_STD",
     "cifar_classes",
-    "ImageTensorDataset",
-    "cifar10_root",
-    "ensure_cifar10",
-    "eval_transform",
-    "load_cifar10_split",
-    "train_transform",
+    "cifar_root",
+    "ensure_cifar",
+    "load_cifar_split",
 ]
 
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
@@ -53,49 +49,7 @@ def _files(which: type[CIFAR10]) -> list[list[str]]:
     return which.train_list + which.test_list + [[which.meta["filename"], which.meta["md5"]]]
 
 
-def _normalize(mean: tuple[float, ...], std: tuple[float, ...]) -> list[v2.Transform]:
-    return [v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]
-
-
-def train_transform(size: int = 32, mean=CIFAR10_MEAN, std=CIFAR10_STD) -> v2.Compose:
-    """Random crop ``size`` with padding ``size / 8`` (4 for CIFAR), horizontal flip, then normalisation."""
-    return v2.Compose([v2.RandomCrop(size, padding=size // 8), v2.RandomHorizontalFlip(), *_normalize(mean, std)])
-
-
-def eval_transform(mean=CIFAR10_MEAN, std=CIFAR10_STD) -> v2.Compose:
-    return v2.Compose(_normalize(mean, std))
-
-
-class ImageTensorDataset(Dataset):
-    """Samples ``(transform(images[i]), labels[i])`` from uint8 images of shape (N, 3, H, W)."""
-
-    def __init__(self, images: Tensor, labels: Tensor, transform: v2.Transform) -> None:
-        self.images, self.labels, self.transform = images, labels, transform
-
-    def __getstate__(self) -> dict:
-        """Pickled for a loader worker as plain arrays through its pipe, not as torch's shared memory: a worker
-        started from the fork server gets its own copy, and 150 MB of CIFAR-10 never has to fit ``/dev/shm``
-        (64 MB in a default Docker container)."""
-        return {**self.__dict__, "images": self.images.numpy(force=True), "labels": self.labels.numpy(force=True)}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, images=torch.from_numpy(state["images"]), labels=torch.from_numpy(state["labels"]))
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, key: int | tuple[int, int]) -> tuple[Tensor, int]:
-        """Sample ``key``, or ``(index, seed)``: its random augmentation then depends on ``seed`` alone."""
-        index, seed = key if isinstance(key, tuple) else (key, None)
-        image, label = self.images[index], int(self.labels[index])
-        if seed is None:
-            return self.transform(image), label
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            return self.transform(image), label
-
-
-def cifar10_root(data_dir: str | os.PathLike, which: type[CIFAR10] = CIFAR10) -> Path:
+def cifar_root(data_dir: str | os.PathLike, which: type[CIFAR10] = CIFAR10) -> Path:
     """The folder that holds ``cifar-10-batches-py/`` (``cifar-100-python/``): ``data_dir``, or its parent where
     ``data_dir`` is that inner folder itself (it holds the ``meta`` file or bears its name)."""
     folder = Path(os.fspath(data_dir))
@@ -116,8 +70,8 @@ def _corrupt_files(root: Path, which: type[CIFAR10]) -> list[str]:
 def _check_not_the_other(data_dir: str, which: type[CIFAR10]) -> None:
     """Refuse a folder that holds the other CIFAR where this one is missing: it is the wrong ``--data.dataset``."""
     other = CIFAR100 if which is CIFAR10 else CIFAR10
-    holds_other = (cifar10_root(data_dir, other) / other.base_folder).is_dir()
-    if holds_other and _missing_files(cifar10_root(data_dir, which), which):
+    holds_other = (cifar_root(data_dir, other) / other.base_folder).is_dir()
+    if holds_other and _missing_files(cifar_root(data_dir, which), which):
         option = next(name for name, kind in CIFAR.items() if kind is other)
         raise UsageError(
             f"{data_dir} holds {_NAMES[other]} ({other.base_folder}/), not {_NAMES[which]}: add "
@@ -125,7 +79,7 @@ def _check_not_the_other(data_dir: str, which: type[CIFAR10]) -> None:
         )
 
 
-def ensure_cifar10(data_dir: str, download: bool, verify_checksums: bool, which: type[CIFAR10] = CIFAR10) -> None:
+def ensure_cifar(data_dir: str, download: bool, verify_checksums: bool, which: type[CIFAR10] = CIFAR10) -> None:
     """Make sure the python version of CIFAR-10 (or CIFAR-100, ``which``) is under ``data_dir``, or stop with a
     clear message.
 
@@ -134,7 +88,7 @@ def ensure_cifar10(data_dir: str, download: bool, verify_checksums: bool, which:
     """
     _check_not_the_other(data_dir, which)
     name = _NAMES[which]
-    root = cifar10_root(data_dir, which)
+    root = cifar_root(data_dir, which)
     missing = _missing_files(root, which)
     if missing and download:
         made = [folder for folder in (root, *root.parents) if not folder.exists()]
@@ -167,14 +121,14 @@ def ensure_cifar10(data_dir: str, download: bool, verify_checksums: bool, which:
         )
 
 
-def load_cifar10_split(data_dir: str, train: bool, which: type[CIFAR10] = CIFAR10) -> tuple[Tensor, Tensor]:
+def load_cifar_split(data_dir: str, train: bool, which: type[CIFAR10] = CIFAR10) -> tuple[Tensor, Tensor]:
     """The official training or test split as uint8 images (N, 3, 32, 32) and int64 labels (CIFAR-100's 100
     fine labels).
 
-    The batches are read as torchvision's ``CIFAR10`` reads them, without its md5 check: ``ensure_cifar10``
+    The batches are read as torchvision's ``CIFAR10`` reads them, without its md5 check: ``ensure_cifar``
     has checked the files once, before the model was built, and a subset is read without one.
     """
-    folder = cifar10_root(data_dir, which) / which.base_folder
+    folder = cifar_root(data_dir, which) / which.base_folder
     images, labels = [], []
     for name, _ in which.train_list if train else which.test_list:
         with open(folder / name, "rb") as file:
@@ -186,7 +140,7 @@ def load_cifar10_split(data_dir: str, train: bool, which: type[CIFAR10] = CIFAR1
 
 def cifar_classes(data_dir: str, which: type[CIFAR10]) -> list[str]:
     """The class names the dataset's ``meta`` file lists, in label order."""
-    with open(cifar10_root(data_dir, which) / which.base_folder / which.meta["filename"], "rb") as file:
+    with open(cifar_root(data_dir, which) / which.base_folder / which.meta["filename"], "rb") as file:
         return list(pickle.load(file, encoding="latin1")[which.meta["key"]])
 
 
@@ -203,7 +157,7 @@ class CifarFiles:
         self.num_classes = CIFAR_CLASS_COUNTS[dataset]
 
     def prepare(self) -> None:
-        ensure_cifar10(self.data_dir, self.download, self.verify_checksums, self.which)
+        ensure_cifar(self.data_dir, self.download, self.verify_checksums, self.which)
 
     def measured_stats(self) -> Stats:
         return self.stats
@@ -211,12 +165,12 @@ class CifarFiles:
     def splits(self, device: torch.device | None) -> dict[str, Dataset]:
         if self.classes is None:
             self.classes = cifar_classes(self.data_dir, self.which)
-        images, labels = load_cifar10_split(self.data_dir, train=True, which=self.which)
-        test_images, test_labels = load_cifar10_split(self.data_dir, train=False, which=self.which)
+        images, labels = load_cifar_split(self.data_dir, train=True, which=self.which)
+        test_images, test_labels = load_cifar_split(self.data_dir, train=False, which=self.which)
         test = ImageTensorDataset(test_images, test_labels, eval_transform(*self.stats))
         if not self.val_split:
             return {
-                "train": ImageTensorDataset(images, labels, train_transform(32, *self.stats)),
+                "train": ImageTensorDataset(images, labels, train_transform(*self.stats)),
                 "val": test,
                 "test": test,
             }
@@ -228,7 +182,7 @@ class CifarFiles:
         order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))
         train_idx, val_idx = order[: -self.val_split], order[-self.val_split :]
         return {
-            "train": ImageTensorDataset(images[train_idx], labels[train_idx], train_transform(32, *self.stats)),
+            "train": ImageTensorDataset(images[train_idx], labels[train_idx], train_transform(*self.stats)),
             "val": ImageTensorDataset(images[val_idx], labels[val_idx], eval_transform(*self.stats)),
             "test": test,
         }
