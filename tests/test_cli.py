@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 from helpers import SMOKE, cli_main, run_args, run_cli
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -130,6 +131,23 @@ def test_ddp_spawn_two_cpu_processes(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stdout
     assert torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt")["global_step"] == 2
+
+
+@pytest.mark.parametrize("spawned", [False, True])
+def test_a_spawned_rank_ends_its_process_groups_as_its_trainer_tears_down(spawned, monkeypatch, tmp_path):
+    """The ranks ``ddp_spawn`` starts never return to ``commands.main``, which ends every other process's groups:
+    ``EndSpawnedProcessGroups`` ends theirs (without it, a rank aborted at exit 1 run in 12 on torch 2.11), and
+    leaves any other process's to ``main``, whose barrier its other ranks would otherwise wait at alone."""
+    from multigpu.run import spawned_ranks
+
+    monkeypatch.setattr(spawned_ranks, "parent_process", lambda: object() if spawned else None)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        spawned_ranks.EndSpawnedProcessGroups().teardown(None, None, "fit")
+        assert dist.is_initialized() is not spawned
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def _in_process(subcommand: str, tmp_path: Path, *args: str) -> None:

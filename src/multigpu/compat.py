@@ -19,8 +19,7 @@ import re
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from functools import cache
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -66,7 +65,6 @@ __all__ = [
     "thread_stack",
     "time_pipeline_parts",
     "time_stage_actions",
-    "without_child",
 ]
 
 
@@ -274,23 +272,6 @@ class BuiltBlocksMove(nn.Sequential):
         return self
 
 
-@contextmanager
-def without_child(module: nn.Module, name: str) -> Iterator[nn.Module]:
-    """``module`` without its child ``name``, which the context yields, then puts back in its place.
-
-    ``delattr`` and ``setattr`` would put it back last, reordering the module's parameters (and so its optimizer's
-    state and its checkpoints); only the private ``_modules`` keeps the place.
-    """
-    children = list(module._modules)
-    child = module._modules.pop(name)
-    try:
-        yield child
-    finally:
-        module._modules[name] = child
-        for key in children[children.index(name) + 1 :]:
-            module._modules[key] = module._modules.pop(key)
-
-
 def found_inf_flags(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> dict[torch.device, Tensor]:
     """The overflow flags per device that ``GradScaler.unscale_`` found for ``optimizer``, which ``step`` reads.
 
@@ -430,7 +411,6 @@ PRIVATE_HOOKS = (
     PrivateHook("torch.nn.modules.batchnorm", "_BatchNorm", "BatchNormBase"),
     PrivateHook("torch.nn.modules.batchnorm._BatchNorm", "_check_input_dim", "AnyDimBatchNorm", ("self", "input")),
     PrivateHook("torch.nn.Module", "_apply", "BuiltBlocksMove", ("self", "fn", "recurse")),
-    PrivateHook("torch.nn.Module", "_modules", "without_child", instance=nn.Module),
     PrivateHook(
         "torch.amp.GradScaler", "_per_optimizer_states", "found_inf_flags", instance=lambda: torch.amp.GradScaler("cpu")
     ),

@@ -18,7 +18,6 @@ from torch import nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from multigpu.compat import without_child
 from multigpu.contracts import StrategyLayout
 from multigpu.model.lazy_blocks import is_materialized, placed
 from multigpu.strategies.network_lookup import block_sequence
@@ -26,6 +25,24 @@ from multigpu.strategies.network_lookup import block_sequence
 __all__ = ["SplitNetworkStrategy"]
 
 META = torch.device("meta")
+
+
+@contextmanager
+def _without_child(module: nn.Module, name: str) -> Iterator[nn.Module]:
+    """``module`` without its child ``name``, which the context yields, then puts back in its place: the children
+    after it are set again behind it, so that the module's parameters (its optimizer's state, its checkpoints) keep
+    their order."""
+    names = [key for key, _ in module.named_children()]
+    child = getattr(module, name)
+    delattr(module, name)
+    try:
+        yield child
+    finally:
+        setattr(module, name, child)
+        for key in names[names.index(name) + 1 :]:
+            later = getattr(module, key)
+            delattr(module, key)
+            setattr(module, key, later)
 
 
 class SplitNetworkStrategy(DDPStrategy, StrategyLayout):
@@ -48,7 +65,7 @@ class SplitNetworkStrategy(DDPStrategy, StrategyLayout):
         pl_module = self.lightning_module
         blocks = block_sequence(pl_module, self.strategy_name)
         devices = self.place_blocks()
-        with without_child(pl_module, "net"):
+        with _without_child(pl_module, "net"):
             pl_module.to(self.root_device)  # metrics, loss and any other state: where the step runs
         for block, device in zip(blocks, devices, strict=True):
             block.to(META if device is None else device)
@@ -84,7 +101,7 @@ class SplitNetworkStrategy(DDPStrategy, StrategyLayout):
         net = getattr(pl_module, "net", None)
         if not isinstance(net, nn.Sequential) or all(is_materialized(block) for block in net):
             return super().teardown()
-        with without_child(pl_module, "net") as net:  # Lightning moves the module to the CPU, which meta blocks refuse
+        with _without_child(pl_module, "net") as net:  # Lightning moves the module to the CPU, which meta blocks refuse
             super().teardown()
         for block in net:
             if is_materialized(block):
