@@ -26,7 +26,6 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 PRELOADED = ["multigpu.commands"]  # torch, torchvision, torchmetrics, Lightning, jsonargparse and the package
@@ -57,9 +56,8 @@ def _pythonpath(env: dict[str, str]) -> list[str]:
 
 class RankOrPopen(subprocess.Popen):
     """``subprocess.Popen`` in a forked run, where ``python main.py ARGS`` as Lightning's subprocess launcher starts a
-    rank (``Popen(command, env=..., cwd=...)``) is forked by the run's go-between instead, and stands for it as much as
-    the launcher and its observer use: ``pid``, ``poll``, ``returncode``, ``wait``, ``send_signal``, ``kill``. Every
-    other command is a ``Popen``."""
+    rank (``Popen(command, env=..., cwd=...)``) is forked by the run's go-between instead (``ForkedRank``). Every other
+    command is a ``Popen``."""
 
     ranks: socket.socket  # to the go-between: a rank asked for, its pid back, and each rank's exit code as it ends
     ended: dict[int, int] = {}  # by pid (one run per process)
@@ -77,41 +75,26 @@ class RankOrPopen(subprocess.Popen):
 
 
 class ForkedRank:
-    """A rank forked by the go-between, as ``RankOrPopen`` returns it."""
+    """A rank forked by the go-between, as ``RankOrPopen`` returns it: what Lightning's launcher and its observer use
+    of a ``Popen`` (``pid``, ``poll``, ``returncode``, ``send_signal``)."""
 
     def __init__(self, pid: int) -> None:
         self.pid, self.returncode = pid, None
 
     def poll(self) -> int | None:
         with RankOrPopen.lock:
-            RankOrPopen.ranks.setblocking(False)
-            try:
-                while True:  # each message is a few bytes, sent at once: it arrives whole or not at all
+            # The go-between sends each exit code whole, so a readable byte means a whole message to read.
+            while select.select([RankOrPopen.ranks], [], [], 0)[0]:
+                try:
                     RankOrPopen.ended.update([receive(RankOrPopen.ranks)])
-            except (BlockingIOError, EOFError):
-                pass
-            finally:
-                RankOrPopen.ranks.setblocking(True)
+                except EOFError:  # the go-between is gone: nothing more will come
+                    break
         self.returncode = RankOrPopen.ended.get(self.pid)
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(str(self.pid), timeout)
-            time.sleep(0.05)
         return self.returncode
 
     def send_signal(self, signum: int) -> None:
         if self.poll() is None:
             os.kill(self.pid, signum)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
 
 
 def _become(request: dict, base_path: list[str]) -> None:
@@ -134,9 +117,10 @@ def _become(request: dict, base_path: list[str]) -> None:
     main = str(request["main"])
     sys.path[:] = [str(Path(main).parent), *_pythonpath(request["env"]), *base_path]
     sys.argv[:] = [main, *request["args"]]
-    from lightning.fabric.utilities.rank_zero import _get_rank, rank_zero_only
+    if "group" in request:  # a rank: Lightning read rank 0 as the server imported it, before the launcher's LOCAL_RANK
+        from lightning.pytorch.utilities import rank_zero_only
 
-    rank_zero_only.rank = _get_rank() or 0  # as Lightning's import reads it: a rank's lines are not rank 0's
+        rank_zero_only.rank = int(request["env"]["LOCAL_RANK"])
     if "OMP_NUM_THREADS" in request["env"]:  # OpenMP read the server's value as torch loaded
         import torch
 

@@ -227,3 +227,20 @@ def test_two_replicas_of_two_gpus(tmp_path):
     )
     assert result.returncode == 0, result.stdout
     assert "2 stages per replica, 2 replica(s)" in result.stdout
+
+
+def test_the_network_taken_out_and_put_back_keeps_every_parameters_place():
+    """The split strategies move the rest of the module without its network (``_without_child``): put back, every
+    parameter and buffer keeps its name and place, which the optimizer's state and the checkpoints follow; a child
+    held under two names included."""
+    from multigpu.strategies.split_network import _without_child
+
+    module = nn.Module()
+    module.head, module.net, module.norm = nn.Linear(2, 2), nn.Linear(3, 3), nn.BatchNorm1d(2)
+    module.alias = module.head
+    network, before = module.net, list(module.state_dict(keep_vars=True).items())
+    with _without_child(module, "net") as net:
+        assert net is network and "net" not in dict(module.named_children())
+    after = list(module.state_dict(keep_vars=True).items())
+    assert [name for name, _ in after] == [name for name, _ in before]
+    assert all(tensor is other for (_, tensor), (_, other) in zip(after, before, strict=True))

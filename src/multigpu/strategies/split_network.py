@@ -32,7 +32,7 @@ def _without_child(module: nn.Module, name: str) -> Iterator[nn.Module]:
     """``module`` without its child ``name``, which the context yields, then puts back in its place: the children
     after it are set again behind it, so that the module's parameters (its optimizer's state, its checkpoints) keep
     their order."""
-    names = [key for key, _ in module.named_children()]
+    names = [key for key, _ in module.named_modules(remove_duplicate=False) if key and "." not in key]  # every child
     child = getattr(module, name)
     delattr(module, name)
     try:
