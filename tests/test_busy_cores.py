@@ -316,7 +316,7 @@ def test_a_layout_measured_while_the_host_stole_the_cores_is_measured_again_or_m
     from multigpu.planning import measurement, ranking
     from multigpu.planning.ranking import Outcome
     from multigpu.planning.report import print_report
-    from multigpu.strategies.layouts import LAYOUTS
+    from multigpu.strategies import LAYOUTS
 
     runs, steals = [], iter(stolen)
 

@@ -198,14 +198,31 @@ def test_run_and_cli_read_strategies_through_the_written_contract_not_by_probing
     assert _strategy_probes(probing) == ["probing.py:1"]  # the check finds one
 
 
-def test_planning_knows_no_strategy_by_name():
-    """``plan`` asks every registered strategy's ``Layout`` class (``strategies/layouts/``) and compares no name."""
-    from multigpu.strategies.layouts import PLANNED_STRATEGIES
-
-    named = [
+def _constants(paths, names) -> list[str]:
+    """``file:line: 'name'`` for each string constant among ``names`` in ``paths``."""
+    return [
         f"{path.relative_to(REPO)}:{node.lineno}: {node.value!r}"
-        for path in (SOURCE / "planning").rglob("*.py")
+        for path in paths
         for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.Constant) and node.value in PLANNED_STRATEGIES
+        if isinstance(node, ast.Constant) and node.value in names
     ]
-    assert named == []
+
+
+def test_each_strategy_is_named_only_inside_its_own_package_and_plan_names_none():
+    """Our strategies' names appear as strings only in their own packages (each states its ``SPEC``); ``plan`` asks
+    every strategy's ``Layout`` class through ``SPECS`` and compares no name, Lightning's ``ddp`` included."""
+    from multigpu.strategies import PLANNED_STRATEGIES, SPECS
+
+    for spec in SPECS:
+        if spec.strategy is None:
+            continue
+        home = SOURCE / "strategies" / spec.strategy.__module__.split(".")[2]
+        elsewhere = [path for path in SOURCE.rglob("*.py") if home not in path.parents]
+        assert _constants(elsewhere, {spec.name}) == [], spec.name
+    assert _constants((SOURCE / "planning").rglob("*.py"), set(PLANNED_STRATEGIES)) == []
+
+
+def test_the_readme_table_of_strategies_is_the_one_the_specs_make():
+    from multigpu.strategies import strategies_table
+
+    assert strategies_table() in (REPO / "README.md").read_text()

@@ -57,7 +57,7 @@ def test_bad_values_are_refused_in_one_line_before_launch(capsys, tmp_path):
         "error: --trainer.strategy.reshard: fsdp has no option reshard; its options are reshard_after_forward, "
         "shard_size, accumulate_whole_gradients, process_group_backend, sharded_checkpoints."
     )
-    with pytest.raises(UsageError, match="cannot run it compiled"):
+    with pytest.raises(UsageError, match="cannot run --model.compile"):
         FullyShardedStrategy().check_model(ImageClassifier(compile=True))
     outside = ImageClassifier()
     outside.scale = torch.nn.Parameter(torch.ones(1))

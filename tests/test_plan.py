@@ -79,8 +79,10 @@ def test_two_cpu_processes_allow_every_layout_but_dp_and_those_that_need_more_de
     reasons = {refusal.what: refusal.why for refusal in refusals}
     assert reasons == {
         "dp": "needs CUDA devices (without them dp trains on one device)",
-        "manual_model_parallel over 4 devices per replica": "needs a multiple of 4 devices, not --trainer.devices=2",
-        "pipeline over 4 processes": "needs a multiple of 4 devices, not --trainer.devices=2",
+        "manual_model_parallel over 4 devices per replica": "--trainer.devices=2 is not a multiple of the 4 devices "
+        "per replica of manual_model_parallel: use a multiple of 4, or change devices_per_replica (or balance)",
+        "pipeline over 4 processes": "the pipeline has 4 stages over 4 processes, but devices x nodes = 2 processes is "
+        "not a multiple of 4: use a multiple of 4 devices, or change num_stages",
         "pipeline 4 stages dualpipev m2": "schedule dualpipev needs at least as many micro-batches as stages: "
         "micro_batches=2 < 4 stages. Raise micro_batches",
     }
@@ -403,7 +405,7 @@ def test_a_time_budget_measures_the_reference_and_the_best_forecast_then_what_fi
     from multigpu.planning import measurement
     from multigpu.planning.ranking import Outcome, in_measuring_order
     from multigpu.planning.report import write_outputs
-    from multigpu.strategies.layouts import LAYOUTS
+    from multigpu.strategies import LAYOUTS
 
     trained = []
 
@@ -471,7 +473,7 @@ def test_the_budget_stretches_a_forecast_by_the_most_a_run_took_for_its_own(monk
     error (``FORECAST_ERROR``), on the clock from which ``deadline`` counts."""
     from multigpu.planning import measurement, ranking
     from multigpu.planning.ranking import Outcome
-    from multigpu.strategies.layouts import LAYOUTS
+    from multigpu.strategies import LAYOUTS
 
     clock = [0.0]
     took = {"auto": 4.8, "manual_model_parallel": 6.0, "ddp": 8.0, "fsdp": 10.0}  # forecast 2.4, 2.4, 3.2, 4 s

@@ -31,8 +31,9 @@ from multigpu.planning.links import ForkedRanks, Link, Links, fork_ranks
 from multigpu.planning.profile import BlockProfile, PassTimes
 from multigpu.planning.ranking import Outcome, choice, chosen_by_forecast, tied, to_measure
 from multigpu.planning.report import print_report
-from multigpu.strategies.layouts import LAYOUTS, BlockMemory, PipelineLayout
-from multigpu.strategies.layouts.layout import overlapped_reduction
+from multigpu.strategies import LAYOUTS
+from multigpu.strategies.layout import BlockMemory, overlapped_reduction
+from multigpu.strategies.pipeline.layouts import PipelineLayout
 from multigpu.strategies.pipeline.simulation import simulate_step
 from multigpu.strategies.pipeline.stage_placement import SCHEDULES, StagePlacement, natural_stages_per_process
 from multigpu.timing.busy_cores import threads_per_process

@@ -138,8 +138,8 @@ def test_strategies_that_place_blocks_refuse_compile(strategy, tmp_path, capsys)
         capsys, *run_args(tmp_path), "--model.compile=true", f"--trainer.strategy={strategy}", "--trainer.devices=2"
     )
     assert error == (
-        f"error: strategy {strategy} places the network's blocks itself and cannot run it compiled: "
-        "drop --model.compile, or use ddp or one device."
+        f"error: strategy {strategy} places the network's blocks itself and cannot run --model.compile: "
+        "drop it, or use ddp or one device."
     )
 
 

@@ -30,7 +30,7 @@ from multigpu.run.progress_bar import PacedProgressBar
 from multigpu.run.run_logger import RunLogger
 from multigpu.run.step_times import LoaderClock
 from multigpu.run.watchdog import FaultWatch
-from multigpu.strategies import FullyShardedStrategy
+from multigpu.strategies import spec_named
 
 __all__ = ["assemble_trainer"]
 
@@ -52,8 +52,9 @@ def assemble_trainer(
             version=log_version,
             default_hp_metric=False,  # no empty hp_metric card: the metrics are logged by name
         )
-    if trainer_options.get("strategy") == FullyShardedStrategy.strategy_name:
-        kwargs["strategy"] = FullyShardedStrategy()
+    spec = spec_named(trainer_options.get("strategy"))
+    if spec is not None and spec.as_instance:
+        kwargs["strategy"] = spec.strategy()
     if trainer_options.get("plugins") is None:
         kwargs["plugins"] = [AtomicCheckpointIO(background=config.get("save_in_background", True))]
     if trainer_options.get("profiler") is None:

@@ -14,11 +14,12 @@ from lightning.pytorch.strategies import StrategyRegistry
 
 from multigpu.errors import UsageError, check_at_least
 from multigpu.model.classifier import LR_SCHEDULE_NEEDS_AN_END
+from multigpu.strategies import SPECS
 
 __all__ = ["USUAL_STRATEGIES", "accelerator_name", "check_trainer_options", "device_request"]
 
-# The strategies users type (each in the README's table), in the order of the table.
-USUAL_STRATEGIES = ("auto", "ddp", "ddp_spawn", "fsdp", "dp", "manual_model_parallel", "pipeline")
+USUAL_STRATEGIES = tuple(spec.name for spec in SPECS)
+"""The strategies users type, in the order of the README's table."""
 
 # Lightning's names of the precisions the recipe trains in ("16" and "bf16" are its short forms).
 _PRECISIONS = {"32", "32-true", "16", "16-mixed", "bf16", "bf16-mixed"}

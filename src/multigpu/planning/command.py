@@ -46,7 +46,7 @@ from multigpu.planning.resources import budget as memory_budget
 from multigpu.planning.selection import Setting, choose, devices_of, setting_of
 from multigpu.renamed_options import add_old_names
 from multigpu.run.host_memory import give_back_freed_memory
-from multigpu.strategies.layouts import Layout, Refusal
+from multigpu.strategies.layout import Layout, Refusal
 from multigpu.timing.busy_cores import CoreCheck, check_cores, note_if_busy, read_cpu_clock, until_quiet
 
 __all__ = ["PlanCLI", "plan", "process_age_s"]

@@ -1,10 +1,11 @@
 """Every way to train on a given number of devices, and why each of the others cannot run: ``plan`` asks each
-registered strategy (``multigpu.strategies.layouts``) for its layouts, the reference first."""
+registered strategy (``multigpu.strategies.SPECS``) for its layouts, the reference first."""
 
 from collections.abc import Sequence
 
 from multigpu.errors import UsageError
-from multigpu.strategies.layouts import LAYOUTS, PLANNED_STRATEGIES, Layout, LayoutRequest, Refusal
+from multigpu.strategies import LAYOUTS, PLANNED_STRATEGIES
+from multigpu.strategies.layout import Layout, LayoutRequest, Refusal
 from multigpu.strategies.pipeline.stage_placement import SCHEDULES
 
 __all__ = ["candidate_layouts"]

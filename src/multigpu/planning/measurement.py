@@ -13,7 +13,7 @@ from multigpu.planning.options import BUSY_REMEDY, without_plan_options
 from multigpu.planning.profile import BlockProfile
 from multigpu.planning.ranking import Outcome, ends_by
 from multigpu.planning.selection import Setting
-from multigpu.strategies.layouts import Layout, Refusal
+from multigpu.strategies.layout import Layout, Refusal
 from multigpu.strategies.partition import balance_by_cost
 from multigpu.timing.busy_cores import IF_BUSY, note_if_busy, read_cpu_clock, wait_for_quiet
 from multigpu.timing.step_timer import step_timer

@@ -4,7 +4,7 @@ For each block, ``block_memory`` counts its parameters and what its forward pass
 backward pass (every tensor autograd saves, found with ``saved_tensors_hooks``) per image, on
 the meta device: shapes, no memory, no arithmetic. Each layout then adds up, per device, the
 parameters, gradients and optimizer state of the blocks it holds, and the activations of the
-images in flight through them (``Layout.device_memory``, in ``multigpu.strategies.layouts``).
+images in flight through them (``Layout.device_memory``, in ``multigpu.strategies.SPECS``).
 
 With activation recomputation a block keeps only its input, and recomputes its activations
 one block at a time. Under 16-bit mixed precision activations take 2 bytes per value.
@@ -17,7 +17,7 @@ from torch import Tensor
 
 from multigpu.model.classifier import IMAGE_SHAPE
 from multigpu.model.lazy_blocks import BlockFactory, LazyBlocks
-from multigpu.strategies.layouts import BlockMemory
+from multigpu.strategies.layout import BlockMemory
 
 __all__ = ["block_memory"]
 

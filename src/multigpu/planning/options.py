@@ -7,7 +7,7 @@ from typing import Literal
 import yaml
 
 from multigpu.errors import UsageError, check_at_least
-from multigpu.strategies.layouts import PLANNED_STRATEGIES
+from multigpu.strategies import PLANNED_STRATEGIES
 from multigpu.strategies.pipeline.stage_placement import SCHEDULES
 from multigpu.timing.busy_cores import IF_BUSY
 

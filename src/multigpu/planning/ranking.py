@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from multigpu.strategies.layouts import Layout
+from multigpu.strategies.layout import Layout
 
 __all__ = [
     "FORECAST_ERROR",

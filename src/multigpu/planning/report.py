@@ -12,7 +12,7 @@ import yaml
 
 from multigpu.planning.bar_chart import write_bar_chart
 from multigpu.planning.ranking import Outcome, choice, chosen_by_forecast, ranked, tied
-from multigpu.strategies.layouts import Refusal
+from multigpu.strategies.layout import Refusal
 
 __all__ = ["PlanInvocation", "dry_run_line", "print_report", "write_outputs"]
 

@@ -12,7 +12,7 @@ from multigpu.planning.memory_estimate import block_memory
 from multigpu.planning.profile import BlockProfile, precision_plugin
 from multigpu.run.host_memory import resident_bytes
 from multigpu.strategies.block_timing import sgd_options
-from multigpu.strategies.layouts import BlockMemory, Layout, Refusal
+from multigpu.strategies.layout import BlockMemory, Layout, Refusal
 
 __all__ = ["MIB", "Setting", "choose", "fits", "setting_of"]
 

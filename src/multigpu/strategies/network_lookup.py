@@ -6,14 +6,13 @@ from torch import nn
 
 from multigpu.errors import UsageError
 
-__all__ = ["block_sequence", "network"]
+__all__ = ["block_sequence", "check_not_compiled", "network"]
 
 
 def network(pl_module: LightningModule, strategy: str) -> nn.Module:  # pl_module: a ``contracts.HoldsNetwork``
     """The plain ``nn.Module`` in ``pl_module.net``; a ``UsageError`` names what is missing.
 
-    Our strategies move, replicate or split the network's blocks, which a network compiled
-    as a whole does not follow: they refuse ``compile``.
+    A compiled network is refused (``check_not_compiled``).
     """
     net = getattr(pl_module, "net", None)  # nn.Module keeps its children where no static lookup finds them
     if not isinstance(net, nn.Module):
@@ -21,12 +20,18 @@ def network(pl_module: LightningModule, strategy: str) -> nn.Module:  # pl_modul
             f"strategy {strategy} needs the network as a module in `self.net` of the LightningModule; "
             f"{type(pl_module).__name__} has none."
         )
-    if pl_module.hparams.get("compile"):
-        raise UsageError(
-            f"strategy {strategy} places the network's blocks itself and cannot run it compiled: "
-            "drop --model.compile, or use ddp or one device."
-        )
+    check_not_compiled(strategy, bool(pl_module.hparams.get("compile")))
     return net
+
+
+def check_not_compiled(strategy: str, compiled: bool) -> None:
+    """Refuse a compiled network: our strategies move, replicate or split its blocks, which a network compiled as
+    a whole does not follow. The rule at launch and in ``plan``."""
+    if compiled:
+        raise UsageError(
+            f"strategy {strategy} places the network's blocks itself and cannot run --model.compile: "
+            "drop it, or use ddp or one device."
+        )
 
 
 def block_sequence(pl_module: LightningModule, strategy: str) -> nn.Sequential:

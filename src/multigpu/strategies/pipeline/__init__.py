@@ -28,8 +28,19 @@ The package's modules, each one job:
     gradients        clipping and 16-mixed's overflow over the stages, averaging between replicas
     checkpoints      the stages' parameters and optimizer state gathered for a checkpoint file
     simulation       one step simulated from the schedule's action lists, for ``plan``'s forecast
+    layouts          what it tells ``plan``
 """
 
+from multigpu.strategies.pipeline.layouts import PipelineLayout
 from multigpu.strategies.pipeline.strategy import PipelineStrategy
+from multigpu.strategies.spec import StrategySpec
 
-__all__ = ["PipelineStrategy"]
+__all__ = ["SPEC", "PipelineLayout", "PipelineStrategy"]
+
+SPEC = StrategySpec(
+    PipelineStrategy.strategy_name,
+    "one process per stage, micro-batches under any of PyTorch's 7 schedules, optionally replicated",
+    "[strategies](docs/strategies.md#pipeline-parallel-pipeline)",
+    layout=PipelineLayout,
+    strategy=PipelineStrategy,
+)

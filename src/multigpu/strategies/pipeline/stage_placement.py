@@ -15,7 +15,14 @@ from torch.distributed.pipelining.schedules import PipelineScheduleMulti, Pipeli
 from multigpu.errors import UsageError
 from multigpu.strategies.partition import stage_ranges
 
-__all__ = ["SCHEDULES", "StagePlacement", "check_options", "natural_stages_per_process", "schedule_class"]
+__all__ = [
+    "SCHEDULES",
+    "StagePlacement",
+    "check_options",
+    "natural_stages_per_process",
+    "processes_per_pipeline",
+    "schedule_class",
+]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "loopedbfs", "interleavedzerobubble", "zbvzerobubble", "dualpipev")
 """The schedule names ``pipeline`` accepts, case-insensitive: every schedule of ``get_schedule_class``."""
@@ -49,6 +56,25 @@ def check_options(num_stages: int | None, micro_batches: int, schedule: str, sta
         raise UsageError(f"stages_per_process must be at least 1, not {stages_per_process}.")
 
 
+def processes_per_pipeline(processes: int, stages: int, stages_per_process: int) -> int:
+    """The processes of one copy of a pipeline of ``stages`` stages, ``stages_per_process`` each, of which
+    ``processes`` must be a multiple: the rule at launch and in ``plan``; a ``UsageError`` says what does not
+    divide."""
+    if stages % stages_per_process:
+        raise UsageError(
+            f"the pipeline has {stages} stages, which stages_per_process={stages_per_process} does not divide: "
+            f"use a multiple of {stages_per_process} stages."
+        )
+    per_pipeline = stages // stages_per_process
+    if processes % per_pipeline:
+        raise UsageError(
+            f"the pipeline has {stages} stages over {per_pipeline} processes, but devices x nodes = {processes} "
+            f"processes is not a multiple of {per_pipeline}: use a multiple of {per_pipeline} devices, or change "
+            "num_stages."
+        )
+    return per_pipeline
+
+
 @dataclass(frozen=True)
 class StagePlacement:
     """``processes`` processes per pipeline, ``stages_per_process`` stages each, under ``schedule``."""
@@ -62,19 +88,7 @@ class StagePlacement:
         """The placement of ``stages`` stages (default ``processes x stages_per_process``) over ``processes`` processes,
         as replicas of one pipeline; a ``UsageError`` says what does not divide."""
         stages = stages or processes * stages_per_process
-        if stages % stages_per_process:
-            raise UsageError(
-                f"the pipeline has {stages} stages, which stages_per_process={stages_per_process} does not divide: "
-                f"use a multiple of {stages_per_process} stages."
-            )
-        per_pipeline = stages // stages_per_process
-        if processes % per_pipeline:
-            raise UsageError(
-                f"the pipeline has {stages} stages over {per_pipeline} processes, but devices x nodes = {processes} "
-                f"processes is not a multiple of {per_pipeline}: use a multiple of {per_pipeline} devices, or change "
-                "num_stages."
-            )
-        return cls(schedule, per_pipeline, stages_per_process)
+        return cls(schedule, processes_per_pipeline(processes, stages, stages_per_process), stages_per_process)
 
     def __str__(self) -> str:
         per_process = f" ({self.stages_per_process} per process)" if self.stages_per_process > 1 else ""

@@ -1,9 +1,7 @@
 """``fsdp`` (``FullyShardedStrategy``): parameters, gradients and optimizer state sharded over the processes."""
 
-from typing import ClassVar
-
-from multigpu.strategies.layouts.ddp import several_devices
-from multigpu.strategies.layouts.layout import Layout, LayoutRequest, Refuse, activations, state
+from multigpu.strategies.layout import Layout, LayoutRequest, Refuse, activations, refused, several_devices, state
+from multigpu.strategies.network_lookup import check_not_compiled
 
 __all__ = ["FullyShardedLayout"]
 
@@ -15,12 +13,9 @@ class FullyShardedLayout(Layout):
     the state; whole at once only a block's parameters (the one computing and the next, gathered ahead) and, in the
     backward pass, its gradients before they are reduce-scattered."""
 
-    strategy: ClassVar[str] = "fsdp"
-
     @classmethod
     def offered(cls, request: LayoutRequest, refuse: Refuse) -> list[Layout]:
-        if request.compiled:
-            refuse(cls.strategy, "shards the blocks itself and cannot run --model.compile")
+        if refused(refuse, cls.strategy, lambda: check_not_compiled(cls.strategy, request.compiled)):
             return []
         if not several_devices(cls.strategy, request, refuse):
             return []

@@ -5,7 +5,7 @@ A *layout* is a strategy with its options on a number of devices and processes, 
 their activations. Each strategy's subclass says which layouts it offers (``offered``, with a ``Refusal`` for each
 one it cannot run here), their ``fit`` options, how much memory each device holds (``device_memory``) and how long
 a step takes (``step_seconds``), from what ``plan`` measured: the blocks' times, the links' (``LinkCosts``) and the
-blocks' memory (``BlockMemory``). ``plan`` asks every registered layout class (``multigpu.strategies.layouts``) and
+blocks' memory (``BlockMemory``). ``plan`` asks the layout class of every strategy in ``multigpu.strategies.SPECS`` and
 knows none of them by name.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
-from multigpu.strategies import CLASS_PATHS
+from multigpu.errors import UsageError
 from multigpu.strategies.partition import stage_ranges
 
 __all__ = [
@@ -26,6 +26,8 @@ __all__ = [
     "activations",
     "boundary_bytes",
     "overlapped_reduction",
+    "refused",
+    "several_devices",
 ]
 
 MIB = 2**20
@@ -106,7 +108,8 @@ class Layout:
     subclass overrides.
     """
 
-    strategy: ClassVar[str]  # --trainer.strategy
+    strategy: ClassVar[str]  # --trainer.strategy, set by the strategy's ``StrategySpec``
+    class_path: ClassVar[str | None] = None  # its class in a config file (ours), set by the same
     reference: ClassVar[bool] = False  # the layout every other one is compared with (one device)
 
     name: str
@@ -181,7 +184,7 @@ class Layout:
         """``trainer.strategy`` as a config file holds it."""
         if not self.init_args:
             return self.strategy
-        return {"class_path": CLASS_PATHS[self.strategy], "init_args": self.init_args}
+        return {"class_path": self.class_path, "init_args": self.init_args}
 
     def device_request(self, device_ids: Sequence[int] | None) -> int | list[int]:
         """``trainer.devices`` for this layout: a count, or the first of the GPU indices the user listed."""
@@ -203,6 +206,25 @@ class Layout:
             f"--model.recompute_activations={_text(self.recompute)}",
             f"--data.batch_size={self.batch_size}",
         ]
+
+
+def several_devices(strategy: str, request: LayoutRequest, refuse: Refuse) -> bool:
+    """Whether ``request`` has the devices a strategy of one process per device needs; else refuse it."""
+    if request.devices < 2:
+        refuse(strategy, f"needs 2 devices or more; --trainer.devices={request.devices}")
+        return False
+    return True
+
+
+def refused(refuse: Refuse, what: str, check: Callable[[], object]) -> bool:
+    """Whether ``check()`` raises the ``UsageError`` the strategy itself raises before launch (its rule, stated
+    once); if so, ``refuse(what, why)`` in the error's words."""
+    try:
+        check()
+    except UsageError as error:
+        refuse(what, str(error).rstrip("."))
+        return True
+    return False
 
 
 def _text(value) -> str:

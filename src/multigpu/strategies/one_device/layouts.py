@@ -2,7 +2,7 @@
 
 from typing import ClassVar
 
-from multigpu.strategies.layouts.layout import Layout, LayoutRequest, Refuse
+from multigpu.strategies.layout import Layout, LayoutRequest, Refuse
 
 __all__ = ["OneDeviceLayout"]
 
@@ -10,7 +10,6 @@ __all__ = ["OneDeviceLayout"]
 class OneDeviceLayout(Layout):
     """The whole batch through the whole network on one device: the passes, then the update."""
 
-    strategy: ClassVar[str] = "auto"
     reference: ClassVar[bool] = True
 
     @classmethod

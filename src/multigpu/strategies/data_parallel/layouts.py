@@ -1,9 +1,16 @@
 """``dp`` (``DataParallelStrategy``): one process, a slice of the batch on each of its CUDA devices."""
 
-from typing import ClassVar
-
-from multigpu.strategies.layouts.ddp import several_devices
-from multigpu.strategies.layouts.layout import Layout, LayoutRequest, Refuse, activations, held, state
+from multigpu.strategies.layout import (
+    Layout,
+    LayoutRequest,
+    Refuse,
+    activations,
+    held,
+    refused,
+    several_devices,
+    state,
+)
+from multigpu.strategies.network_lookup import check_not_compiled
 
 __all__ = ["DataParallelLayout"]
 
@@ -13,12 +20,12 @@ class DataParallelLayout(Layout):
     first every step; the first device also holds the optimizer state, the others a copy of the parameters and
     their gradients."""
 
-    strategy: ClassVar[str] = "dp"
-
     @classmethod
     def offered(cls, request: LayoutRequest, refuse: Refuse) -> list[Layout]:
         if not request.cuda:
             refuse(cls.strategy, "needs CUDA devices (without them dp trains on one device)")
+            return []
+        if refused(refuse, cls.strategy, lambda: check_not_compiled(cls.strategy, request.compiled)):
             return []
         if not several_devices(cls.strategy, request, refuse):
             return []

@@ -1,26 +1,14 @@
 """``ddp``, Lightning's own: a replica of the whole network in each process, its gradients all-reduced."""
 
-from typing import ClassVar
+from multigpu.strategies.layout import Layout, LayoutRequest, Refuse, held, overlapped_reduction, several_devices
 
-from multigpu.strategies.layouts.layout import Layout, LayoutRequest, Refuse, held, overlapped_reduction
-
-__all__ = ["DDPLayout", "several_devices"]
-
-
-def several_devices(strategy: str, request: LayoutRequest, refuse: Refuse) -> bool:
-    """Whether ``request`` has the devices a strategy of one process per device needs; else refuse it."""
-    if request.devices < 2:
-        refuse(strategy, f"needs 2 devices or more; --trainer.devices={request.devices}")
-        return False
-    return True
+__all__ = ["DDPLayout"]
 
 
 class DDPLayout(Layout):
     """The backward pass hands DDP's buckets to an all-reduce as each fills; the all-reduces run one after another
     beside the backward pass, and the step waits for the last. Each device also holds the buckets: one more copy of
     the gradients."""
-
-    strategy: ClassVar[str] = "ddp"
 
     @classmethod
     def offered(cls, request: LayoutRequest, refuse: Refuse) -> list[Layout]:

@@ -45,7 +45,11 @@ from typing_extensions import override
 from multigpu.contracts import StrategyLayout
 from multigpu.errors import UsageError
 from multigpu.run.checkpoint_io import AtomicCheckpointIO
-from multigpu.strategies.full_state import full_model_state, full_optimizer_state, load_full_optimizer_state
+from multigpu.strategies.fully_sharded.full_state import (
+    full_model_state,
+    full_optimizer_state,
+    load_full_optimizer_state,
+)
 from multigpu.strategies.network_lookup import block_sequence
 
 __all__ = ["FullyShardedStrategy"]

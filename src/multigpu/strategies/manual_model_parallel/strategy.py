@@ -26,12 +26,12 @@ from typing_extensions import override
 from multigpu.compat import set_default_process_group_backend
 from multigpu.errors import UsageError
 from multigpu.strategies.block_timing import time_blocks
-from multigpu.strategies.ddp_options import ddp_options
+from multigpu.strategies.ddp.options import ddp_options
 from multigpu.strategies.network_lookup import block_sequence
 from multigpu.strategies.partition import BalanceBy, choose_balance, split_table, stage_ranges
 from multigpu.strategies.split_network import SplitNetworkStrategy
 
-__all__ = ["ManualModelParallelStrategy"]
+__all__ = ["ManualModelParallelStrategy", "check_devices_per_replica"]
 
 
 def _move_inputs(device: torch.device):
@@ -46,6 +46,16 @@ def _move_output(device: torch.device):
         return move_data_to_device(output, device)
 
     return hook
+
+
+def check_devices_per_replica(devices: int, per_replica: int) -> None:
+    """Refuse ``devices`` that do not make whole replicas of ``per_replica`` devices: at launch and in ``plan``."""
+    if devices % per_replica:
+        raise UsageError(
+            f"--trainer.devices={devices} is not a multiple of the {per_replica} devices per replica "
+            f"of manual_model_parallel: use a multiple of {per_replica}, or change devices_per_replica "
+            "(or balance)."
+        )
 
 
 class ManualModelParallelStrategy(SplitNetworkStrategy):
@@ -92,12 +102,7 @@ class ManualModelParallelStrategy(SplitNetworkStrategy):
         assert self.parallel_devices is not None
         devices = len(self.parallel_devices)
         per_replica = self.devices_per_replica or (len(self.balance) if self.balance else devices)
-        if devices % per_replica:
-            raise UsageError(
-                f"--trainer.devices={devices} is not a multiple of the {per_replica} devices per replica "
-                f"of manual_model_parallel: use a multiple of {per_replica}, or change devices_per_replica "
-                "(or balance)."
-            )
+        check_devices_per_replica(devices, per_replica)
         return per_replica
 
     @property

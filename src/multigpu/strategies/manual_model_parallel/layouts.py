@@ -1,9 +1,7 @@
 """``manual_model_parallel`` (``ManualModelParallelStrategy``): consecutive blocks on consecutive devices of one
 process, optionally replicated with DDP."""
 
-from typing import ClassVar
-
-from multigpu.strategies.layouts.layout import (
+from multigpu.strategies.layout import (
     Layout,
     LayoutRequest,
     Refuse,
@@ -11,8 +9,11 @@ from multigpu.strategies.layouts.layout import (
     boundary_bytes,
     held,
     overlapped_reduction,
+    refused,
     state,
 )
+from multigpu.strategies.manual_model_parallel.strategy import check_devices_per_replica
+from multigpu.strategies.network_lookup import check_not_compiled
 from multigpu.strategies.partition import stage_ranges
 
 __all__ = ["ModelParallelLayout"]
@@ -25,22 +26,19 @@ class ModelParallelLayout(Layout):
     and with several replicas ``ddp``'s all-reduce (and its buckets); each device holds its stage's blocks, for
     the whole batch."""
 
-    strategy: ClassVar[str] = "manual_model_parallel"
-
     @classmethod
     def offered(cls, request: LayoutRequest, refuse: Refuse) -> list[Layout]:
         layouts: list[Layout] = []
         for per_replica in DEVICES_PER_REPLICA:
             what = f"manual_model_parallel over {per_replica} devices per replica"
-            if request.compiled:
-                refuse(what, "places the blocks itself and cannot run --model.compile")
-            elif request.devices % per_replica:
-                refuse(what, f"needs a multiple of {per_replica} devices, not --trainer.devices={request.devices}")
-            else:
-                replicas = request.devices // per_replica
-                name = f"model parallel {per_replica}" + (f" x{replicas}" if replicas > 1 else "")
-                options = {"devices_per_replica": per_replica}
-                layouts.append(cls(name, request.devices, replicas, request.batch_size * per_replica, options=options))
+            if refused(refuse, what, lambda: check_not_compiled(cls.strategy, request.compiled)) or refused(
+                refuse, what, lambda: check_devices_per_replica(request.devices, per_replica)
+            ):
+                continue
+            replicas = request.devices // per_replica
+            name = f"model parallel {per_replica}" + (f" x{replicas}" if replicas > 1 else "")
+            options = {"devices_per_replica": per_replica}
+            layouts.append(cls(name, request.devices, replicas, request.batch_size * per_replica, options=options))
         return layouts
 
     @property

@@ -1,13 +1,16 @@
 """``pipeline`` (``PipelineStrategy``): one process per stage (or several stages each), micro-batches under a
 schedule, optionally replicated."""
 
-from typing import ClassVar
-
 from multigpu.errors import UsageError
-from multigpu.strategies.layouts.layout import Layout, LayoutRequest, Refuse, activations, boundary_bytes, state
+from multigpu.strategies.layout import Layout, LayoutRequest, Refuse, activations, boundary_bytes, refused, state
+from multigpu.strategies.network_lookup import check_not_compiled
 from multigpu.strategies.partition import stage_ranges
 from multigpu.strategies.pipeline.simulation import simulate_step, splits_backward
-from multigpu.strategies.pipeline.stage_placement import StagePlacement, natural_stages_per_process
+from multigpu.strategies.pipeline.stage_placement import (
+    StagePlacement,
+    natural_stages_per_process,
+    processes_per_pipeline,
+)
 
 __all__ = ["PipelineLayout"]
 
@@ -28,18 +31,14 @@ class PipelineLayout(Layout):
     LoopedBFS run every forward pass first: all of them; the others at most as many as there are stages after this
     one)."""
 
-    strategy: ClassVar[str] = "pipeline"
-
     @classmethod
     def offered(cls, request: LayoutRequest, refuse: Refuse) -> list[Layout]:
         layouts: list[Layout] = []
         for processes in PIPELINE_PROCESSES:
             what = f"pipeline over {processes} processes"
-            if request.compiled:
-                refuse(what, "places the blocks itself and cannot run --model.compile")
-                continue
-            if request.devices % processes:
-                refuse(what, f"needs a multiple of {processes} devices, not --trainer.devices={request.devices}")
+            if refused(refuse, what, lambda: check_not_compiled(cls.strategy, request.compiled)) or refused(
+                refuse, what, lambda: processes_per_pipeline(request.devices, processes, 1)
+            ):
                 continue
             counts = request.micro_batches or (processes, 2 * processes, 4 * processes)
             batch = request.batch_size * processes

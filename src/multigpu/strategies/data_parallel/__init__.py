@@ -1,0 +1,19 @@
+"""``dp``: ``torch.nn.DataParallel`` over the devices of one process.
+
+strategy  the Lightning strategy
+layouts   what it tells ``plan``
+"""
+
+from multigpu.strategies.data_parallel.layouts import DataParallelLayout
+from multigpu.strategies.data_parallel.strategy import DataParallelStrategy
+from multigpu.strategies.spec import StrategySpec
+
+__all__ = ["SPEC", "DataParallelLayout", "DataParallelStrategy"]
+
+SPEC = StrategySpec(
+    DataParallelStrategy.strategy_name,
+    "one process, `torch.nn.DataParallel` over its GPUs",
+    "[strategies](docs/strategies.md#dp-dataparallel)",
+    layout=DataParallelLayout,
+    strategy=DataParallelStrategy,
+)
