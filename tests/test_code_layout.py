@@ -5,10 +5,14 @@ import ast
 import importlib
 import importlib.util
 import inspect
+import os
 import re
+import shutil
 from pathlib import Path
 
-from helpers import REPO
+import pytest
+import torch
+from helpers import HELPERS_ENV, REPO, SMOKE, run_args, run_cli
 
 SOURCE = REPO / "src" / "multigpu"
 FOREIGN = ("torch", "torchvision", "lightning")
@@ -199,13 +203,23 @@ def test_run_and_cli_read_strategies_through_the_written_contract_not_by_probing
 
 
 def _constants(paths, names) -> list[str]:
-    """``file:line: 'name'`` for each string constant among ``names`` in ``paths``."""
-    return [
-        f"{path.relative_to(REPO)}:{node.lineno}: {node.value!r}"
-        for path in paths
-        for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.Constant) and node.value in names
-    ]
+    """``file:line: 'name'`` for each string constant among ``names`` in ``paths``, but the packages' names in
+    ``strategies.PACKAGES`` (the registration: a package's name may be its strategy's)."""
+    found = []
+    for path in paths:
+        tree = ast.parse(path.read_text())
+        registration = {
+            id(constant)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Assign) and [ast.unparse(target) for target in node.targets] == ["PACKAGES"]
+            for constant in ast.walk(node.value)
+        }
+        found += [
+            f"{path.relative_to(REPO)}:{node.lineno}: {node.value!r}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and node.value in names and id(node) not in registration
+        ]
+    return found
 
 
 def test_each_strategy_is_named_only_inside_its_own_package_and_plan_names_none():
@@ -226,3 +240,55 @@ def test_the_readme_table_of_strategies_is_the_one_the_specs_make():
     from multigpu.strategies import strategies_table
 
     assert strategies_table() in (REPO / "README.md").read_text()
+
+
+TOY_STRATEGY = '''"""``toy``: one device under a name of its own, added as a new strategy is (docs/code-layout.md)."""
+
+from lightning.pytorch.strategies import SingleDeviceStrategy
+
+from multigpu.strategies.layout import Layout
+from multigpu.strategies.spec import StrategySpec
+
+
+class ToyStrategy(SingleDeviceStrategy):
+    """One device, by another name."""
+
+    strategy_name = "toy"
+
+
+class ToyLayout(Layout):
+    @classmethod
+    def offered(cls, request, refuse):
+        return [cls(cls.strategy, 1, 1, request.batch_size)]
+
+    def step_seconds(self, forward, backward, update, links, memory, profile):
+        return sum(forward) + sum(backward) + sum(update)
+
+
+SPECS = (StrategySpec(ToyStrategy.strategy_name, "one device", layout=ToyLayout, strategy=ToyStrategy),)
+'''
+
+
+@pytest.mark.slow
+def test_a_new_strategy_is_one_package_and_one_name_and_fit_and_plan_find_it(tmp_path):
+    """The steps of docs/code-layout.md on a copy of the package: a folder under strategies/ and its name in
+    ``PACKAGES``; then ``fit --trainer.strategy=toy`` trains with it, and ``plan`` offers its layout."""
+    copy = tmp_path / "src" / "multigpu"
+    shutil.copytree(SOURCE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "strategies" / "toy").mkdir()
+    (copy / "strategies" / "toy" / "__init__.py").write_text(TOY_STRATEGY)
+    registry = copy / "strategies" / "__init__.py"
+    packages = re.search(r"^PACKAGES = \((.*)\)$", registry.read_text(), re.MULTILINE)
+    registry.write_text(registry.read_text().replace(packages[1], packages[1] + ', "toy"'))
+    env = {"PYTHONPATH": os.pathsep.join([str(copy.parent), HELPERS_ENV["PYTHONPATH"]])}
+
+    fit = run_cli("fit", "--config", SMOKE, *run_args(tmp_path), "--trainer.strategy=toy", env=env, fresh=True)
+    assert fit.returncode == 0, fit.stdout
+    saved = torch.load(tmp_path / "checkpoints" / "test" / "last.ckpt", weights_only=True)
+    assert saved["multigpu"]["strategy"] == "ToyStrategy"  # the record of how the run trained
+    plan = run_cli(
+        "plan", "--config", SMOKE, *run_args(tmp_path), "--trainer.devices=1", "--plan.dry_run=true",
+        "--plan.strategies=[toy]", "--plan.if_busy=go", env=env, fresh=True,
+    )  # fmt: skip
+    assert plan.returncode == 0, plan.stdout
+    assert re.search(r"^\s+toy\s+[\d.]+\s+-", plan.stdout, re.MULTILINE), plan.stdout

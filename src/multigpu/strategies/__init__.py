@@ -12,7 +12,7 @@
 
 A package holds its Lightning strategy (ours), what it tells ``plan`` (its ``Layout`` subclass: layouts, memory,
 step time), its refusal rules, used at launch and by ``plan`` alike, and its ``SPEC`` (``spec.StrategySpec``). A new
-strategy is one package and one line in ``SPECS``; from that list come Lightning's registry of our names, the CLI's
+strategy is one package and its name in ``PACKAGES``; from that list come Lightning's registry of our names, the CLI's
 names and checks of ``--trainer.strategy.<option>``, ``plan``'s strategies, and the README's table (docs/code-layout.md,
 "Where to go to change… a strategy"). What the strategies share: ``layout`` (the ``Layout`` base class and its
 arithmetic), ``split_network``, ``partition`` (the block balancer), ``block_timing``, ``network_lookup``,
@@ -26,12 +26,13 @@ In YAML the options go under ``init_args`` of ``class_path: multigpu.strategies.
 """
 
 from collections.abc import Sequence
+from importlib import import_module
 
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
 from multigpu.errors import UsageError
-from multigpu.strategies import data_parallel, ddp, fully_sharded, manual_model_parallel, one_device, pipeline
 from multigpu.strategies.data_parallel import DataParallelStrategy
+from multigpu.strategies.ddp import ddp_options
 from multigpu.strategies.fully_sharded import FullyShardedStrategy
 from multigpu.strategies.layout import Layout
 from multigpu.strategies.manual_model_parallel import ManualModelParallelStrategy
@@ -51,15 +52,10 @@ __all__ = [
     "strategies_table",
 ]
 
-SPECS: tuple[StrategySpec, ...] = (
-    one_device.SPEC,
-    ddp.SPEC,
-    ddp.SPAWN_SPEC,
-    data_parallel.SPEC,
-    fully_sharded.SPEC,
-    manual_model_parallel.SPEC,
-    pipeline.SPEC,
-)
+PACKAGES = ("one_device", "ddp", "data_parallel", "fully_sharded", "manual_model_parallel", "pipeline")
+"""Our strategies' packages, one name each: a new strategy's package adds its name here."""
+
+SPECS: tuple[StrategySpec, ...] = tuple(spec for name in PACKAGES for spec in import_module(f"{__name__}.{name}").SPECS)
 """Every strategy users choose, in the order the README's table and ``plan`` list them."""
 
 LAYOUTS: dict[str, type[Layout]] = {spec.name: spec.layout for spec in SPECS if spec.layout is not None}
@@ -82,7 +78,7 @@ for _name, _entry in list(StrategyRegistry.items()):
             DDPStrategy,
             description=_entry["description"],
             override=True,
-            **{**_entry["init_params"], **ddp.ddp_options()},
+            **{**_entry["init_params"], **ddp_options()},
         )
 
 

@@ -8,12 +8,14 @@ from multigpu.strategies.data_parallel.layouts import DataParallelLayout
 from multigpu.strategies.data_parallel.strategy import DataParallelStrategy
 from multigpu.strategies.spec import StrategySpec
 
-__all__ = ["SPEC", "DataParallelLayout", "DataParallelStrategy"]
+__all__ = ["SPECS", "DataParallelLayout", "DataParallelStrategy"]
 
-SPEC = StrategySpec(
-    DataParallelStrategy.strategy_name,
-    "one process, `torch.nn.DataParallel` over its GPUs",
-    "[strategies](docs/strategies.md#dp-dataparallel)",
-    layout=DataParallelLayout,
-    strategy=DataParallelStrategy,
+SPECS = (
+    StrategySpec(
+        DataParallelStrategy.strategy_name,
+        "one process, `torch.nn.DataParallel` over its GPUs",
+        "[strategies](docs/strategies.md#dp-dataparallel)",
+        layout=DataParallelLayout,
+        strategy=DataParallelStrategy,
+    ),
 )

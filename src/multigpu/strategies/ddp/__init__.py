@@ -9,8 +9,10 @@ from multigpu.strategies.ddp.layouts import DDPLayout
 from multigpu.strategies.ddp.options import ddp_options
 from multigpu.strategies.spec import StrategySpec
 
-__all__ = ["SPAWN_SPEC", "SPEC", "DDPLayout", "ddp_options"]
+__all__ = ["SPECS", "DDPLayout", "ddp_options"]
 
 DETAILS = "[many GPUs and machines](docs/scaling.md)"
-SPEC = StrategySpec("ddp", "Lightning's: one process per device, gradients all-reduced", DETAILS, layout=DDPLayout)
-SPAWN_SPEC = StrategySpec("ddp_spawn", "Lightning's: as `ddp`, its processes spawned", DETAILS)
+SPECS = (
+    StrategySpec("ddp", "Lightning's: one process per device, gradients all-reduced", DETAILS, layout=DDPLayout),
+    StrategySpec("ddp_spawn", "Lightning's: as `ddp`, its processes spawned", DETAILS),
+)

@@ -9,12 +9,14 @@ from multigpu.strategies.manual_model_parallel.layouts import ModelParallelLayou
 from multigpu.strategies.manual_model_parallel.strategy import ManualModelParallelStrategy
 from multigpu.strategies.spec import StrategySpec
 
-__all__ = ["SPEC", "ManualModelParallelStrategy", "ModelParallelLayout"]
+__all__ = ["SPECS", "ManualModelParallelStrategy", "ModelParallelLayout"]
 
-SPEC = StrategySpec(
-    ManualModelParallelStrategy.strategy_name,
-    "one process, consecutive blocks on consecutive devices, optionally replicated with DDP",
-    "[strategies](docs/strategies.md#manual_model_parallel-the-network-split-over-devices)",
-    layout=ModelParallelLayout,
-    strategy=ManualModelParallelStrategy,
+SPECS = (
+    StrategySpec(
+        ManualModelParallelStrategy.strategy_name,
+        "one process, consecutive blocks on consecutive devices, optionally replicated with DDP",
+        "[strategies](docs/strategies.md#manual_model_parallel-the-network-split-over-devices)",
+        layout=ModelParallelLayout,
+        strategy=ManualModelParallelStrategy,
+    ),
 )

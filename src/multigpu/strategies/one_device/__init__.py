@@ -6,6 +6,6 @@ layouts  what it tells ``plan``
 from multigpu.strategies.one_device.layouts import OneDeviceLayout
 from multigpu.strategies.spec import StrategySpec
 
-__all__ = ["SPEC", "OneDeviceLayout"]
+__all__ = ["SPECS", "OneDeviceLayout"]
 
-SPEC = StrategySpec("auto", "one process, one device", layout=OneDeviceLayout)
+SPECS = (StrategySpec("auto", "one process, one device", layout=OneDeviceLayout),)

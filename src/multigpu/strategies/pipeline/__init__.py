@@ -35,12 +35,14 @@ from multigpu.strategies.pipeline.layouts import PipelineLayout
 from multigpu.strategies.pipeline.strategy import PipelineStrategy
 from multigpu.strategies.spec import StrategySpec
 
-__all__ = ["SPEC", "PipelineLayout", "PipelineStrategy"]
+__all__ = ["SPECS", "PipelineLayout", "PipelineStrategy"]
 
-SPEC = StrategySpec(
-    PipelineStrategy.strategy_name,
-    "one process per stage, micro-batches under any of PyTorch's 7 schedules, optionally replicated",
-    "[strategies](docs/strategies.md#pipeline-parallel-pipeline)",
-    layout=PipelineLayout,
-    strategy=PipelineStrategy,
+SPECS = (
+    StrategySpec(
+        PipelineStrategy.strategy_name,
+        "one process per stage, micro-batches under any of PyTorch's 7 schedules, optionally replicated",
+        "[strategies](docs/strategies.md#pipeline-parallel-pipeline)",
+        layout=PipelineLayout,
+        strategy=PipelineStrategy,
+    ),
 )
