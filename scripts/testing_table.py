@@ -8,7 +8,7 @@ The seconds are the items' own (setup, call and teardown, every parametrisation 
 ``--durations=0`` lines; without a log, the table keeps the seconds it has. The network is read from the test's
 source, and from the fixtures it asks for: the names below, "tiny ResNet" where it takes ``helpers.run_args`` and
 names no other network, then "none" (a test that trains nothing, or builds no network).
-tests/test_code_layout.py checks that the table names every test and no other.
+tests/test_code_map.py checks that the table names every test and no other.
 """
 
 import ast

@@ -1,7 +1,7 @@
 """Every private torch and Lightning name the project relies on, in one place.
 
 Nothing outside this module touches a private name of torch, torchvision or Lightning
-(``tests/test_code_layout.py`` fails if something does). Each use says why no public API serves,
+(``tests/test_code_map.py`` fails if something does). Each use says why no public API serves,
 and ``PRIVATE_HOOKS`` lists them, so that ``tests/test_compat.py`` fails by name, with the hook's
 owner, when a torch or Lightning release removes one or changes its arguments. Each private name
 is imported inside the function (or, for a class, at the first use of the name) that needs it,

@@ -1,4 +1,4 @@
-"""The code's layout, as docs/code-layout.md promises it: no import cycle, and no private torch or Lightning name
+"""The code's map, as docs/code-map.md promises it: no import cycle, and no private torch or Lightning name
 outside the compat module."""
 
 import ast
@@ -242,7 +242,7 @@ def test_the_readme_table_of_strategies_is_the_one_the_specs_make():
     assert strategies_table() in (REPO / "README.md").read_text()
 
 
-TOY_STRATEGY = '''"""``toy``: one device under a name of its own, added as a new strategy is (docs/code-layout.md)."""
+TOY_STRATEGY = '''"""``toy``: one device under a name of its own, added as a new strategy is (docs/code-map.md)."""
 
 from lightning.pytorch.strategies import SingleDeviceStrategy
 
@@ -271,7 +271,7 @@ SPECS = (StrategySpec(ToyStrategy.strategy_name, "one device", layout=ToyLayout,
 
 @pytest.mark.slow
 def test_a_new_strategy_is_one_package_and_one_name_and_fit_and_plan_find_it(tmp_path):
-    """The steps of docs/code-layout.md on a copy of the package: a folder under strategies/ and its name in
+    """The steps of docs/code-map.md on a copy of the package: a folder under strategies/ and its name in
     ``PACKAGES``; then ``fit --trainer.strategy=toy`` trains with it, and ``plan`` offers its layout."""
     copy = tmp_path / "src" / "multigpu"
     shutil.copytree(SOURCE, copy, ignore=shutil.ignore_patterns("__pycache__"))
