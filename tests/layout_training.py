@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from helpers import KillAt, RecordIndices
 from lightning.pytorch import Trainer, seed_everything
+from run_layouts import LAYOUTS
 from torch import nn
 
 from multigpu.data.datamodule import ImageDataModule
@@ -33,7 +34,6 @@ from multigpu.run.callbacks import LastCheckpoint, RunMetadata
 from multigpu.run.checkpoint_io import AtomicCheckpointIO
 from multigpu.run.checkpoints import find_last_checkpoint
 from multigpu.run.process_groups import end_process_groups
-from multigpu.strategies import FullyShardedStrategy, PipelineStrategy
 
 
 def _block(index: int) -> nn.Module:
@@ -52,22 +52,11 @@ class SmallBatchNormClassifier(ImageClassifier):
         self.net = LazyBlocks([partial(_block, index) for index in range(3)], seed=0)
 
 
-# name: (strategy, devices, batch per loader batch, accumulated batches)
-LAYOUTS = {
-    "one_device_x4": ("auto", 1, 4, 4),
-    "ddp_2_x2": ("ddp", 2, 4, 2),
-    "ddp_4": ("ddp", 4, 4, 1),
-    "fsdp_4": (FullyShardedStrategy, 4, 4, 1),
-    "one_device_x2": ("auto", 1, 4, 2),
-    "ddp_2": ("ddp", 2, 4, 1),
-    "fsdp_2": (FullyShardedStrategy, 2, 4, 1),
-    "pipeline_2_replicas": (partial(PipelineStrategy, num_stages=2, micro_batches=2, balance=[2, 1]), 4, 4, 1),
-}
 SAMPLES = 48
 
 
 def train(layout: str, folder: Path, attempt: str, steps: str, kill_at: str | None = None) -> None:
-    strategy, devices, batch_size, accumulation = LAYOUTS[layout]
+    chosen = LAYOUTS[layout]
     seed_everything(0)
     callbacks = [RunMetadata(), LastCheckpoint(str(folder / "checkpoints"), 1)]
     callbacks.append(RecordIndices(str(folder / "records" / attempt)))
@@ -75,9 +64,9 @@ def train(layout: str, folder: Path, attempt: str, steps: str, kill_at: str | No
         callbacks.append(KillAt(int(kill_at)))
     trainer = Trainer(
         accelerator="cpu",
-        devices=devices,
-        strategy=strategy() if callable(strategy) else strategy,
-        accumulate_grad_batches=accumulation,
+        devices=chosen.devices,
+        strategy=chosen.trainer_strategy(),
+        accumulate_grad_batches=chosen.accumulate,
         max_steps=int(steps),
         limit_val_batches=0,
         logger=False,
@@ -86,9 +75,9 @@ def train(layout: str, folder: Path, attempt: str, steps: str, kill_at: str | No
         callbacks=callbacks,
         plugins=[AtomicCheckpointIO()],  # as the CLI writes and reads them: fsdp's sharded, in the background
     )
-    data = ImageDataModule(synthetic=True, synthetic_size=SAMPLES, batch_size=batch_size, num_workers=0)
+    data = ImageDataModule(synthetic=True, synthetic_size=SAMPLES, batch_size=chosen.batch_size, num_workers=0)
     last = find_last_checkpoint(folder / "checkpoints")
-    trainer.fit(SmallBatchNormClassifier(batch_size), datamodule=data, ckpt_path=str(last) if last else None)
+    trainer.fit(SmallBatchNormClassifier(chosen.batch_size), datamodule=data, ckpt_path=str(last) if last else None)
     state = trainer.strategy.lightning_module_state_dict()
     if trainer.is_global_zero:
         torch.save({key: value.cpu() for key, value in state.items()}, folder / "final.pt")

@@ -20,7 +20,6 @@ if __name__ == "__main__":
 
 import sys
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -28,6 +27,7 @@ import torch.distributed as dist
 import torchvision
 from helpers import bare_trainer, fit_in_order
 from lightning.pytorch import seed_everything
+from run_layouts import LAYOUTS
 from torch import nn
 from torch.utils.data import Subset
 from torchvision.models import VGG, ConvNeXt, DenseNet, VisionTransformer
@@ -38,7 +38,6 @@ from torchvision.ops import StochasticDepth
 from multigpu.data.synthetic import SyntheticCIFAR10
 from multigpu.model.classifier import ImageClassifier
 from multigpu.run.process_groups import end_process_groups
-from multigpu.strategies import FullyShardedStrategy, ManualModelParallelStrategy, PipelineStrategy
 
 STEPS = 2
 
@@ -97,17 +96,8 @@ ARCHS = [
     "shufflenet_v2_x0_5",
     "network_training.tiny_vit",
 ]
-BATCH, GROUP = 16, 8  # the global batch, and the images of one forward pass
-PIPELINE = partial(PipelineStrategy, micro_batches=2, balance_by="params")
-# layout: (strategy, devices, batch per process, accumulated batches)
-LAYOUTS = {
-    "one_device": ("auto", 1, GROUP, 2),
-    "mmp": (partial(ManualModelParallelStrategy, balance_by="params"), 2, GROUP, 2),
-    "pipe_1f1b": (partial(PIPELINE, schedule="1f1b"), 2, BATCH, 1),
-    "pipe_interleaved": (partial(PIPELINE, schedule="Interleaved1F1B", stages_per_process=2), 2, BATCH, 1),
-    "ddp": ("ddp", 2, GROUP, 1),
-    "fsdp": (partial(FullyShardedStrategy, accumulate_whole_gradients=True), 2, GROUP, 1),
-}
+BATCH, GROUP = 16, 8  # the global batch, and the images of one forward pass (run_layouts.LAYOUTS says the same)
+TRAINED_UNDER = ("one_device", "mmp", "pipe_1f1b", "pipe_interleaved", "ddp", "fsdp")  # run_layouts.LAYOUTS
 
 
 def _group_of(position: int, replicas: int = 2) -> int:
@@ -121,18 +111,18 @@ def _group_of(position: int, replicas: int = 2) -> int:
 def train(layout: str, archs: list[str]) -> dict | None:
     """Every network of ``archs`` trained under ``layout``: their state dicts and what each process held (on the
     first process; None on the others)."""
-    strategy, devices, batch_size, accumulate = LAYOUTS[layout]
+    chosen = LAYOUTS[layout]
     trained, held = {}, {}
     for arch in archs:
         seed_everything(0)
-        model = ImageClassifier(arch=arch, batch_size=batch_size, warmup_epochs=0, weight_decay=0)
+        model = ImageClassifier(arch=arch, batch_size=chosen.batch_size, warmup_epochs=0, weight_decay=0)
         trainer = bare_trainer(
-            strategy() if callable(strategy) else strategy, devices, STEPS, accumulate_grad_batches=accumulate
+            chosen.trainer_strategy(), chosen.devices, STEPS, accumulate_grad_batches=chosen.accumulate
         )
         data = SyntheticCIFAR10(BATCH * STEPS, seed=1)
-        if layout in ("ddp", "fsdp"):  # replica r's k-th batch: one device's k-th step's r-th group
+        if chosen.replicas > 1:  # replica r's k-th batch: one device's k-th step's r-th group
             data = Subset(data, [_group_of(position) for position in range(len(data))])
-        fit_in_order(trainer, model, data, batch_size)
+        fit_in_order(trainer, model, data, chosen.batch_size)
         state = trainer.strategy.lightning_module_state_dict()  # on every rank: a pipeline gathers its stages
         if trainer.is_global_zero:
             trained[arch] = {key: value.cpu() for key, value in state.items()}

@@ -116,7 +116,7 @@ def test_help_and_print_config():
     ]
     assert described == sorted(described)  # the project's options first
     strategy_help = fit_help[described[2] :]
-    assert "auto, ddp, ddp_spawn, fsdp, dp, manual_model_parallel, pipeline" in " ".join(strategy_help[:400].split())
+    assert "auto, ddp, ddp_spawn, dp, fsdp, manual_model_parallel, pipeline" in " ".join(strategy_help[:400].split())
     printed = run_cli("fit", "--print_config")
     assert printed.returncode == 0, printed.stdout
     # Values that differ from the code's defaults: configs/default.yaml was read.

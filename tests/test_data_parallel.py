@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from multigpu.model.classifier import ImageClassifier
 from multigpu.strategies import DataParallelStrategy
-from multigpu.strategies.data_parallel import TransparentDataParallel
+from multigpu.strategies.data_parallel.strategy import TransparentDataParallel
 
 
 def test_wrapped_network_saves_and_loads_plain_state_dicts():

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 from helpers import REPO, assert_within_scale, cli_error
-from network_training import ARCHS, LAYOUTS
+from network_training import ARCHS, TRAINED_UNDER
 from torch import nn
 
 from multigpu.errors import UsageError
@@ -107,11 +107,11 @@ def trained(tmp_path_factory) -> dict[str, dict]:
         one_thread = {**os.environ, "OMP_NUM_THREADS": "1"}  # model parallel's stage threads too: the same sums
         done = subprocess.run(command, cwd=REPO / "tests", env=one_thread, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout + done.stderr
-    return {layout: torch.load(folder / f"{layout}.pt") for layout in LAYOUTS}
+    return {layout: torch.load(folder / f"{layout}.pt") for layout in TRAINED_UNDER}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", [layout for layout in LAYOUTS if layout != "one_device"])
+@pytest.mark.parametrize("layout", [layout for layout in TRAINED_UNDER if layout != "one_device"])
 def test_every_family_trains_under_every_strategy_as_on_one_device(layout, trained):
     """Every parameter and buffer of every family's network after 2 steps, within 1e-5 of its tensor's largest
     value (bit for bit where the sums come in the same order). Prints each network's largest difference (the table
