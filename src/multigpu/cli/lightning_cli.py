@@ -297,5 +297,6 @@ class MultiGPUCLI(CheckpointPathCLI):
     def instantiate_trainer(self, **kwargs) -> Trainer:
         chosen = self._config(instantiated=True)["trainer"].get("callbacks") or []
         build = super().instantiate_trainer
-        return assemble_trainer(build, self._config(), chosen if isinstance(chosen, list) else [chosen], self._resumed,
+        resumed, self._resumed = self._resumed, None  # the checkpoint it read is the trainer's alone from here
+        return assemble_trainer(build, self._config(), chosen if isinstance(chosen, list) else [chosen], resumed,
                                 **kwargs)  # fmt: skip
