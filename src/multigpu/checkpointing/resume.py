@@ -20,7 +20,6 @@ from typing_extensions import override
 
 from multigpu.checkpointing.loop_position import count_steps_as_done, reopen_cut_epoch
 from multigpu.checkpointing.position import KEY, FollowsOrder, TrainingPosition
-from multigpu.data.sampling import EpochOrder
 from multigpu.renamed_options import new_hyperparameter_names
 from multigpu.run.replicas import layout_record
 
@@ -126,15 +125,19 @@ class RunMetadata(Callback):
         if trainer.state.fn != TrainerFn.FITTING:  # the layout and the order only matter to training
             return
         point, data = ResumePoint.of(checkpoint), trainer.datamodule
-        position, resumed = point.training, None
+        position, accumulation, where = point.training, trainer.accumulate_grad_batches, ""
+        resumed = None
         if position is not None and isinstance(data, FollowsOrder):
-            resumed = position.give_to(data, trainer.accumulate_grad_batches)
-        if resumed is not None and "loops" in checkpoint:
-            count_steps_as_done(checkpoint["loops"]["fit_loop"], resumed.skipped_steps, trainer.accumulate_grad_batches)
-        _report_layout(point.layout, layout_record(trainer, pl_module), resumed, position.epoch if position else 0)
+            resumed = position.give_to(data, accumulation)
+        if resumed is not None:  # inside an epoch
+            where = f"; epoch {position.epoch} goes on after its first {resumed.start} of {resumed.samples} images"
+            if "loops" in checkpoint:
+                count_steps_as_done(checkpoint["loops"]["fit_loop"], resumed.skipped_steps, accumulation)
+        _report_layout(point.layout, layout_record(trainer, pl_module), where)
 
 
-def _report_layout(saved: Mapping[str, Any], now: dict[str, Any], resumed: EpochOrder | None, epoch: int) -> None:
+def _report_layout(saved: Mapping[str, Any], now: dict[str, Any], where: str) -> None:
+    """Say in one line what a layout resumed from ``saved`` kept and changed, and ``where`` it goes on."""
     changes = [
         f"{name.replace('_', ' ')} {saved[name]} -> {now[name]}"
         for name in ("strategy", "world_size", "replicas", "accumulated_batches")
@@ -160,7 +163,4 @@ def _report_layout(saved: Mapping[str, Any], now: dict[str, Any], resumed: Epoch
         parts.append("the learning rate keeps the checkpoint's scaling")
     elif not changed:
         parts.append("so the same steps train the same images")
-    where = ""
-    if resumed is not None:
-        where = f"; epoch {epoch} goes on after its first {resumed.start} of {resumed.samples} images"
     rank_zero_info(f"{opening}: {', '.join(parts)}{where}.")
