@@ -30,7 +30,7 @@ from pathlib import Path
 from machine import machine
 from typing_extensions import override
 
-from multigpu.run.checkpoint_io import AtomicCheckpointIO
+from multigpu.checkpointing.checkpoint_io import AtomicCheckpointIO
 from multigpu.timing.intervals import median_interval
 
 HERE = Path(__file__).resolve().parent

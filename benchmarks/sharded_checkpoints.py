@@ -44,8 +44,8 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_op
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from multigpu.run.checkpoint_io import AtomicCheckpointIO
-from multigpu.run.sharded_checkpoints import read_checkpoint
+from multigpu.checkpointing.checkpoint_io import AtomicCheckpointIO
+from multigpu.checkpointing.sharded_checkpoints import read_checkpoint
 from multigpu.timing.intervals import median_interval
 
 WAYS = ("ours", "dcp")

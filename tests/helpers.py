@@ -28,8 +28,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from typing_extensions import override
 
+from multigpu.checkpointing.checkpoint_io import AtomicCheckpointIO
 from multigpu.model.resnet import bottleneck_block_factories
-from multigpu.run.checkpoint_io import AtomicCheckpointIO
 from multigpu.run.replicas import data_parallel_size
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,8 +41,8 @@ DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
 ABORTED_AT_EXIT = "terminate called without an active exception"
 
 # Subprocesses find what configs name in tests/helpers.py (``helpers.tiny_resnet``, the test-only callbacks) with
-# this; ``run_cli`` gives it to every run.
-HELPERS_ENV = {"PYTHONPATH": str(Path(__file__).parent)}
+# this; ``run_cli`` gives it to every run. A ``PYTHONPATH`` already set (a worktree's own ``src``) stays after it.
+HELPERS_ENV = {"PYTHONPATH": os.pathsep.join(filter(None, (str(Path(__file__).parent), os.environ.get("PYTHONPATH"))))}
 
 
 def run_cli(

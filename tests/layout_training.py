@@ -27,12 +27,13 @@ from lightning.pytorch import Trainer, seed_everything
 from run_layouts import LAYOUTS
 from torch import nn
 
+from multigpu.checkpointing.checkpoint_io import AtomicCheckpointIO
+from multigpu.checkpointing.files import find_last_checkpoint
+from multigpu.checkpointing.resume import RunMetadata
+from multigpu.checkpointing.saving import LastCheckpoint
 from multigpu.data.datamodule import ImageDataModule
 from multigpu.model.classifier import ImageClassifier
 from multigpu.model.lazy_blocks import LazyBlocks
-from multigpu.run.callbacks import LastCheckpoint, RunMetadata
-from multigpu.run.checkpoint_io import AtomicCheckpointIO
-from multigpu.run.checkpoints import find_last_checkpoint
 from multigpu.run.process_groups import end_process_groups
 
 

@@ -48,8 +48,8 @@ OWN = (
     "multigpu/strategies/pipeline/gradients.py",  # the clipping norm of every stage's gradients
 )
 # Callers that talk to the other processes on the host alone, on CPU tensors in a gloo group of their own, never waiting
-# for a device: the stop signal's vote (``run/stop_votes.py``), counted apart as ``host``.
-HOST = ("multigpu/run/stop_votes.py",)
+# for a device: the stop signal's vote (``checkpointing/stop_votes.py``), counted apart as ``host``.
+HOST = ("multigpu/checkpointing/stop_votes.py",)
 LOADING = "torch/utils/data/_utils/fetch.py"
 # Frames skipped when naming where a call came from.
 SKIPPED = (__file__, "torch/_tensor.py", "torch/utils/_contextlib.py", "torch/distributed/c10d_logger.py")

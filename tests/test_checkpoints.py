@@ -2,6 +2,7 @@
 
 import logging
 import os
+from pathlib import Path
 from unittest.mock import MagicMock
 
 import pytest
@@ -9,12 +10,12 @@ import torch
 from helpers import SMOKE, cli_main, run_args
 from lightning.pytorch import Trainer
 
+from multigpu.checkpointing.files import check_checkpoint, check_model_options, resolve_ckpt_path
 from multigpu.data.datamodule import ImageDataModule
 from multigpu.errors import UsageError
 from multigpu.model.architectures import shaped_by_image_size
 from multigpu.model.classifier import ImageClassifier
-from multigpu.run.callbacks import ThroughputSummary
-from multigpu.run.checkpoints import check_checkpoint, check_model_options, resolve_ckpt_path
+from multigpu.run.throughput import ThroughputSummary
 
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too
 
@@ -100,6 +101,23 @@ def test_checkpointing_off_trains_without_writing_any_and_says_it_cannot_resume(
         cli_main("fit", "--config", SMOKE, *run_args(tmp_path), "--trainer.enable_checkpointing=false")
     assert "Checkpoints are off (--trainer.enable_checkpointing=false): this run cannot be resumed." in caplog.text
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_a_resumed_run_reads_its_checkpoint_once(tmp_path, monkeypatch):
+    """The CLI reads ``--ckpt_path`` before anything is built; Lightning's restore gets that read, not a second one."""
+    cli_main("fit", "--config", SMOKE, *run_args(tmp_path), "--trainer.max_steps=2")
+    last = tmp_path / "checkpoints" / "test" / "last.ckpt"
+    reads, load = [], torch.load
+
+    def counted(source, *args, **kwargs):
+        opened = getattr(source, "path", getattr(source, "name", None))  # the file Lightning opened
+        reads.append(Path(source if isinstance(source, str | os.PathLike) else opened).resolve() == last.resolve())
+        return load(source, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", counted)
+    cli_main("fit", "--config", SMOKE, *run_args(tmp_path), "--trainer.max_steps=3", "--ckpt_path=last")
+    assert sum(reads) == 1
+    assert check_checkpoint(last)["global_step"] == 3
 
 
 def test_an_epoch_resumed_after_its_last_batch_logs_no_throughput_point():

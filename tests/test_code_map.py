@@ -68,6 +68,28 @@ def test_no_module_imports_itself_through_others():
     assert not cycles, "import cycles:\n" + "\n".join(sorted(set(cycles)))
 
 
+def test_no_package_imports_one_that_imports_it():
+    """The packages and the foundations form layers (docs/code-map.md): no package reaches, through others, one
+    that reaches it, so that nothing imports back up."""
+    graph: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        top = module.split(".")[1] if "." in module else module
+        graph.setdefault(top, set()).update(
+            name.split(".")[1] for name in _imports(path) if "." in name and name.split(".")[1] != top
+        )
+    reached = {}
+    for package in graph:
+        seen, todo = set(), [package]
+        while todo:
+            for other in graph.get(todo.pop(), ()):
+                if other not in seen:
+                    seen.add(other)
+                    todo.append(other)
+        reached[package] = seen
+    circles = sorted(package for package in graph if package in reached[package])
+    assert not circles, f"packages that import themselves through others: {circles}"
+
+
 def _private(name: str) -> bool:
     return name.startswith("_") and not name.endswith("__")
 

@@ -105,7 +105,7 @@ def test_a_strategy_that_shows_the_cpu_while_its_group_is_made_keeps_its_devices
 # A private name imported when compat loaded would break every import below.
 _EVERY_FEATURE = (
     "multigpu.compat, multigpu.cli.lightning_cli, multigpu.model.classifier, multigpu.strategies, "
-    "multigpu.planning.command, multigpu.run.elastic, multigpu.run.callbacks"
+    "multigpu.planning.command, multigpu.checkpointing.elastic, multigpu.checkpointing.stop_signals"
 )
 
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 from lightning.fabric.utilities.data import suggested_max_num_workers
 
+from multigpu.checkpointing.position import TrainingPosition
 from multigpu.data.datamodule import ImageDataModule
 from multigpu.errors import UsageError
-from multigpu.run.resume import ResumePoint
 
 
 def _module(data_dir: Path, **kwargs) -> ImageDataModule:
@@ -141,7 +141,7 @@ def test_the_training_order_follows_the_runs_seed_and_a_resumed_run_keeps_its_ch
     )  # fmt: skip
     data.setup("fit")
     if checkpoint:
-        data.resume_at(ResumePoint.of({"multigpu": {"order": checkpoint}}))
+        TrainingPosition.of({"multigpu": {"order": checkpoint}}).give_to(data, accumulation=1)
     assert data.train_dataloader().sampler.seed == expected
 
 

@@ -32,8 +32,8 @@ from helpers import (
     write_tiny_cifar10,
 )
 
-from multigpu.run.checkpoint_io import AtomicCheckpointIO, CheckpointWriteFailed
-from multigpu.run.sharded_checkpoints import read_checkpoint, whole_checkpoint
+from multigpu.checkpointing.checkpoint_io import AtomicCheckpointIO, CheckpointWriteFailed
+from multigpu.checkpointing.sharded_checkpoints import read_checkpoint, whole_checkpoint
 
 
 @pytest.mark.parametrize("background", [False, True])
@@ -660,7 +660,7 @@ def _torchrun_node(
 
 
 @pytest.mark.slow
-@pytest.mark.internals  # torchrun's c10d rendezvous and the attempts' keys (multigpu.run.elastic)
+@pytest.mark.internals  # torchrun's c10d rendezvous and the attempts' keys (multigpu.checkpointing.elastic)
 def test_torchrun_elastic_run_that_loses_a_node_goes_on_with_the_node_left(tmp_path, resumable):
     """`torchrun --nnodes=1:2` on two loopback "nodes" of one process each, sharing a checkpoint folder, with
     `--data.global_batch_size=8`: ddp over 2 processes with batch 4. As a step drawn from a seed after the first
@@ -700,7 +700,7 @@ def test_shards_of_every_layout_are_put_together_into_the_whole_tensors():
     """``fsdp``'s pieces, as ``sharded_checkpoints`` writes them, make the whole tensors again: cut along dimension 0
     over 3 processes (the last one's piece empty, as ``torch.chunk`` leaves it), and under HSDP (2 replicas x 2
     shards: the first replica's pieces), with a plain tensor and a tuple beside them."""
-    from multigpu.run.sharded_checkpoints import _PIECE, _joined
+    from multigpu.checkpointing.sharded_checkpoints import _PIECE, _joined
 
     whole = torch.arange(8.0).reshape(4, 2)
 

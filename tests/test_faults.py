@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers import SMOKE, helper_callback, helper_plugin, run_args, run_cli
 
-from multigpu.run.sharded_checkpoints import read_checkpoint
+from multigpu.checkpointing.sharded_checkpoints import read_checkpoint
 
 pytestmark = pytest.mark.slow
 

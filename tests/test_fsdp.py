@@ -6,9 +6,9 @@ import torch
 from helpers import HELPERS_ENV, SMOKE, assert_within_scale, cli_error, cli_main, helper_callback, run_args, run_cli
 from lightning.pytorch.plugins import MixedPrecision
 
+from multigpu.checkpointing.sharded_checkpoints import SHARDED, read_checkpoint
 from multigpu.errors import UsageError
 from multigpu.model.classifier import ImageClassifier
-from multigpu.run.sharded_checkpoints import SHARDED, read_checkpoint
 from multigpu.strategies import FullyShardedStrategy
 
 pytestmark = pytest.mark.internals  # CI runs these on the lowest torch we declare too

@@ -11,12 +11,12 @@ import torch
 from helpers import ABORTED_AT_EXIT, HELPERS_ENV, REPO, assert_within_scale, cli_error, trained_steps
 from torch import nn
 
+from multigpu.checkpointing.loop_position import count_steps_as_done
+from multigpu.checkpointing.position import TrainingPosition
 from multigpu.data.datamodule import ImageDataModule
 from multigpu.data.sampling import EpochOrder, ResumableSampler
 from multigpu.model.step_batch_norm import commit_step_statistics, record_step_statistics
-from multigpu.run.loop_position import count_steps_as_done
 from multigpu.run.replicas import accumulation_for
-from multigpu.run.resume import ResumePoint
 
 SAMPLES = list(range(40))
 
@@ -80,8 +80,8 @@ def test_a_checkpoint_written_between_epochs_sets_the_next_epoch_before_the_load
         data_dir=str(tiny_cifar10), download=False, verify_checksums=False, batch_size=4, num_workers=0
     )
     data.setup("fit")
-    point = ResumePoint.of({"multigpu": {"order": {"epoch": 1, "position": 0, "global_batch": 4}}})
-    assert data.resume_at(point) is None  # nothing of epoch 1 is trained yet
+    position = TrainingPosition.of({"multigpu": {"order": {"epoch": 1, "position": 0, "global_batch": 4}}})
+    assert position.give_to(data, accumulation=1) is None  # nothing of epoch 1 is trained yet
     assert data.train_dataloader().sampler.epoch == 1
 
 

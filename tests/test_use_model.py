@@ -16,9 +16,9 @@ import torchvision
 from helpers import RESNET50, SMOKE, cli_error, cli_main, run_args, run_cli
 from PIL import Image
 
+from multigpu.checkpointing.files import check_checkpoint
 from multigpu.data.cifar import CIFAR10_CLASSES
 from multigpu.model.torchvision_weights import cifar_stem
-from multigpu.run.checkpoints import check_checkpoint
 from multigpu.trained.export import TOLERANCE, network_of
 
 

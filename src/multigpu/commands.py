@@ -15,12 +15,12 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from multigpu.checkpointing.elastic import separate_restart_attempts
 from multigpu.cli.export_command import export
 from multigpu.cli.lightning_cli import MultiGPUCLI
 from multigpu.cli.quiet_console import quiet_console
 from multigpu.errors import JobFailed, RunFinished, UsageError
 from multigpu.planning.command import plan
-from multigpu.run.elastic import separate_restart_attempts
 from multigpu.run.process_groups import end_process_groups
 
 __all__ = ["COMMANDS", "main"]

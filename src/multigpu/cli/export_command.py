@@ -12,9 +12,9 @@ from pathlib import Path
 from lightning.pytorch.cli import LightningArgumentParser
 from typing_extensions import override
 
+from multigpu.checkpointing.files import resolve_ckpt_path
 from multigpu.cli.lightning_cli import MultiGPUCLI
 from multigpu.errors import UsageError, check_writable
-from multigpu.run.checkpoints import resolve_ckpt_path
 from multigpu.trained.export import (
     SUFFIXES,
     Format,

@@ -18,6 +18,10 @@ from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
+from multigpu.checkpointing.elastic import torchrun_node_count
+from multigpu.checkpointing.resume import ResumePoint, RunMetadata
+from multigpu.checkpointing.saving import BestCheckpoints
+from multigpu.checkpointing.stop_signals import CheckpointOnStopSignal, StopAllProcessesOnError
 from multigpu.cli.config_files import resolve_data_dir, unreadable_config
 from multigpu.cli.saved_options import checkpoint_dir, follow_checkpoint
 from multigpu.cli.trainer_assembly import assemble_trainer
@@ -29,21 +33,13 @@ from multigpu.errors import UsageError, check_at_least, check_writable
 from multigpu.model.classifier import ImageClassifier
 from multigpu.model.recipe import Recipe
 from multigpu.renamed_options import add_old_names, move_to_new_names, new_names
-from multigpu.run.callbacks import (
-    BestCheckpoints,
-    CheckpointOnStopSignal,
-    RunMetadata,
-    StopAllProcessesOnError,
-    ThroughputSummary,
-)
-from multigpu.run.elastic import torchrun_node_count
 from multigpu.run.fit_summary import FitSummary
 from multigpu.run.gradient_norm import GradientNorm
 from multigpu.run.replicas import accumulation_for, data_parallel_size
-from multigpu.run.resume import ResumePoint
 from multigpu.run.run_hparams import RunHparams
 from multigpu.run.spawned_ranks import EndSpawnedProcessGroups
 from multigpu.run.step_times import StepTimes
+from multigpu.run.throughput import ThroughputSummary
 from multigpu.run.validation_report import ValidationReport
 from multigpu.strategies import name_to_class_path
 from multigpu.trained.prediction_writer import PredictionWriter
@@ -300,7 +296,7 @@ class MultiGPUCLI(CheckpointPathCLI):
     @override
     def instantiate_trainer(self, **kwargs) -> Trainer:
         chosen = self._config(instantiated=True)["trainer"].get("callbacks") or []
-        log_version = self._resumed.log_version if self._resumed is not None else None
         build = super().instantiate_trainer
-        return assemble_trainer(build, self._config(), chosen if isinstance(chosen, list) else [chosen], log_version,
+        resumed, self._resumed = self._resumed, None  # the checkpoint it read is the trainer's alone from here
+        return assemble_trainer(build, self._config(), chosen if isinstance(chosen, list) else [chosen], resumed,
                                 **kwargs)  # fmt: skip

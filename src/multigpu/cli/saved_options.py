@@ -16,13 +16,13 @@ from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_info
 
+from multigpu.checkpointing.files import check_model_options, refuse_a_second_run, resolve_ckpt_path
+from multigpu.checkpointing.loop_position import finished_training, trained_to
+from multigpu.checkpointing.resume import ResumePoint
 from multigpu.cli.config_files import config_files, read_config
 from multigpu.data.datamodule import class_count
 from multigpu.errors import RunFinished, UsageError
 from multigpu.model.architectures import shaped_by_image_size
-from multigpu.run.checkpoints import check_model_options, refuse_a_second_run, resolve_ckpt_path
-from multigpu.run.loop_position import finished_training, trained_to
-from multigpu.run.resume import ResumePoint
 
 __all__ = ["checkpoint_dir", "follow_checkpoint", "given_options", "take_saved_normalisation", "take_saved_options"]
 

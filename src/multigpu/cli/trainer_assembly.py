@@ -3,7 +3,8 @@
 - the TensorBoard logger of the run (``<default_root_dir>/<run_name>/version_N``), the checkpoint's own version on
   resume, its ``epoch`` scalar once per epoch (``RunLogger``);
 - ``fsdp`` as our object (Lightning refuses the name on the CPU before it reads the registry);
-- atomic checkpoint files, written in the background (``AtomicCheckpointIO``, ``--save_in_background``);
+- atomic checkpoint files, written in the background (``AtomicCheckpointIO``, ``--save_in_background``), which
+  hands Lightning the checkpoint of ``--ckpt_path`` as the CLI read it, so that a run reads it once;
 - the progress bar and the model summary in place of Lightning's defaults, unless the user chose their own;
 - ``last.ckpt`` every ``--save_every_n_steps`` steps (``LastCheckpoint``);
 - who launched the processes, noted before Lightning's launcher starts any (``RunMetadata``);
@@ -21,15 +22,16 @@ from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar, RichModelSummary, RichProgressBar, Timer
 from lightning.pytorch.utilities import rank_zero_info
 
+from multigpu.checkpointing.checkpoint_io import AtomicCheckpointIO
+from multigpu.checkpointing.resume import ResumePoint, RunMetadata
+from multigpu.checkpointing.saving import LastCheckpoint
+from multigpu.checkpointing.watchdog import FaultWatch
 from multigpu.cli.saved_options import checkpoint_dir
 from multigpu.errors import UsageError
-from multigpu.run.callbacks import LastCheckpoint, RunMetadata
-from multigpu.run.checkpoint_io import AtomicCheckpointIO
 from multigpu.run.model_summary import RunSummary
 from multigpu.run.progress_bar import PacedProgressBar
 from multigpu.run.run_logger import RunLogger
 from multigpu.run.step_times import LoaderClock
-from multigpu.run.watchdog import FaultWatch
 from multigpu.strategies import spec_named
 
 __all__ = ["assemble_trainer"]
@@ -39,24 +41,28 @@ def assemble_trainer(
     build: Callable[..., Trainer],
     config: Any,
     chosen: list[Callback],
-    log_version: int | str | None,
+    resumed: ResumePoint | None,
     **kwargs,
 ) -> Trainer:
     """The run's Trainer: ``build(**kwargs)`` (LightningCLI's) with the parts above, for the subcommand's ``config``,
-    the callbacks the user chose (``chosen``) and the TensorBoard version of the checkpoint it goes on from."""
+    the callbacks the user chose (``chosen``) and the checkpoint it goes on from (its TensorBoard version, and the
+    contents the CLI read)."""
     trainer_options = config["trainer"]
     if trainer_options.get("logger") in (None, True):
         kwargs["logger"] = RunLogger(
             save_dir=trainer_options.get("default_root_dir") or "logs",
             name=config["run_name"],
-            version=log_version,
+            version=resumed.log_version if resumed is not None else None,
             default_hp_metric=False,  # no empty hp_metric card: the metrics are logged by name
         )
     spec = spec_named(trainer_options.get("strategy"))
     if spec is not None and spec.as_instance:
         kwargs["strategy"] = spec.strategy()
     if trainer_options.get("plugins") is None:
-        kwargs["plugins"] = [AtomicCheckpointIO(background=config.get("save_in_background", True))]
+        checkpoint_io = AtomicCheckpointIO(background=config.get("save_in_background", True))
+        if resumed is not None:
+            checkpoint_io.hand_over(config["ckpt_path"], resumed.checkpoint)
+        kwargs["plugins"] = [checkpoint_io]
     if trainer_options.get("profiler") is None:
         kwargs["profiler"] = LoaderClock()
     chosen = list(chosen)  # as the user chose them: Lightning appends its defaults to the list it is given

@@ -1,12 +1,12 @@
 """The data: CIFAR-10's and CIFAR-100's files, a folder of labelled images, the user's images, the training order,
 the on-device path.
 
-datamodule     ImageDataModule: the LightningDataModule the CLI builds (``--data.*``): loaders, sharding, resume
+datamodule     ImageDataModule: the LightningDataModule the CLI builds (``--data.*``): loaders, sharding, its order
 source         what a source of images says and makes (``ImageSource``); one per kind:
 cifar            CifarFiles: CIFAR-10's and CIFAR-100's official files read into tensors
 image_folder     ImageFolderSource: a folder of labelled images in ImageNet's layout (``--data.dataset=imagefolder``)
 synthetic        SyntheticImages: random images of CIFAR's shape (``--data.synthetic``)
-sampling       each epoch's order in global batches, resumable on any layout
+sampling       each epoch's order in global batches, resumable on any layout; where a run starts (TrainingOrder)
 transforms     what every source does to its images (augmentation, normalisation); images in memory
 on_device      whole batches cropped, flipped and normalised on the training device
 image_files    the user's own images for ``predict`` (``--data.predict_dir``)

@@ -24,13 +24,12 @@ from multigpu.data.image_files import ImageFiles, Indexed
 from multigpu.data.image_folder import ImageFolderSource, folder_classes
 from multigpu.data.loader_workers import start_worker_server, worker_start
 from multigpu.data.on_device import DeviceBatches
-from multigpu.data.sampling import EpochOrder, ResumableSampler
+from multigpu.data.sampling import EpochOrder, ResumableSampler, TrainingOrder
 from multigpu.data.source import ImageSource, Stats
 from multigpu.data.synthetic import SyntheticImages
 from multigpu.errors import UsageError, check_at_least
 from multigpu.renamed_options import renamed_class
 from multigpu.run.replicas import data_parallel_rank, data_parallel_size
-from multigpu.run.resume import ResumePoint
 
 __all__ = ["ImageDataModule", "class_count", "node_local_rank"]
 
@@ -162,9 +161,8 @@ class ImageDataModule(LightningDataModule):
         self.save_hyperparameters()
         self.batch_size = batch_size
         self.datasets: dict[str, Dataset] = {}
-        self._resume: ResumePoint | None = None  # where a checkpoint stands in its epoch (``resume_at``)
+        self._order: TrainingOrder | None = None  # the order the next training loader follows (``follow``)
         self._sampler: ResumableSampler | None = None
-        self._shuffle_seed: int | None = None  # the seed this run shuffles with (``_seed``)
         self.image_size = image_size
         self.source = _source(data_dir, dataset, download, verify_checksums, val_split, synthetic, synthetic_size,
                               image_size, mean, std)  # fmt: skip
@@ -253,67 +251,61 @@ class ImageDataModule(LightningDataModule):
     def _accumulation(self) -> int:
         return self.trainer.accumulate_grad_batches if self.trainer else 1
 
-    def _global_batch(self) -> int:
+    @property
+    def global_batch(self) -> int:
+        """The images of an optimizer step over every replica, on this layout."""
         return self.batch_size * self._shard()[0] * self._accumulation()
 
-    def _resume_point(self) -> tuple[int, int] | None:
-        """The epoch a checkpoint given to ``resume_at`` goes on with, and the images of its order trained."""
-        if self._resume is None:
-            return None
-        return self._resume.epoch, self._resume.images_trained(self.batch_size, self._shard()[0])
+    @property
+    def training_seed(self) -> int | None:
+        """The seed the training order is shuffled with, once its loader is made."""
+        return self._sampler.seed if self._sampler is not None else None
 
-    def resume_at(self, point: ResumePoint) -> tuple[int, EpochOrder] | None:
-        """Start the training order where ``point`` stands (``run.resume``); the epoch it stopped inside and how this
-        layout trains the rest of it, or ``None`` when it stopped between epochs."""
-        self._resume = point
-        epoch, position = self._resume_point()
-        if not position:
-            return None
-        return epoch, EpochOrder(len(self.datasets["train"]), self._global_batch(), position)
+    def follow(self, order: TrainingOrder) -> None:
+        """Train in ``order`` from the next training loader on: a resumed run's, given by its checkpoint's
+        ``TrainingPosition``."""
+        self._order = order
+
+    def epoch_order(self, epoch: int) -> EpochOrder:
+        """How this layout trains ``epoch``: as its pass under way does, or whole."""
+        sampler = self._sampler
+        if sampler is not None and sampler.epoch == epoch:
+            return sampler.current
+        return EpochOrder(len(self.datasets["train"]), self.global_batch)
 
     @override
     def train_dataloader(self) -> DataLoader | DeviceBatches:
         replicas, rank = self._shard()
         train = self.datasets["train"]
-        if self._global_batch() > len(train):
+        if self.global_batch > len(train):
             raise UsageError(
-                f"the global batch of {self._global_batch()} images is larger than the {len(train)} training images: "
+                f"the global batch of {self.global_batch} images is larger than the {len(train)} training images: "
                 "lower --data.batch_size, --data.global_batch_size or --trainer.accumulate_grad_batches."
             )
-        sampler = ResumableSampler(train, replicas, rank, self.batch_size, self._accumulation(), seed=self._seed())
-        if (point := self._resume_point()) is not None:  # between epochs too: the epoch is set before workers start
-            sampler.resume_at(*point)
-        self._resume, self._sampler = None, sampler
+        order, self._order = self._order, None
+        sampler = ResumableSampler(train, replicas, rank, self.batch_size, self._accumulation(), seed=self._seed(order))
+        if order is not None:  # between epochs too: the epoch is set before workers start
+            sampler.resume_at(order.epoch, order.start)
+        self._sampler = sampler
         return self._loader("train", sampler)
 
-    def _seed(self) -> int:
-        """The shuffle's seed: a resumed run's own, else ``shuffle_seed``, else the run's ``seed_everything``
-        (``PL_GLOBAL_SEED``; 0 without one), the first process's wherever processes might disagree (a random seed
-        drawn by each process that torchrun started)."""
-        if self._resume is not None and self._resume.shuffle_seed is not None:
-            self._shuffle_seed = self._resume.shuffle_seed
-        elif self._resume is not None and self.hparams.shuffle_seed is None:
-            self._shuffle_seed = 0  # a checkpoint of an earlier version, whose default seed was 0
-        if self._shuffle_seed is None:
-            seed = self.hparams.shuffle_seed
-            if seed is None:
-                seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
-                if self.trainer is not None and self.trainer.world_size > 1:
-                    seed = self.trainer.strategy.broadcast(seed)
-            self._shuffle_seed = seed
-        return self._shuffle_seed
-
-    def order_state(self, epoch: int, batches: int) -> dict[str, int]:
-        """Where training stands in ``epoch`` after ``batches`` loader batches of each replica: the images of its order
-        trained, whatever the layout, with the global batch and the shuffle's seed (``run.resume`` keeps it)."""
-        position = 0
-        if batches:
-            sampler = self._sampler
-            epoch_order = sampler.current if sampler is not None and sampler.epoch == epoch else None
-            epoch_order = epoch_order or EpochOrder(len(self.datasets["train"]), self._global_batch())
-            position = epoch_order.position(batches // self._accumulation())
-        state = {"epoch": epoch, "position": position, "global_batch": self._global_batch()}
-        return state if self._shuffle_seed is None else {**state, "shuffle_seed": self._shuffle_seed}
+    def _seed(self, order: TrainingOrder | None) -> int:
+        """The shuffle's seed: the one ``order`` gives (a resumed run's own, or where ``shuffle_seed`` is not given, an
+        earlier version's default), else the one this run shuffled with before, else ``shuffle_seed``, else the run's
+        ``seed_everything`` (``PL_GLOBAL_SEED``; 0 without one), the first process's wherever processes might disagree
+        (a random seed drawn by each process that torchrun started)."""
+        seed = self.hparams.shuffle_seed
+        if order is not None and order.shuffle_seed is not None:
+            return order.shuffle_seed
+        if order is not None and seed is None and order.seed_by_default is not None:
+            return order.seed_by_default
+        if self._sampler is not None:
+            return self._sampler.seed
+        if seed is None:
+            seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+            if self.trainer is not None and self.trainer.world_size > 1:
+                seed = self.trainer.strategy.broadcast(seed)
+        return seed
 
     @override
     def val_dataloader(self) -> DataLoader | DeviceBatches:

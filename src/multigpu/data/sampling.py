@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import Dataset, DistributedSampler
 from typing_extensions import override
 
-__all__ = ["EpochOrder", "ResumableSampler"]
+__all__ = ["EpochOrder", "ResumableSampler", "TrainingOrder"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,26 @@ class EpochOrder:
     def position(self, steps_counted: int) -> int:
         """The images of the permutation trained once Lightning has counted ``steps_counted`` steps of the epoch."""
         return self.start + (steps_counted - self.skipped_steps) * self.global_batch
+
+
+@dataclass(frozen=True)
+class TrainingOrder:
+    """The order a data module trains in, as a run's start gives it (``checkpointing.position``): its first pass goes
+    over ``epoch`` after the first ``start`` images of that epoch's order, shuffled with ``shuffle_seed``.
+
+    Attributes:
+        epoch: the epoch of the first pass.
+        start: the images of its order trained before (a run resumed inside an epoch; 0 otherwise).
+        shuffle_seed: the seed a checkpoint's run shuffled with, over ``--data.shuffle_seed``; ``None`` for the data
+            module's own.
+        seed_by_default: the seed where neither gives one, in place of the run's ``seed_everything``: 0 for a
+            checkpoint of an earlier version, which kept no seed.
+    """
+
+    epoch: int = 0
+    start: int = 0
+    shuffle_seed: int | None = None
+    seed_by_default: int | None = None
 
 
 class ResumableSampler(DistributedSampler):

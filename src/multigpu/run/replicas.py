@@ -1,11 +1,20 @@
 """How many processes train on different samples: what the global batch and throughput count."""
 
-from lightning.pytorch import Trainer
+from typing import Any
+
+from lightning.pytorch import LightningModule, Trainer
 
 from multigpu.contracts import layout_of
 from multigpu.errors import UsageError
 
-__all__ = ["accumulation_for", "data_parallel_rank", "data_parallel_size", "micro_batches_per_batch", "replica_group"]
+__all__ = [
+    "accumulation_for",
+    "data_parallel_rank",
+    "data_parallel_size",
+    "layout_record",
+    "micro_batches_per_batch",
+    "replica_group",
+]
 
 
 def data_parallel_size(trainer: Trainer) -> int:
@@ -50,3 +59,17 @@ def accumulation_for(global_batch_size: int, batch_size: int, replicas: int) -> 
             f"or a global batch that is a multiple of {per_step}."
         )
     return global_batch_size // per_step
+
+
+def layout_record(trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
+    """How ``trainer`` trains: its strategy, processes, replicas, accumulated batches, global batch and images per
+    forward pass."""
+    batch_size = pl_module.hparams.get("batch_size")
+    return {
+        "strategy": type(trainer.strategy).__name__,
+        "world_size": trainer.world_size,
+        "replicas": data_parallel_size(trainer),
+        "accumulated_batches": trainer.accumulate_grad_batches,
+        "global_batch_size": pl_module.global_batch_size if hasattr(pl_module, "global_batch_size") else None,
+        "forward_batch": batch_size // micro_batches_per_batch(trainer) if batch_size else None,
+    }

@@ -8,8 +8,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
-from multigpu.run.replicas import micro_batches_per_batch
-from multigpu.run.resume import layout_record
+from multigpu.run.replicas import layout_record, micro_batches_per_batch
 
 __all__ = ["METRICS", "RunHparams", "run_hparams"]
 

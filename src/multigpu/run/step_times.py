@@ -4,7 +4,7 @@ utilisation, the hold of the last checkpoint save, and the peak memory since the
 processes the slowest and the fastest process's, so that a straggler shows."""
 
 import time
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -14,11 +14,10 @@ from typing_extensions import override
 
 from multigpu.compat import TRAIN_LOADER_NEXT, is_log_step
 from multigpu.contracts import layout_of
-from multigpu.run.callbacks import ThroughputSummary
-from multigpu.run.checkpoint_io import AtomicCheckpointIO
 from multigpu.run.device_sync import synchronize
 from multigpu.run.host_memory import resident_bytes
 from multigpu.run.replicas import data_parallel_size
+from multigpu.run.throughput import ThroughputSummary
 
 __all__ = ["LoaderClock", "StepTimes", "TrainingTime"]
 
@@ -74,6 +73,14 @@ class TrainingTime:
         if waited is None or self._waited_before is None:
             return None
         return min((waited - self._waited_before) / self.seconds(), 1.0)
+
+
+@runtime_checkable
+class TimesItsSaves(Protocol):
+    """A checkpoint IO that records how long its last save held training (``AtomicCheckpointIO``); ``held_s`` is read
+    and cleared at the next log step."""
+
+    held_s: float | None
 
 
 class StepTimes(Callback):
@@ -151,7 +158,7 @@ class StepTimes(Callback):
         if self._throughput is not None and (mfu := self._throughput.mfu(images_per_s)) is not None:
             figures["perf/step/mfu"] = mfu
         io = trainer.strategy.checkpoint_io
-        if isinstance(io, AtomicCheckpointIO) and io.held_s is not None:
+        if isinstance(io, TimesItsSaves) and io.held_s is not None:
             figures["perf/step/checkpoint_hold_ms"] = 1000 * io.held_s
             io.held_s = None
         own = self._memory(devices) | layout_of(trainer).step_figures()

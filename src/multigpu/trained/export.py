@@ -27,12 +27,12 @@ import torch
 import torchvision
 from torch import nn
 
+from multigpu.checkpointing.resume import ResumePoint
 from multigpu.data.cifar import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
 from multigpu.errors import UsageError
 from multigpu.model.architectures import DEFAULT_ARCH, network_blocks
 from multigpu.model.lazy_blocks import BlockFactory, LazyBlocks
 from multigpu.model.torchvision_weights import cifar_stem, to_torchvision
-from multigpu.run.resume import ResumePoint
 
 __all__ = [
     "SUFFIXES",

@@ -42,9 +42,9 @@ from torch.distributed.fsdp import fully_shard
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from multigpu.checkpointing.checkpoint_io import AtomicCheckpointIO
 from multigpu.contracts import StrategyLayout
 from multigpu.errors import UsageError
-from multigpu.run.checkpoint_io import AtomicCheckpointIO
 from multigpu.strategies.fully_sharded.full_state import (
     full_model_state,
     full_optimizer_state,
@@ -85,7 +85,7 @@ class FullyShardedStrategy(DDPStrategy, StrategyLayout):
         process_group_backend: default NCCL on CUDA, gloo on the CPU.
         sharded_checkpoints: while fitting, each process writes its own shard of the network's and the optimizer's
             tensors into a folder beside the checkpoint file, and no process gathers the whole state
-            (``multigpu.run.sharded_checkpoints``; every strategy, ``test``, ``predict`` and ``export`` read them);
+            (``checkpointing.sharded_checkpoints``; every strategy, ``test``, ``predict`` and ``export`` read them);
             ``false`` gathers the whole state on the first process, which writes one file.
     """
 

@@ -10,9 +10,9 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
+from multigpu.checkpointing.sharded_checkpoints import whole_checkpoint
 from multigpu.errors import UsageError
 from multigpu.renamed_options import new_hyperparameter_names
-from multigpu.run.sharded_checkpoints import whole_checkpoint
 
 __all__ = [
     "check_checkpoint",

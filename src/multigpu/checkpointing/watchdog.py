@@ -27,9 +27,9 @@ import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 from typing_extensions import override
 
+from multigpu.checkpointing.checkpoint_io import AtomicCheckpointIO
 from multigpu.compat import launches_subprocesses, thread_stack
 from multigpu.errors import UsageError
-from multigpu.run.checkpoint_io import AtomicCheckpointIO
 
 __all__ = ["FaultWatch", "where_each_stood"]
 

@@ -20,8 +20,7 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from torch.utils.serialization import config as serialization
 from typing_extensions import override
 
-from multigpu.errors import JobFailed
-from multigpu.run.sharded_checkpoints import (
+from multigpu.checkpointing.sharded_checkpoints import (
     SHARDED,
     TENSORS,
     failed_shard,
@@ -31,6 +30,7 @@ from multigpu.run.sharded_checkpoints import (
     wait_for_shards,
     whole_checkpoint,
 )
+from multigpu.errors import JobFailed
 
 __all__ = ["AtomicCheckpointIO", "CheckpointWriteFailed", "staged"]
 
@@ -151,10 +151,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self.bytes_written = 0  # by every write so far: the watchdog's sign that a long write progresses
         self.writing_elsewhere = False  # a save to remote storage (s3:// ...) in progress, whose bytes are not counted
         self.held_s: float | None = None  # how long the last save held the training thread
+        self._read: tuple[Path, dict[str, Any]] | None = None  # a checkpoint read before the run (``hand_over``)
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled with its strategy into the processes ``ddp_spawn`` starts: without its thread, events and lock
-        return {**self.__dict__, "_writer": None, "_abort": None, "_abandoned": None, "_lock": None}
+        # and without a checkpoint read before the launch: each process reads its own
+        return {**self.__dict__, "_writer": None, "_abort": None, "_abandoned": None, "_lock": None, "_read": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state, _abort=threading.Event(), _abandoned=threading.Event(), _lock=threading.Lock())
@@ -178,7 +180,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         """Save ``checkpoint``, whose tensors are sharded over ``processes`` processes, as each holds them: every
         process (this one is ``rank``) writes its shard into a folder of this save (``token``, the same in every
         process); the first one then writes the checkpoint file, which names that folder, once every shard is there,
-        and removes the folder the file named before (``multigpu.run.sharded_checkpoints``). The other processes may
+        and removes the folder the file named before (``checkpointing.sharded_checkpoints``). The other processes may
         be writing the next save's shards by then: a folder is removed only once no file names it."""
         self.wait()
         path = Path(path)
@@ -301,9 +303,18 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             error, self._error = self._error, None
             raise error
 
+    def hand_over(self, path: Any, checkpoint: dict[str, Any]) -> None:
+        """Give ``checkpoint``, the contents of ``path`` as the CLI read them before the run (safely, on the CPU, an
+        ``fsdp`` checkpoint's shards put together: ``check_checkpoint``), to the next load of that file, which then
+        returns it instead of reading the file a second time."""
+        self._read = (Path(path).resolve(), checkpoint)
+
     @override
     def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> Any:
         self.wait()
+        read, self._read = self._read, None
+        if read is not None and _local(path) and Path(path).resolve() == read[0]:
+            return read[1]
         checkpoint = super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
         return whole_checkpoint(checkpoint, Path(path)) if isinstance(checkpoint, dict) else checkpoint
 
