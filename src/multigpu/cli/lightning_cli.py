@@ -23,7 +23,7 @@ from multigpu.cli.saved_options import checkpoint_dir, follow_checkpoint
 from multigpu.cli.trainer_assembly import assemble_trainer
 from multigpu.cli.trainer_options import USUAL_STRATEGIES, check_trainer_options, precision_error
 from multigpu.compat import CheckpointPathCLI
-from multigpu.contracts import layout_of
+from multigpu.contracts import parallelism_of
 from multigpu.data.datamodule import ImageDataModule
 from multigpu.errors import UsageError, check_at_least, check_writable
 from multigpu.model.classifier import ImageClassifier
@@ -276,7 +276,7 @@ class MultiGPUCLI(CheckpointPathCLI):
 
     def before_validate(self) -> None:
         """Let the strategy refuse the model before it launches any process."""
-        layout_of(self.trainer).check_model(self.model)
+        parallelism_of(self.trainer).check_model(self.model)
 
     before_test = before_predict = before_validate
 
@@ -284,7 +284,7 @@ class MultiGPUCLI(CheckpointPathCLI):
         """Let the strategy refuse the model, and what only training cannot run, before it launches any process;
         make the accumulated batches give ``--data.global_batch_size`` on this layout."""
         self.before_validate()
-        layout_of(self.trainer).check_training(self.model)
+        parallelism_of(self.trainer).check_training(self.model)
         global_batch_size = self.datamodule.hparams.global_batch_size
         if global_batch_size is not None:
             trainer = self.trainer

@@ -10,7 +10,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from multigpu.contracts import layout_of
+from multigpu.contracts import parallelism_of
 from multigpu.run.replicas import data_parallel_size
 from multigpu.run.step_times import StepTimes
 
@@ -20,7 +20,7 @@ __all__ = ["FitSummary", "peak_memory"]
 def peak_memory(trainer: Trainer) -> list[str]:
     """This process's peak memory, per device: CUDA's most allocated (and reserved) on each device it trains on, or
     its resident memory on the CPU."""
-    devices = [device for device in layout_of(trainer).process_devices if device.type == "cuda"]
+    devices = [device for device in parallelism_of(trainer).process_devices if device.type == "cuda"]
     if not devices:
         peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
         return [f"process {trainer.global_rank} (CPU): {peak_mib:,.0f} MiB resident"]

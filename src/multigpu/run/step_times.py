@@ -13,7 +13,7 @@ from lightning.pytorch.profilers import PassThroughProfiler
 from typing_extensions import override
 
 from multigpu.compat import TRAIN_LOADER_NEXT, is_log_step
-from multigpu.contracts import layout_of
+from multigpu.contracts import parallelism_of
 from multigpu.run.callbacks import ThroughputSummary
 from multigpu.run.checkpoint_io import AtomicCheckpointIO
 from multigpu.run.device_sync import synchronize
@@ -92,7 +92,7 @@ class StepTimes(Callback):
       ``pipeline``; on the CPU the process's resident memory (``resident_memory_gib``);
     - under ``pipeline``, ``perf/pipeline/idle_share``: the share of the log step's schedule this process computed
       nothing, and ``perf/pipeline/idle_share_ideal``, its schedule's bubble with stages alike
-      (``StrategyLayout.step_figures``);
+      (``Parallelism.step_figures``);
     - under several processes, ``seconds_max``, ``seconds_min``, ``data_wait_share_max`` and ``data_wait_share_min``
       over them, and each process's memory and pipeline figures under its rank (``.../rank<r>``).
 
@@ -139,7 +139,7 @@ class StepTimes(Callback):
             clock.steps += stepped
         if not (stepped and is_log_step(trainer)):  # a log step's every batch is one: its last logs
             return
-        devices = layout_of(trainer).process_devices
+        devices = parallelism_of(trainer).process_devices
         for device in devices:
             synchronize(device)  # at log steps only: the interval's time is the device's too
         interval = self._interval
@@ -154,7 +154,7 @@ class StepTimes(Callback):
         if isinstance(io, AtomicCheckpointIO) and io.held_s is not None:
             figures["perf/step/checkpoint_hold_ms"] = 1000 * io.held_s
             io.held_s = None
-        own = self._memory(devices) | layout_of(trainer).step_figures()
+        own = self._memory(devices) | parallelism_of(trainer).step_figures()
         if dist.is_available() and dist.is_initialized() and trainer.world_size > 1:
             figures.update(self._spread(figures, own))
         else:

@@ -14,7 +14,7 @@ On the command line a name may be followed by the strategy's options, as a class
 
 In YAML the options go under ``init_args`` of ``class_path: multigpu.strategies.ManualModelParallelStrategy``.
 
-Each strategy of ours states what the rest of the project reads from it (``multigpu.contracts.StrategyLayout``), and
+Each strategy of ours states what the rest of the project reads from it (``multigpu.contracts.Parallelism``), and
 tells ``plan`` its layouts, memory and step time (``layouts``, where a new strategy registers its ``Layout`` class).
 """
 
@@ -43,7 +43,7 @@ CLASS_PATHS = {strategy.strategy_name: f"{__name__}.{strategy.__name__}" for str
 
 for _strategy in _OUR_STRATEGY_CLASSES:  # ``fsdp`` takes the name from Lightning's CUDA-only FSDP1 strategy
     StrategyRegistry.register(
-        _strategy.strategy_name, _strategy, description=_strategy.__doc__.splitlines()[0], override=True
+        _strategy.strategy_name, _strategy, description=(_strategy.__doc__ or "").splitlines()[0], override=True
     )
 
 

@@ -4,19 +4,19 @@ checked."""
 from lightning.pytorch import LightningModule
 from torch import nn
 
+from multigpu.contracts import holds_network
 from multigpu.errors import UsageError
 
 __all__ = ["block_sequence", "network"]
 
 
-def network(pl_module: LightningModule, strategy: str) -> nn.Module:  # pl_module: a ``contracts.HoldsNetwork``
+def network(pl_module: LightningModule, strategy: str) -> nn.Module:
     """The plain ``nn.Module`` in ``pl_module.net``; a ``UsageError`` names what is missing.
 
     Our strategies move, replicate or split the network's blocks, which a network compiled
     as a whole does not follow: they refuse ``compile``.
     """
-    net = getattr(pl_module, "net", None)  # nn.Module keeps its children where no static lookup finds them
-    if not isinstance(net, nn.Module):
+    if not holds_network(pl_module):
         raise UsageError(
             f"strategy {strategy} needs the network as a module in `self.net` of the LightningModule; "
             f"{type(pl_module).__name__} has none."
@@ -26,7 +26,7 @@ def network(pl_module: LightningModule, strategy: str) -> nn.Module:  # pl_modul
             f"strategy {strategy} places the network's blocks itself and cannot run it compiled: "
             "drop --model.compile, or use ddp or one device."
         )
-    return net
+    return pl_module.net
 
 
 def block_sequence(pl_module: LightningModule, strategy: str) -> nn.Sequential:
