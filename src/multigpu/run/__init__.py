@@ -23,6 +23,7 @@ replicas            who reads which data: data-parallel replicas, ranks and micr
 run_hparams         a run as one row of TensorBoard's HPARAMS: its layout and recipe, its best and last validation
 resume              the one owner of resume: a checkpoint's ResumePoint, given to the sampler and the loop counters
 spawned_ranks       the process groups of ddp_spawn's ranks, ended as their Trainer tears down
+trainer_parts       what a Trainer holds but its class does not declare (its callbacks, data module...), typed
 """
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "spawned_ranks",
     "step_times",
     "stop_votes",
+    "trainer_parts",
     "validation_report",
     "watchdog",
 ]

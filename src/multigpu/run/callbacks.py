@@ -29,6 +29,7 @@ from multigpu.run.peak_flops import peak_flops as device_peak_flops
 from multigpu.run.replicas import data_parallel_size
 from multigpu.run.resume import KEY, layout_record, resume, training_order
 from multigpu.run.stop_votes import StopVotes
+from multigpu.run.trainer_parts import callbacks_of, datamodule_of, is_fast_dev_run
 
 __all__ = [
     "BestCheckpoints",
@@ -166,7 +167,7 @@ class RunMetadata(Callback):
         checkpoint[KEY] = {
             "log_version": trainer.logger.version if trainer.logger else None,
             **layout_record(trainer, pl_module),
-            "data": _data_description(trainer.datamodule),
+            "data": _data_description(datamodule_of(trainer)),
             **({"order": order} if order is not None else {}),
         }
         if "loops" in checkpoint:  # an epoch a limit cut short resumes inside it
@@ -233,7 +234,7 @@ class LastCheckpoint(ModelCheckpoint):
         epoch_complete = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
         if not should_skip_saving(self, trainer) or (
             epoch_complete
-            and not (trainer.fast_dev_run or trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING)
+            and not (is_fast_dev_run(trainer) or trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING)
         ):
             save_last_checkpoint(self, trainer)
 
@@ -311,7 +312,8 @@ class CheckpointOnStopSignal(Callback):
             launcher = self._trainer.strategy.launcher if self._trainer is not None else None
             if self._signal is None and launcher is not None:
                 launcher.kill(signum)
-        self._signal = self._signal or {signal.SIGINT: "Ctrl-C", signal.SIGUSR1: "SIGUSR1"}.get(signum, "SIGTERM")
+        names: dict[int, str] = {signal.SIGINT: "Ctrl-C", signal.SIGUSR1: "SIGUSR1"}
+        self._signal = self._signal or names.get(signum, "SIGTERM")
 
     @override
     def on_train_batch_end(
@@ -322,12 +324,12 @@ class CheckpointOnStopSignal(Callback):
         if (batch_idx + 1) % trainer.accumulate_grad_batches and not last:
             return  # inside a step that accumulates batches: a stop waits for its optimizer step
         signalled = self.SIGNALS.index(self._signal) + 1 if self._signal else 0
-        timer = next((callback for callback in trainer.callbacks if isinstance(callback, Timer)), None)
+        timer = next((callback for callback in callbacks_of(trainer) if isinstance(callback, Timer)), None)
         remaining = timer.time_remaining() if timer is not None else None
         now = time.monotonic()
         long_step = self._step_end is not None and now - self._step_end > self.LONG_STEP_S
         self._step_end = now
-        vote = (signalled, int(remaining is not None and remaining <= 0), int(long_step))
+        vote: tuple[int, ...] = (signalled, int(remaining is not None and remaining <= 0), int(long_step))
         if self._votes.is_open:  # an epoch's end waits for every vote: a stop after it, or none
             vote = self._votes.settle(vote) if last else self._votes.cast(vote, self._lag)
             self._lag = 0 if vote[2] else 1  # chosen together: every process reads the same votes at each step
@@ -337,6 +339,7 @@ class CheckpointOnStopSignal(Callback):
             stop_after_this_step_as_on_sigterm(trainer)
         elif out_of_time and not trainer.should_stop:  # the Timer checks at epochs' ends only (trainer_assembly)
             trainer.should_stop = True
+            assert timer is not None  # every process has the same Timer, whose time is out
             rank_zero_info(f"Time limit reached ({timer.time_elapsed():.0f} s of training): stopping after this step.")
 
     @override
@@ -347,11 +350,12 @@ class CheckpointOnStopSignal(Callback):
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         stopped = isinstance(exception, SIGTERMException)
         self._votes.close(wait=stopped)  # after a failure, another process may never vote again
-        if not stopped:
+        if not isinstance(exception, SIGTERMException):
             return
         # The checkpoint callback that keeps last.ckpt writes it, and records it in its own state,
         # so that the resumed run goes on rewriting the same file.
-        keeper = next((callback for callback in trainer.checkpoint_callbacks if callback.save_last), None)
+        keepers = (callback for callback in trainer.checkpoint_callbacks if isinstance(callback, ModelCheckpoint))
+        keeper = next((callback for callback in keepers if callback.save_last), None)
         if keeper is not None and keeper.dirpath:
             save_last_checkpoint(keeper, trainer)
             rank_zero_info(
@@ -382,5 +386,7 @@ class StopAllProcessesOnError(Callback):
             else:
                 traceback.print_exception(exception, file=sys.stderr)
                 sys.stderr.flush()
-            exception.printed = True
-        trainer.strategy.launcher.kill(signal.SIGKILL)
+            exception.printed = True  # type: ignore[attr-defined]  # a mark the CLI reads
+        launcher = trainer.strategy.launcher
+        assert launcher is not None  # launches_subprocesses: it has one
+        launcher.kill(signal.SIGKILL)

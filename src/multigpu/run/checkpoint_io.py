@@ -8,7 +8,7 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -142,7 +142,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self.background = background
         self._writer: threading.Thread | None = None
         self._error: BaseException | None = None
-        self._named: dict[Path, list[Path | None]] = {}  # each sharded file's folder now, and the one before
+        self._named: dict[Path, Sequence[Path | None]] = {}  # each sharded file's folder now, and the one before
         self._writing: Path | None = None  # the file the write in flight is for
         self._abort = threading.Event()  # set when the other processes' shards will not come (``abort``)
         self._abandoned = threading.Event()  # set when the process stops at once (``abandon``)
@@ -268,7 +268,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             with open(temporary, "wb") as file, _WITHOUT_CRC32:
                 crc32, serialization.save.compute_crc32 = serialization.save.compute_crc32, False
                 try:  # torch.load never checks it, and it is a third of a write's CPU time
-                    torch.save(checkpoint, _CountedFile(file, self))
+                    torch.save(checkpoint, _CountedFile(file, self))  # type: ignore[arg-type]  # any writer serves
                 finally:
                     serialization.save.compute_crc32 = crc32
                 file.flush()

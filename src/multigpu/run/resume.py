@@ -19,6 +19,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from multigpu.renamed_options import RENAMED_CLASSES, new_hyperparameter_names
 from multigpu.run.loop_position import count_steps_as_done, next_position
 from multigpu.run.replicas import data_parallel_size, micro_batches_per_batch
+from multigpu.run.trainer_parts import datamodule_of
 
 __all__ = ["KEY", "ResumableData", "ResumePoint", "layout_record", "resume", "training_order"]
 
@@ -102,7 +103,7 @@ class ResumableData(Protocol):
 
 def training_order(trainer: Trainer) -> dict[str, int] | None:
     """Where training stands in the epoch's order, for a checkpoint written now."""
-    datamodule = trainer.datamodule
+    datamodule = datamodule_of(trainer)
     if not isinstance(datamodule, ResumableData):
         return None
     return datamodule.order_state(*next_position(trainer.fit_loop.state_dict()))
@@ -126,7 +127,7 @@ def resume(trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, A
     """Give the point of ``checkpoint`` to the data module's sampler and to the loop counters that Lightning restores
     next, and say in one line what the layout kept and changed."""
     point = ResumePoint.of(checkpoint)
-    datamodule = trainer.datamodule
+    datamodule = datamodule_of(trainer)
     resumed = datamodule.resume_at(point) if point.ordered and isinstance(datamodule, ResumableData) else None
     if resumed is not None and "loops" in checkpoint:
         count_steps_as_done(checkpoint["loops"]["fit_loop"], resumed[1].skipped_steps, trainer.accumulate_grad_batches)
@@ -139,7 +140,8 @@ def _report_layout(saved: Mapping[str, Any], now: dict[str, Any], resumed: tuple
         for name in ("strategy", "world_size", "replicas", "accumulated_batches")
         if name in saved and saved[name] != now[name]
     ]
-    kept, changed = [], []
+    kept: list[str] = []
+    changed: list[str] = []
     for name, what in (("global_batch_size", "the global batch"), ("forward_batch", "images per forward pass")):
         before, after = saved.get(name, now[name]), now[name]
         (kept if before == after else changed).append(

@@ -4,7 +4,7 @@ utilisation, the hold of the last checkpoint save, and the peak memory since the
 processes the slowest and the fastest process's, so that a straggler shows."""
 
 import time
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -19,6 +19,7 @@ from multigpu.run.checkpoint_io import AtomicCheckpointIO
 from multigpu.run.device_sync import synchronize
 from multigpu.run.host_memory import resident_bytes
 from multigpu.run.replicas import data_parallel_size
+from multigpu.run.trainer_parts import callbacks_of, profiler_of
 
 __all__ = ["LoaderClock", "StepTimes", "TrainingTime"]
 
@@ -57,7 +58,8 @@ class TrainingTime:
 
     @staticmethod
     def _waited(trainer: Trainer) -> float | None:
-        return trainer.profiler.waited_s if isinstance(trainer.profiler, LoaderClock) else None
+        profiler = profiler_of(trainer)
+        return profiler.waited_s if isinstance(profiler, LoaderClock) else None
 
     def start(self, trainer: Trainer) -> None:
         self.since, self._waited_before = time.perf_counter(), self._waited(trainer)
@@ -106,7 +108,7 @@ class StepTimes(Callback):
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._throughput = next((c for c in trainer.callbacks if isinstance(c, ThroughputSummary)), None)
+        self._throughput = next((c for c in callbacks_of(trainer) if isinstance(c, ThroughputSummary)), None)
         self._interval, self.run = TrainingTime(), TrainingTime()
 
     @override
@@ -183,11 +185,12 @@ class StepTimes(Callback):
         writes the logs)."""
         every: list[tuple[float, float | None, dict[str, float]] | None] = [None] * dist.get_world_size()
         dist.all_gather_object(every, (figures["perf/step/seconds"], figures.get("perf/step/data_wait_share"), own))
-        steps = [step for step, _, _ in every]
+        gathered = cast(list[tuple[float, float | None, dict[str, float]]], every)  # each process's, once gathered
+        steps = [step for step, _, _ in gathered]
         spread = {"perf/step/seconds_max": max(steps), "perf/step/seconds_min": min(steps)}
-        waits = [wait for _, wait, _ in every if wait is not None]
+        waits = [wait for _, wait, _ in gathered if wait is not None]
         if waits:
             spread["perf/step/data_wait_share_max"], spread["perf/step/data_wait_share_min"] = max(waits), min(waits)
-        for rank, figures_of in enumerate(figures_of for _, _, figures_of in every):
+        for rank, figures_of in enumerate(figures_of for _, _, figures_of in gathered):
             spread.update({f"{name}/rank{rank}": value for name, value in figures_of.items()})
         return spread
