@@ -141,6 +141,7 @@ class MultiGPUCLI(CheckpointPathCLI):
     def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         """Lightning's, in the order a user of this application reads them: the model's and the data's options, then
         the Trainer's; and the strategy's help names what users type."""
+        assert self.model_class is not None and self.datamodule_class is not None  # this application's
         parser.add_lightning_class_args(self.model_class, "model")
         parser.add_lightning_class_args(self.datamodule_class, "data")
         parser.add_lightning_class_args(self.trainer_class, "trainer")

@@ -91,7 +91,9 @@ def assemble_trainer(
     if summary is not None and summary not in chosen:  # Lightning's default, as the bar
         callbacks[callbacks.index(summary)] = RunSummary()
     if every:  # last.ckpt comes from LastCheckpoint alone; the other one keeps the best
-        trainer.checkpoint_callback.save_last = False
+        best = trainer.checkpoint_callback
+        assert isinstance(best, ModelCheckpoint)  # checkpointing is on: BestCheckpoints
+        best.save_last = False
         dirpath = checkpoint_dir(config["checkpoint_root"], config["run_name"])
         callbacks.append(LastCheckpoint(dirpath, every_n_train_steps=every))
     callbacks.append(FaultWatch(stall_timeout_s=config.get("stall_timeout_s", 300.0)))
