@@ -202,7 +202,7 @@ def test_docs_testing_lists_every_test_beside_its_promise():
 
 def _strategy_probes(path: Path) -> list[str]:
     """``getattr``/``hasattr`` calls on a strategy (an expression named ``strategy`` or ending in ``.strategy``) in
-    ``path``, but of Lightning's ``cluster_environment``: what ``contracts.StrategyLayout`` states instead."""
+    ``path``, but of Lightning's ``cluster_environment``: what ``contracts.Parallelism`` states instead."""
     probes = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr"):

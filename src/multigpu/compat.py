@@ -127,11 +127,11 @@ class _StageOfTorch211(PipelineStage):
     """``PipelineStage`` that keeps its buffers through shape inference and greets only other processes
     (``STAGE_HOOKS_OF_TORCH_211``)."""
 
-    def _shape_inference(self, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:
+    def _shape_inference(self, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:  # type: ignore[misc]
         # Private in 2.11, no public switch: the pass that finds the shapes must not update BatchNorm's statistics.
         kept = [(buffer, buffer.detach().clone()) for buffer in self.submod.buffers()]
         try:
-            return super()._shape_inference(args, kwargs)
+            return super()._shape_inference(args, kwargs)  # type: ignore[misc]  # torch 2.11's, gone from the newest
         finally:
             with torch.no_grad():  # the pass ran under no_grad: nothing it saved reads these versions
                 for buffer, value in kept:
@@ -206,7 +206,7 @@ def schedule_actions(
 
 def split_backward(
     outputs: list[Tensor], grads: list[Tensor], inputs: list[Tensor], weights: list[nn.Parameter]
-) -> Callable[[], None]:
+) -> Callable[[], object]:
     """Run the input-gradient half of the backward pass from ``outputs`` (their gradients ``grads``) to ``inputs``
     as the zero-bubble pipeline schedules run it, and return its weight-gradient half, to run later."""
     # The schedules split a backward pass with these two functions, which have no public counterpart.
@@ -220,7 +220,7 @@ def split_backward(
 
 
 @cache
-def _batch_norm_base() -> type[nn.Module]:
+def _batch_norm_base() -> type["BatchNormBase"]:
     # torch exports each BatchNorm layer but not their base.
     from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -229,7 +229,7 @@ def _batch_norm_base() -> type[nn.Module]:
 
 @cache
 def _any_dim_batch_norm() -> type[nn.Module]:
-    class AnyDimBatchNorm(_batch_norm_base()):
+    class AnyDimBatchNorm(_batch_norm_base()):  # type: ignore[misc]  # a base made at first use, typed above
         """BatchNorm of any input with a channel dimension: ``(N, C)``, ``(N, C, L)``, ``(N, C, H, W)``..."""
 
         def _check_input_dim(self, input: Tensor) -> None:
@@ -315,7 +315,7 @@ def thread_stack(thread: threading.Thread, frames: int = 6) -> str:
     """The innermost ``frames`` frames of ``thread``'s Python stack, on one line. Python has no public way to see
     another thread's frames but ``sys._current_frames`` (documented, underscore and all; faulthandler prints to a
     file only)."""
-    frame = sys._current_frames().get(thread.ident)
+    frame = sys._current_frames().get(thread.ident) if thread.ident is not None else None  # None: not started
     if frame is None:
         return "no stack"
     summary = traceback.extract_stack(frame)[-frames:]
@@ -340,14 +340,14 @@ def replace_sigterm_notifier(trainer: Trainer, note: Callable[[int, Any], None])
     """Have the SIGTERM handler Lightning registers as ``fit`` starts call ``note(signum, frame)`` in place of its
     notifier, which broadcasts a flag from inside the signal handler and so waits there for every other process.
     Call it before the Trainer registers its handlers (``setup``)."""
-    trainer._signal_connector._sigterm_notifier_fn = note
+    trainer._signal_connector._sigterm_notifier_fn = note  # type: ignore[method-assign, assignment]  # in its place
 
 
 def skip_sigterm_broadcast(trainer: Trainer) -> None:
     """Leave out the broadcast of the first process's SIGTERM flag that Lightning's training loop makes before every
     step of a run of several processes, and reads back (a wait for the GPU): ``CheckpointOnStopSignal`` has every
     process agree on a stop signal, and raise the flag, at the same step, which then stops each of them after it."""
-    trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
+    trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None  # type: ignore[method-assign]  # in its place
 
 
 TRAIN_LOADER_NEXT = "[_TrainingEpochLoop].train_dataloader_next"

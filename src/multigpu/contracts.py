@@ -1,29 +1,34 @@
-"""The two contracts between the strategies and the rest of the project, written down.
+"""The two contracts between the strategies and the rest of the project, written down and checked by mypy.
 
-``StrategyLayout``: what the data module, the metrics, the callbacks, the timing and the CLI read from a strategy.
-Its bodies are the default, stated once here: each process holds the whole network on its root device and is a
-replica of its own, one forward pass per loader batch, nothing to refuse before launch. Lightning's strategies
-(one device, ``ddp``, ``ddp_spawn``) are read through ``layout_of``, which gives them that default; ours subclass
-``StrategyLayout`` and say what differs.
+``Parallelism``: what the data module, the metrics, the callbacks, the timing and the CLI read from a strategy. A
+base class whose bodies are the default, stated once here: each process holds the whole network on its root device
+and is a replica of its own, one forward pass per loader batch, nothing to refuse before launch. Lightning's
+strategies (one device, ``ddp``, ``ddp_spawn``) are read through ``parallelism_of``, which gives them that default;
+ours subclass ``Parallelism`` and say what differs.
 
 ``HoldsNetwork`` and ``TrainsNetwork``: what a strategy reads from the LightningModule: the network it places, wraps
 or splits (``net``, a plain ``nn.Module``; the splitting ones need an ``nn.Sequential`` of blocks), and the loss a
-pipeline's last stage computes (``criterion``). A pipeline swaps ``net`` for its own module while it runs. They are
-types, not runtime checks: a module keeps its children where ``isinstance`` with a protocol does not look from Python
-3.12 on.
+pipeline's last stage computes (``criterion``). A pipeline swaps ``net`` for its own module while it runs. The code
+that reads them takes these protocols; ``holds_network`` and ``trains_network`` check a module at run time and
+narrow its type (``isinstance`` with a protocol does not look where a module keeps its children from Python 3.12 on).
 """
 
-from typing import Protocol
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 from torch.distributed.tensor import DTensor
+from typing_extensions import TypeIs
 
-__all__ = ["HoldsNetwork", "StrategyLayout", "TrainsNetwork", "layout_of"]
+if TYPE_CHECKING:
+    from lightning.pytorch import LightningModule, Trainer
+
+__all__ = ["HoldsNetwork", "Parallelism", "TrainsNetwork", "holds_network", "parallelism_of", "trains_network"]
 
 
-class StrategyLayout(Protocol):
+class Parallelism(ABC):
     """What the project reads from a strategy, with the default of a whole network in every process."""
 
     replica_group: ProcessGroup | None = None
@@ -33,9 +38,11 @@ class StrategyLayout(Protocol):
     """The forward passes each loader batch is cut into."""
 
     @property
+    @abstractmethod
     def world_size(self) -> int: ...  # Lightning's own
 
     @property
+    @abstractmethod
     def root_device(self) -> torch.device: ...  # Lightning's own
 
     @property
@@ -62,17 +69,19 @@ class StrategyLayout(Protocol):
         ideal."""
         return {}
 
-    def check_model(self, pl_module: "HoldsNetwork") -> object:
+    def check_model(self, pl_module: "LightningModule") -> object:
         """Refuse, before any process is launched, a LightningModule this strategy cannot run."""
+        return None
 
-    def check_training(self, pl_module: "HoldsNetwork") -> None:
+    def check_training(self, pl_module: "LightningModule") -> None:
         """Refuse, before any process is launched, what this strategy cannot train (it may evaluate it)."""
+        return None
 
 
-class _WholeNetworkInEachProcess(StrategyLayout):
+class _WholeNetworkInEachProcess(Parallelism):
     """A strategy of Lightning's, read through the default."""
 
-    def __init__(self, trainer) -> None:
+    def __init__(self, trainer: "Trainer") -> None:
         self._trainer = trainer
 
     @property
@@ -84,10 +93,10 @@ class _WholeNetworkInEachProcess(StrategyLayout):
         return self._trainer.strategy.root_device
 
 
-def layout_of(trainer) -> StrategyLayout:
+def parallelism_of(trainer: "Trainer") -> Parallelism:
     """What ``trainer``'s strategy says of itself: ours answer, Lightning's get the default."""
     strategy = trainer.strategy
-    if StrategyLayout in type(strategy).__mro__:  # by name: testing the shape reads properties that may raise
+    if isinstance(strategy, Parallelism):
         return strategy
     return _WholeNetworkInEachProcess(trainer)
 
@@ -104,3 +113,13 @@ class TrainsNetwork(HoldsNetwork, Protocol):
 
     criterion: nn.Module
     """The loss of the network's output and the targets, which a pipeline's last stage computes."""
+
+
+def holds_network(pl_module: object) -> TypeIs[HoldsNetwork]:
+    """Whether ``pl_module`` holds its network as a module in ``net``."""
+    return isinstance(getattr(pl_module, "net", None), nn.Module)
+
+
+def trains_network(pl_module: object) -> TypeIs[TrainsNetwork]:
+    """Whether ``pl_module`` holds its network and its loss as modules in ``net`` and ``criterion``."""
+    return holds_network(pl_module) and isinstance(getattr(pl_module, "criterion", None), nn.Module)

@@ -8,7 +8,7 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -142,7 +142,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self.background = background
         self._writer: threading.Thread | None = None
         self._error: BaseException | None = None
-        self._named: dict[Path, list[Path | None]] = {}  # each sharded file's folder now, and the one before
+        self._named: dict[Path, Sequence[Path | None]] = {}  # each sharded file's folder now, and the one before
         self._writing: Path | None = None  # the file the write in flight is for
         self._abort = threading.Event()  # set when the other processes' shards will not come (``abort``)
         self._abandoned = threading.Event()  # set when the process stops at once (``abandon``)
@@ -151,7 +151,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self.bytes_written = 0  # by every write so far: the watchdog's sign that a long write progresses
         self.writing_elsewhere = False  # a save to remote storage (s3:// ...) in progress, whose bytes are not counted
         self.held_s: float | None = None  # how long the last save held the training thread
-        self._read: tuple[Path, dict[str, Any]] | None = None  # a checkpoint read before the run (``hand_over``)
+        self._read: tuple[Path, Mapping[str, Any]] | None = None  # a checkpoint read before the run (``hand_over``)
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled with its strategy into the processes ``ddp_spawn`` starts: without its thread, events and lock
@@ -270,7 +270,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             with open(temporary, "wb") as file, _WITHOUT_CRC32:
                 crc32, serialization.save.compute_crc32 = serialization.save.compute_crc32, False
                 try:  # torch.load never checks it, and it is a third of a write's CPU time
-                    torch.save(checkpoint, _CountedFile(file, self))
+                    torch.save(checkpoint, _CountedFile(file, self))  # type: ignore[arg-type]  # any writer serves
                 finally:
                     serialization.save.compute_crc32 = crc32
                 file.flush()
@@ -303,7 +303,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             error, self._error = self._error, None
             raise error
 
-    def hand_over(self, path: Any, checkpoint: dict[str, Any]) -> None:
+    def hand_over(self, path: Any, checkpoint: Mapping[str, Any]) -> None:
         """Give ``checkpoint``, the contents of ``path`` as the CLI read them before the run (safely, on the CPU, an
         ``fsdp`` checkpoint's shards put together: ``check_checkpoint``), to the next load of that file, which then
         returns it instead of reading the file a second time."""

@@ -39,7 +39,7 @@ def separate_restart_attempts() -> None:
         yield PrefixStore(f"multigpu/attempt_{attempt}/", store), rank, world_size
         raise RuntimeError("Unable to perform re-rendezvous using env:// method")
 
-    env_handler_of_this_attempt.separates_attempts = True
+    env_handler_of_this_attempt.separates_attempts = True  # type: ignore[attr-defined]  # a mark, read above
     handlers["env"] = env_handler_of_this_attempt
 
 

@@ -13,6 +13,7 @@ from lightning.pytorch import Trainer
 from multigpu.checkpointing.loop_position import next_position
 from multigpu.data.sampling import EpochOrder, TrainingOrder
 from multigpu.renamed_options import RENAMED_CLASSES
+from multigpu.run.trainer_parts import datamodule_of
 
 __all__ = ["KEY", "FollowsOrder", "TrainingPosition"]
 
@@ -79,14 +80,14 @@ class TrainingPosition:
     def now(cls, trainer: Trainer) -> "TrainingPosition | None":
         """Where ``trainer`` stands, for a checkpoint written now; ``None`` without a data module that follows an
         order."""
-        data = trainer.datamodule
+        data = datamodule_of(trainer)
         if not isinstance(data, FollowsOrder):
             return None
         epoch, batches = next_position(trainer.fit_loop.state_dict())
         images = data.epoch_order(epoch).position(batches // trainer.accumulate_grad_batches) if batches else 0
         return cls(epoch, images, shuffle_seed=data.training_seed, global_batch=data.global_batch)
 
-    def record(self) -> dict[str, int]:
+    def record(self) -> dict[str, int | None]:
         """The position as a checkpoint holds it under ``KEY``'s ``"order"``."""
         state = {"epoch": self.epoch, "position": self.images, "global_batch": self.global_batch}
         return state if self.shuffle_seed is None else {**state, "shuffle_seed": self.shuffle_seed}

@@ -22,6 +22,7 @@ from multigpu.checkpointing.loop_position import count_steps_as_done, reopen_cut
 from multigpu.checkpointing.position import KEY, FollowsOrder, TrainingPosition
 from multigpu.renamed_options import new_hyperparameter_names
 from multigpu.run.replicas import layout_record
+from multigpu.run.trainer_parts import datamodule_of
 
 __all__ = ["ResumePoint", "RunMetadata"]
 
@@ -114,7 +115,7 @@ class RunMetadata(Callback):
         checkpoint[KEY] = {
             "log_version": trainer.logger.version if trainer.logger else None,
             **layout_record(trainer, pl_module),
-            "data": _data_description(trainer.datamodule),
+            "data": _data_description(datamodule_of(trainer)),
             **({"order": position.record()} if position is not None else {}),
         }
         if "loops" in checkpoint:  # an epoch a limit cut short resumes inside it
@@ -124,7 +125,7 @@ class RunMetadata(Callback):
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         if trainer.state.fn != TrainerFn.FITTING:  # the layout and the order only matter to training
             return
-        point, data = ResumePoint.of(checkpoint), trainer.datamodule
+        point, data = ResumePoint.of(checkpoint), datamodule_of(trainer)
         position, accumulation, where = point.training, trainer.accumulate_grad_batches, ""
         resumed = None
         if position is not None and isinstance(data, FollowsOrder):
@@ -143,7 +144,8 @@ def _report_layout(saved: Mapping[str, Any], now: dict[str, Any], where: str) ->
         for name in ("strategy", "world_size", "replicas", "accumulated_batches")
         if name in saved and saved[name] != now[name]
     ]
-    kept, changed = [], []
+    kept: list[str] = []
+    changed: list[str] = []
     for name, what in (("global_batch_size", "the global batch"), ("forward_batch", "images per forward pass")):
         before, after = saved.get(name, now[name]), now[name]
         (kept if before == after else changed).append(

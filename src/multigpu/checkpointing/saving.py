@@ -10,6 +10,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
 from multigpu.compat import save_last_checkpoint, should_skip_saving
+from multigpu.run.trainer_parts import is_fast_dev_run
 
 __all__ = ["BestCheckpoints", "LastCheckpoint"]
 
@@ -69,6 +70,6 @@ class LastCheckpoint(ModelCheckpoint):
         epoch_complete = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
         if not should_skip_saving(self, trainer) or (
             epoch_complete
-            and not (trainer.fast_dev_run or trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING)
+            and not (is_fast_dev_run(trainer) or trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING)
         ):
             save_last_checkpoint(self, trainer)

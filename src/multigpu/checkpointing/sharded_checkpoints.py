@@ -49,7 +49,7 @@ def shards_folder(path: Path) -> Path:
 def _piece(tensor: DTensor) -> dict[str, Any]:
     """This process's piece of ``tensor``, and where it sits: for each dimension of the mesh, the tensor dimension it
     cuts (``Shard``) or ``None`` (``Replicate``), and this process's coordinate."""
-    dims = []
+    dims: list[int | None] = []
     for placement in tensor.placements:
         if isinstance(placement, Shard):
             dims.append(placement.dim)
@@ -58,6 +58,7 @@ def _piece(tensor: DTensor) -> dict[str, Any]:
         else:
             raise ValueError(f"a sharded checkpoint holds sharded and replicated tensors, not {placement}")
     coordinate = tensor.device_mesh.get_coordinate()
+    assert coordinate is not None  # this process holds a piece: it is on the mesh
     return {_PIECE: tensor.to_local(), "dims": dims, "coordinate": list(coordinate), "shape": list(tensor.shape)}
 
 

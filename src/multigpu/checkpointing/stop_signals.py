@@ -10,7 +10,7 @@ import traceback
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.callbacks import Timer
+from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
@@ -25,6 +25,7 @@ from multigpu.compat import (
     stop_after_this_step_as_on_sigterm,
 )
 from multigpu.errors import JobFailed
+from multigpu.run.trainer_parts import callbacks_of
 
 __all__ = ["CheckpointOnStopSignal", "StopAllProcessesOnError"]
 
@@ -102,7 +103,8 @@ class CheckpointOnStopSignal(Callback):
             launcher = self._trainer.strategy.launcher if self._trainer is not None else None
             if self._signal is None and launcher is not None:
                 launcher.kill(signum)
-        self._signal = self._signal or {signal.SIGINT: "Ctrl-C", signal.SIGUSR1: "SIGUSR1"}.get(signum, "SIGTERM")
+        names: dict[int, str] = {signal.SIGINT: "Ctrl-C", signal.SIGUSR1: "SIGUSR1"}
+        self._signal = self._signal or names.get(signum, "SIGTERM")
 
     @override
     def on_train_batch_end(
@@ -113,12 +115,12 @@ class CheckpointOnStopSignal(Callback):
         if (batch_idx + 1) % trainer.accumulate_grad_batches and not last:
             return  # inside a step that accumulates batches: a stop waits for its optimizer step
         signalled = self.SIGNALS.index(self._signal) + 1 if self._signal else 0
-        timer = next((callback for callback in trainer.callbacks if isinstance(callback, Timer)), None)
+        timer = next((callback for callback in callbacks_of(trainer) if isinstance(callback, Timer)), None)
         remaining = timer.time_remaining() if timer is not None else None
         now = time.monotonic()
         long_step = self._step_end is not None and now - self._step_end > self.LONG_STEP_S
         self._step_end = now
-        vote = (signalled, int(remaining is not None and remaining <= 0), int(long_step))
+        vote: tuple[int, ...] = (signalled, int(remaining is not None and remaining <= 0), int(long_step))
         if self._votes.is_open:  # an epoch's end waits for every vote: a stop after it, or none
             vote = self._votes.settle(vote) if last else self._votes.cast(vote, self._lag)
             self._lag = 0 if vote[2] else 1  # chosen together: every process reads the same votes at each step
@@ -128,6 +130,7 @@ class CheckpointOnStopSignal(Callback):
             stop_after_this_step_as_on_sigterm(trainer)
         elif out_of_time and not trainer.should_stop:  # the Timer checks at epochs' ends only (trainer_assembly)
             trainer.should_stop = True
+            assert timer is not None  # every process has the same Timer, whose time is out
             rank_zero_info(f"Time limit reached ({timer.time_elapsed():.0f} s of training): stopping after this step.")
 
     @override
@@ -138,11 +141,12 @@ class CheckpointOnStopSignal(Callback):
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         stopped = isinstance(exception, SIGTERMException)
         self._votes.close(wait=stopped)  # after a failure, another process may never vote again
-        if not stopped:
+        if not isinstance(exception, SIGTERMException):
             return
         # The checkpoint callback that keeps last.ckpt writes it, and records it in its own state,
         # so that the resumed run goes on rewriting the same file.
-        keeper = next((callback for callback in trainer.checkpoint_callbacks if callback.save_last), None)
+        keepers = (callback for callback in trainer.checkpoint_callbacks if isinstance(callback, ModelCheckpoint))
+        keeper = next((callback for callback in keepers if callback.save_last), None)
         if keeper is not None and keeper.dirpath:
             save_last_checkpoint(keeper, trainer)
             rank_zero_info(
@@ -173,5 +177,7 @@ class StopAllProcessesOnError(Callback):
             else:
                 traceback.print_exception(exception, file=sys.stderr)
                 sys.stderr.flush()
-            exception.printed = True
-        trainer.strategy.launcher.kill(signal.SIGKILL)
+            exception.printed = True  # type: ignore[attr-defined]  # a mark the CLI reads
+        launcher = trainer.strategy.launcher
+        assert launcher is not None  # launches_subprocesses: it has one
+        launcher.kill(signal.SIGKILL)

@@ -36,7 +36,9 @@ class StopVotes:
         """Make the vote's group, when this process is one of several (a collective call: every process makes it)."""
         self._rounds.clear()
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            self._group = dist.new_group(backend="gloo")
+            group = dist.new_group(backend="gloo")
+            assert isinstance(group, dist.ProcessGroup)  # every process is a member
+            self._group = group
 
     @property
     def is_open(self) -> bool:

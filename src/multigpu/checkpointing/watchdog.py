@@ -230,8 +230,9 @@ class FaultWatch(Callback):
             record = records.get(other)
             if record is not None and record["host"] == host and record["pid"] != os.getpid():
                 _kill(record["pid"])
-        if launches_subprocesses(trainer.strategy):
-            trainer.strategy.launcher.kill(signal.SIGKILL)
+        launcher = trainer.strategy.launcher
+        if launcher is not None and launches_subprocesses(trainer.strategy):
+            launcher.kill(signal.SIGKILL)
         os._exit(1)
 
 

@@ -53,6 +53,7 @@ def export(args: Sequence[str], default_config_files: Sequence[str | Path]) -> N
     path, checkpoint = resolve_ckpt_path(config["ckpt_path"], folder, training=False)
     if not checkpoint:
         raise UsageError(f"--ckpt_path {path}: export reads a checkpoint file on this machine; copy it here first.")
+    assert path is not None  # a checkpoint read from it
     to = config["to"]
     arch = checkpoint.get("hyper_parameters", {}).get("arch", "resnet50").rsplit(".", 1)[-1]
     out = Path(config["out"] or Path(path).with_name(f"{arch}-{Path(path).stem}{SUFFIXES[to]}"))

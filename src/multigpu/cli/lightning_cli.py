@@ -27,7 +27,7 @@ from multigpu.cli.saved_options import checkpoint_dir, follow_checkpoint
 from multigpu.cli.trainer_assembly import assemble_trainer
 from multigpu.cli.trainer_options import USUAL_STRATEGIES, check_trainer_options, precision_error
 from multigpu.compat import CheckpointPathCLI
-from multigpu.contracts import layout_of
+from multigpu.contracts import parallelism_of
 from multigpu.data.datamodule import ImageDataModule
 from multigpu.errors import UsageError, check_at_least, check_writable
 from multigpu.model.classifier import ImageClassifier
@@ -137,6 +137,7 @@ class MultiGPUCLI(CheckpointPathCLI):
     def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         """Lightning's, in the order a user of this application reads them: the model's and the data's options, then
         the Trainer's; and the strategy's help names what users type."""
+        assert self.model_class is not None and self.datamodule_class is not None  # this application's
         parser.add_lightning_class_args(self.model_class, "model")
         parser.add_lightning_class_args(self.datamodule_class, "data")
         parser.add_lightning_class_args(self.trainer_class, "trainer")
@@ -272,7 +273,7 @@ class MultiGPUCLI(CheckpointPathCLI):
 
     def before_validate(self) -> None:
         """Let the strategy refuse the model before it launches any process."""
-        layout_of(self.trainer).check_model(self.model)
+        parallelism_of(self.trainer).check_model(self.model)
 
     before_test = before_predict = before_validate
 
@@ -280,7 +281,7 @@ class MultiGPUCLI(CheckpointPathCLI):
         """Let the strategy refuse the model, and what only training cannot run, before it launches any process;
         make the accumulated batches give ``--data.global_batch_size`` on this layout."""
         self.before_validate()
-        layout_of(self.trainer).check_training(self.model)
+        parallelism_of(self.trainer).check_training(self.model)
         global_batch_size = self.datamodule.hparams.global_batch_size
         if global_batch_size is not None:
             trainer = self.trainer

@@ -32,6 +32,7 @@ from multigpu.run.model_summary import RunSummary
 from multigpu.run.progress_bar import PacedProgressBar
 from multigpu.run.run_logger import RunLogger
 from multigpu.run.step_times import LoaderClock
+from multigpu.run.trainer_parts import callbacks_of
 from multigpu.strategies import spec_named
 
 __all__ = ["assemble_trainer"]
@@ -56,7 +57,7 @@ def assemble_trainer(
             default_hp_metric=False,  # no empty hp_metric card: the metrics are logged by name
         )
     spec = spec_named(trainer_options.get("strategy"))
-    if spec is not None and spec.as_instance:
+    if spec is not None and spec.as_instance and spec.strategy is not None:
         kwargs["strategy"] = spec.strategy()
     if trainer_options.get("plugins") is None:
         checkpoint_io = AtomicCheckpointIO(background=config.get("save_in_background", True))
@@ -78,28 +79,31 @@ def assemble_trainer(
         trainer = build(**kwargs)
     except ValueError as error:  # Lightning's checks of accelerator, strategy and devices
         raise UsageError(str(error)) from error
+    callbacks = callbacks_of(trainer)
     if not checkpointing:
-        trainer.callbacks[:] = [callback for callback in trainer.callbacks if not isinstance(callback, ModelCheckpoint)]
+        callbacks[:] = [callback for callback in callbacks if not isinstance(callback, ModelCheckpoint)]
         rank_zero_info("Checkpoints are off (--trainer.enable_checkpointing=false): this run cannot be resumed.")
-    for callback in trainer.callbacks:
+    for callback in callbacks:
         if isinstance(callback, RunMetadata):
             callback.note_launch(trainer)
     if trainer_options.get("max_time") is not None:  # its step check broadcasts every step; the stop vote carries it
-        for index, callback in enumerate(trainer.callbacks):
+        for index, callback in enumerate(callbacks):
             if type(callback) is Timer and callback not in chosen:
-                trainer.callbacks[index] = Timer(trainer_options["max_time"], interval="epoch")
+                callbacks[index] = Timer(trainer_options["max_time"], interval="epoch")
     bar = trainer.progress_bar_callback
     bar_chosen = any(isinstance(callback, ProgressBar) for callback in chosen)
     if not bar_chosen and type(bar) is RichProgressBar:  # Lightning's default, added to the list it was given
-        trainer.callbacks[trainer.callbacks.index(bar)] = PacedProgressBar()
-    summary = next((callback for callback in trainer.callbacks if type(callback) is RichModelSummary), None)
+        callbacks[callbacks.index(bar)] = PacedProgressBar()
+    summary = next((callback for callback in callbacks if type(callback) is RichModelSummary), None)
     if summary is not None and summary not in chosen:  # Lightning's default, as the bar
-        trainer.callbacks[trainer.callbacks.index(summary)] = RunSummary()
+        callbacks[callbacks.index(summary)] = RunSummary()
     if every:  # last.ckpt comes from LastCheckpoint alone; the other one keeps the best
-        trainer.checkpoint_callback.save_last = False
+        best = trainer.checkpoint_callback
+        assert isinstance(best, ModelCheckpoint)  # checkpointing is on: BestCheckpoints
+        best.save_last = False
         dirpath = checkpoint_dir(config["checkpoint_root"], config["run_name"])
-        trainer.callbacks.append(LastCheckpoint(dirpath, every_n_train_steps=every))
-    trainer.callbacks.append(FaultWatch(stall_timeout_s=config.get("stall_timeout_s", 300.0)))
+        callbacks.append(LastCheckpoint(dirpath, every_n_train_steps=every))
+    callbacks.append(FaultWatch(stall_timeout_s=config.get("stall_timeout_s", 300.0)))
     if trainer_options.get("sync_batchnorm") and not isinstance(trainer.accelerator, CUDAAccelerator):
         raise UsageError("--trainer.sync_batchnorm=true needs CUDA devices (SyncBatchNorm); drop it on the CPU.")
     return trainer

@@ -131,7 +131,7 @@ def device_request(devices: Any) -> int | list[int] | str:
 
 def _check_devices(accelerator: str, devices: Any) -> None:
     request = device_request(devices)
-    if request == "auto":
+    if isinstance(request, str):  # "auto"
         return
     # The CPU runs as many processes as asked for; the others have a fixed number of devices.
     available = None if accelerator == "cpu" else AcceleratorRegistry[accelerator]["accelerator"].auto_device_count()

@@ -6,7 +6,7 @@ import os
 from typing import Any, Literal
 
 import torch
-from lightning.fabric.utilities.data import suggested_max_num_workers
+from lightning.fabric.utilities.data import AttributeDict, suggested_max_num_workers
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from typing_extensions import override
@@ -25,8 +25,9 @@ from multigpu.data.image_folder import ImageFolderSource, folder_classes
 from multigpu.data.loader_workers import start_worker_server, worker_start
 from multigpu.data.on_device import DeviceBatches
 from multigpu.data.sampling import EpochOrder, ResumableSampler, TrainingOrder
-from multigpu.data.source import ImageSource, Stats
+from multigpu.data.source import ImageSource, Stats, images_in
 from multigpu.data.synthetic import SyntheticImages
+from multigpu.data.transforms import ImageTensorDataset
 from multigpu.errors import UsageError, check_at_least
 from multigpu.renamed_options import renamed_class
 from multigpu.run.replicas import data_parallel_rank, data_parallel_size
@@ -126,6 +127,8 @@ class ImageDataModule(LightningDataModule):
             the test split (``multigpu.data.image_files``); CIFAR-10 need not be on disk then.
     """
 
+    hparams: AttributeDict  # what save_hyperparameters keeps, read by attribute
+
     def __init__(
         self,
         data_dir: str = "data",
@@ -188,6 +191,7 @@ class ImageDataModule(LightningDataModule):
         self.datasets = self.source.splits(device)
         if device is not None:
             for dataset in self.datasets.values():
+                assert isinstance(dataset, ImageTensorDataset)  # a source's on-device splits
                 dataset.images, dataset.labels = dataset.images.to(device), dataset.labels.to(device)
 
     @property
@@ -230,12 +234,14 @@ class ImageDataModule(LightningDataModule):
         trainer = self.trainer
         return (data_parallel_size(trainer), data_parallel_rank(trainer)) if trainer else (1, 0)
 
-    def _loader(self, split: str, sampler: ResumableSampler | None = None) -> DataLoader | DeviceBatches:
+    def _loader(self, split: str, sampler: DistributedSampler | None = None) -> DataLoader | DeviceBatches:
         if self.hparams.on_device:
             if sampler is None:  # evaluation: in order, sharded as Lightning shards a DataLoader
                 replicas, rank = self._shard()
                 sampler = DistributedSampler(self.datasets[split], replicas, rank, shuffle=False)
-            return DeviceBatches(self.datasets[split], sampler, self.batch_size, split == "train", self.stats)
+            dataset = self.datasets[split]
+            assert isinstance(dataset, ImageTensorDataset)  # a source's on-device splits
+            return DeviceBatches(dataset, sampler, self.batch_size, split == "train", self.stats)
         workers = self._workers()
         return DataLoader(
             self.datasets[split],
@@ -271,15 +277,15 @@ class ImageDataModule(LightningDataModule):
         sampler = self._sampler
         if sampler is not None and sampler.epoch == epoch:
             return sampler.current
-        return EpochOrder(len(self.datasets["train"]), self.global_batch)
+        return EpochOrder(images_in(self.datasets["train"]), self.global_batch)
 
     @override
     def train_dataloader(self) -> DataLoader | DeviceBatches:
         replicas, rank = self._shard()
         train = self.datasets["train"]
-        if self.global_batch > len(train):
+        if self.global_batch > (images := images_in(train)):
             raise UsageError(
-                f"the global batch of {self.global_batch} images is larger than the {len(train)} training images: "
+                f"the global batch of {self.global_batch} images is larger than the {images} training images: "
                 "lower --data.batch_size, --data.global_batch_size or --trainer.accumulate_grad_batches."
             )
         order, self._order = self._order, None
@@ -318,7 +324,7 @@ class ImageDataModule(LightningDataModule):
     @override
     def predict_dataloader(self) -> DataLoader:
         """The user's images (``predict_dir``) or the test split, in order, each sample with its index."""
-        dataset = self.datasets.get("predict", self.datasets.get("test"))
+        dataset = self.datasets["predict"] if "predict" in self.datasets else self.datasets["test"]
         workers = 0 if self.hparams.on_device else self._workers()
         return DataLoader(
             Indexed(dataset),

@@ -16,6 +16,7 @@ from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
 from multigpu.data.cifar import CIFAR10_MEAN, CIFAR10_STD
+from multigpu.data.source import images_in
 from multigpu.data.transforms import eval_transform
 from multigpu.errors import UsageError
 
@@ -70,6 +71,7 @@ class ImageFiles(Dataset):
     def __getitem__(self, index: int) -> tuple[Tensor, int]:
         with Image.open(self.paths[index]) as image:
             pixels = v2.functional.pil_to_tensor(image.convert("RGB"))
+        assert self.transform is not None, "normalized_as gives the training data's stats first"
         return self.transform(pixels), -1
 
 
@@ -80,7 +82,7 @@ class Indexed(Dataset):
         self.dataset = dataset
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return images_in(self.dataset)
 
     def __getitem__(self, index: int) -> tuple:
         return (*self.dataset[index], index)

@@ -141,7 +141,7 @@ class ImageFolderSource:
 
     def __init__(self, data_dir: str, image_size: int, stats: Stats | None) -> None:
         self.data_dir, self.image_size, self.stats = data_dir, image_size, stats
-        self.classes: list[str] | None = folder_classes(data_dir)
+        self.classes = folder_classes(data_dir)
         self.num_classes = len(self.classes)
 
     def prepare(self) -> None:
@@ -175,5 +175,5 @@ class ImageFolderSource:
                 f"data.on_device=true: the image folder's {len(train) + len(val)} images take {needed / 2**30:.1f} "
                 f"GiB at {size}, more than {device} has free: drop --data.on_device, or lower --data.image_size."
             )
-        train, val = train.in_memory(), val.in_memory()
-        return {"train": train, "val": val, "test": val}
+        train_images, val_images = train.in_memory(), val.in_memory()
+        return {"train": train_images, "val": val_images, "test": val_images}

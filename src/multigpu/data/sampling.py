@@ -25,6 +25,8 @@ import torch
 from torch.utils.data import Dataset, DistributedSampler
 from typing_extensions import override
 
+from multigpu.data.source import images_in
+
 __all__ = ["EpochOrder", "ResumableSampler", "TrainingOrder"]
 
 
@@ -108,7 +110,7 @@ class ResumableSampler(DistributedSampler):
         self.batch_size, self.accumulation = batch_size, accumulation
         self.global_batch = batch_size * num_replicas * accumulation
         self._resume: tuple[int, int] | None = None  # (epoch, position)
-        self.current = EpochOrder(len(dataset), self.global_batch)  # the order of the epoch under way
+        self.current = EpochOrder(images_in(dataset), self.global_batch)  # the order of the epoch under way
 
     def resume_at(self, epoch: int, position: int) -> None:
         """Make the next pass the one over ``epoch``, after its first ``position`` images.
@@ -123,7 +125,7 @@ class ResumableSampler(DistributedSampler):
     def next_order(self) -> EpochOrder:
         """The order of the current epoch that ``__iter__`` trains next, from where it resumes."""
         start = self._resume[1] if self._resume is not None and self._resume[0] == self.epoch else 0
-        return EpochOrder(len(self.dataset), self.global_batch, start)
+        return EpochOrder(images_in(self.dataset), self.global_batch, start)
 
     def sample_seed(self, index: int) -> int:
         return ((self.seed * 1_000_003 + self.epoch) * 1_000_003 + index) % 2**63
@@ -131,14 +133,16 @@ class ResumableSampler(DistributedSampler):
     @override
     def __len__(self) -> int:
         """The images this replica trains in a whole epoch (Lightning counts every epoch as a whole one)."""
-        return EpochOrder(len(self.dataset), self.global_batch).steps_per_epoch * self.accumulation * self.batch_size
+        return (
+            EpochOrder(images_in(self.dataset), self.global_batch).steps_per_epoch * self.accumulation * self.batch_size
+        )
 
     @override
     def __iter__(self) -> Iterator[tuple[int, int]]:  # type: ignore[override]
         epoch_order = self.current = self.next_order()
         self._resume = None
         generator = torch.Generator().manual_seed(self.seed + self.epoch)  # DistributedSampler's permutation
-        order = torch.randperm(len(self.dataset), generator=generator).tolist()
+        order = torch.randperm(images_in(self.dataset), generator=generator).tolist()
         keys = []
         for step in range(epoch_order.steps):
             for batch in range(self.accumulation):

@@ -6,12 +6,13 @@ from ``--data.*`` and keeps what every source shares: loaders and their workers,
 on-device path and the resumable training order.
 """
 
-from typing import Protocol
+from collections.abc import Sized
+from typing import Protocol, cast
 
 import torch
 from torch.utils.data import Dataset
 
-__all__ = ["ImageSource", "Stats"]
+__all__ = ["ImageSource", "Stats", "images_in"]
 
 Stats = tuple[tuple[float, ...], tuple[float, ...]]  # per-channel mean and standard deviation, in [0, 1]
 
@@ -19,13 +20,15 @@ Stats = tuple[tuple[float, ...], tuple[float, ...]]  # per-channel mean and stan
 class ImageSource(Protocol):
     """Where a data module's images come from."""
 
-    classes: list[str] | None
-    """The class names by label, where known before ``splits`` (CIFAR-100's are read from its files)."""
+    @property
+    def classes(self) -> list[str] | None:
+        """The class names by label, where known before ``splits`` (CIFAR-100's are read from its files)."""
 
     num_classes: int
 
-    stats: Stats | None
-    """How the images are normalised; ``None`` until measured (an image folder's, unless given)."""
+    @property
+    def stats(self) -> Stats | None:
+        """How the images are normalised; ``None`` until measured (an image folder's, unless given)."""
 
     def prepare(self) -> None:
         """Check (and download where allowed) the files, before anything is built: once per machine."""
@@ -36,3 +39,9 @@ class ImageSource(Protocol):
     def splits(self, device: torch.device | None) -> dict[str, Dataset]:
         """The ``train``, ``val`` and ``test`` datasets; with ``device`` (``--data.on_device``), each an
         ``ImageTensorDataset`` of uint8 images that fits on it, for the data module to move there."""
+
+
+def images_in(dataset: Dataset) -> int:
+    """The samples of ``dataset``: torch's ``Dataset`` declares no ``__len__`` (a dataset may have none), every
+    source's has one."""
+    return len(cast(Sized, dataset))

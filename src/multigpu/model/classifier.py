@@ -12,6 +12,7 @@ import random
 from typing import Any
 
 import torch
+from lightning.fabric.utilities.data import AttributeDict
 from lightning.fabric.utilities.throughput import measure_flops
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
@@ -97,6 +98,8 @@ class ImageClassifier(LightningModule):
             convolution under the CIFAR stem) keep their initial values, and the run says which.
             Only a new run reads it: a resumed one continues from its checkpoint.
     """
+
+    hparams: AttributeDict  # what save_hyperparameters keeps, read by attribute
 
     def __init__(
         self,

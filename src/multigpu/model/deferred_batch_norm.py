@@ -30,6 +30,15 @@ __all__ = ["DeferredBatchNorm", "defer_batch_norm", "replace_batch_norm"]
 class DeferredBatchNorm(AnyDimBatchNorm):
     """A BatchNorm layer that updates its running statistics once per ``micro_batches`` training micro-batches."""
 
+    # BatchNorm's running statistics (``track_running_stats=True``) and the accumulators, all buffers.
+    running_mean: Tensor
+    running_var: Tensor
+    num_batches_tracked: Tensor
+    _tracked: Tensor
+    _count: Tensor
+    _mean: Tensor
+    _squares: Tensor
+
     def __init__(
         self,
         num_features: int,
@@ -92,7 +101,9 @@ def replace_batch_norm(
     the same parameters and buffers (the optimizer's parameters stay the ones it has). Returns ``module``."""
     for name, child in module.named_children():
         if replaces(child):
+            assert isinstance(child, BatchNormBase), "replaces chooses BatchNorm layers"
             new = build(child)
+            assert child.running_mean is not None, "replaces chooses layers that track running statistics"
             new.to(child.running_mean.device).train(child.training)
             new.weight, new.bias = child.weight, child.bias
             new.running_mean, new.running_var = child.running_mean, child.running_var

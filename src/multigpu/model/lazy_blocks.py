@@ -19,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, overload
 
 import torch
 from torch import Tensor, nn
@@ -100,12 +100,19 @@ class LazyBlocks(BuiltBlocksMove):
             )
         with self.building():
             for index in pending:
-                if devices[index] is not None and devices[index].type != "meta":  # meta: shapes only, as asked
-                    self[index] = self.build(index).to(devices[index])
+                device = devices[index]
+                if device is not None and device.type != "meta":  # meta: shapes only, as asked
+                    self[index] = self.build(index).to(device)
         self._materialized = True
         self._complete = not self.pending
         if self._release is not None:
             self._release()
+
+    @overload
+    def __getitem__(self, index: slice) -> nn.Sequential: ...
+
+    @overload
+    def __getitem__(self, index: int) -> nn.Module: ...
 
     @override
     def __getitem__(self, index: int | slice) -> nn.Module:

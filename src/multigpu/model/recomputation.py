@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from functools import cache
-from typing import Any
+from typing import Any, SupportsIndex
 
 import torch
 from torch import nn
@@ -71,13 +71,14 @@ class _Recomputed(nn.Module):
             return forward(*args)
         return checkpoint(forward, *args, use_reentrant=False, context_fn=lambda: (nullcontext(), _recomputation(self)))
 
-    def __reduce_ex__(self, protocol: int) -> tuple:
+    def __reduce_ex__(self, protocol: SupportsIndex) -> tuple:
         # The class is made at run time, so pickle (torch.save of a module, spawned processes) rebuilds it.
         return _rebuild, (type(self).__bases__[1], self.__dict__)
 
 
 def _rebuild(base: type[nn.Module], state: dict) -> nn.Module:
-    block = _recomputed_class(base).__new__(_recomputed_class(base))
+    recomputed = _recomputed_class(base)  # type: ignore[arg-type]  # a class is hashable: mypy reads Module's __hash__
+    block = recomputed.__new__(recomputed)
     block.__setstate__(state)
     return block
 
@@ -95,4 +96,4 @@ def recompute_blocks(net: nn.Sequential) -> None:
     """Recompute the activations of every block of ``net`` (in place; again is a no-op)."""
     for block in net:
         if not is_recomputed(block):
-            block.__class__ = _recomputed_class(type(block))
+            block.__class__ = _recomputed_class(type(block))  # type: ignore[arg-type]  # as in _rebuild

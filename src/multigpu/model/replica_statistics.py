@@ -9,10 +9,12 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
 from multigpu.compat import layer_sync
+from multigpu.contracts import holds_network
 from multigpu.model.step_batch_norm import commit_step_statistics
 from multigpu.run.replicas import data_parallel_rank, data_parallel_size, micro_batches_per_batch, replica_group
 
@@ -24,7 +26,13 @@ def records_step_statistics(trainer: Trainer) -> bool:
     ``SyncBatchNorm`` normalises over all of them: BatchNorm's running statistics are then recorded per
     micro-batch and committed each step, as one device's would be."""
     fitting = trainer.state.fn == TrainerFn.FITTING
-    return fitting and data_parallel_size(trainer) > 1 and layer_sync(trainer.strategy) is None
+    strategy = trainer.strategy  # replicas: a ParallelStrategy
+    return (
+        fitting
+        and data_parallel_size(trainer) > 1
+        and isinstance(strategy, ParallelStrategy)
+        and layer_sync(strategy) is None
+    )
 
 
 def micro_batches_per_step(trainer: Trainer) -> int:
@@ -51,6 +59,7 @@ class ReplicaStatistics(Callback):
         batches, self._batches = self._batches, 0
         replicas = data_parallel_size(trainer)
         if replicas > 1:
+            assert holds_network(pl_module), "a strategy of ours or Lightning's DDP, which train pl_module.net"
             rank, micro_batches = data_parallel_rank(trainer), micro_batches_per_batch(trainer)
             commit_step_statistics(
                 pl_module.net, batches * micro_batches, replicas, rank, micro_batches, replica_group(trainer)

@@ -34,6 +34,14 @@ class StepBatchNorm(AnyDimBatchNorm):
     """BatchNorm that records each training micro-batch's mean and unbiased variance, up to ``micro_batches`` a step,
     and leaves its running statistics to ``commit_step_statistics``."""
 
+    # BatchNorm's running statistics (``track_running_stats=True``) and the records, all buffers.
+    running_mean: Tensor
+    running_var: Tensor
+    num_batches_tracked: Tensor
+    _recorded: Tensor
+    _statistics: Tensor
+    _batch: Tensor
+
     def __init__(
         self,
         num_features: int,
@@ -67,7 +75,9 @@ def record_step_statistics(module: nn.Module, micro_batches: int) -> nn.Module:
     room for ``micro_batches`` micro-batches a step, in place (``replace_batch_norm``). Returns ``module``."""
     return replace_batch_norm(
         module,
-        lambda child: type(child) in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d) and child.track_running_stats,
+        lambda child: (
+            type(child) in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d) and bool(child.track_running_stats)
+        ),
         lambda child: StepBatchNorm(child.num_features, child.eps, child.momentum, child.affine, micro_batches),
     )
 

@@ -16,6 +16,10 @@ class WorstImages(Metric):
     """
 
     full_state_update = False
+    losses: list[Tensor]
+    images: list[Tensor]
+    targets: list[Tensor]
+    predictions: list[Tensor]
 
     def __init__(self, count: int = 16) -> None:
         super().__init__()

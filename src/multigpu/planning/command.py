@@ -191,6 +191,7 @@ def _profiled(
     clock, start = read_cpu_clock(), time.monotonic()
     outcomes, left_out, basis = _forecasts(config, setting, options, layouts, budget, forked)
     profiled_s = time.monotonic() - start
+    busy: CoreCheck | None  # what the check after profiling found, where the cores were busy
     if options.dry_run:  # no wait, no second profile: the forecasts stand, and say so
         busy = note_if_busy("plan", "after profiling", clock)
         if (busy := busy if busy.busy else before) is not None:

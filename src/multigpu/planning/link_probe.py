@@ -141,7 +141,9 @@ def forked_rank(rank: int, go: Connection, folder: str) -> None:
     file in ``folder``, the figures to ``folder``/links.json); it ends without measuring where ``plan`` ends first.
     Ctrl-C is ``plan``'s to handle: its end ends this rank."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if go not in wait([go, parent_process().sentinel]):
+    parent = parent_process()
+    assert parent is not None  # a forked rank
+    if go not in wait([go, parent.sentinel]):
         return
     world, threads = go.recv()
     if rank >= world:

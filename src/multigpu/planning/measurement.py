@@ -107,7 +107,9 @@ def measure(
     user_args = without_plan_options(args)
     images = setting.batch_size * setting.devices * timed.accumulate * (timed.warmup + timed.timed + 1)
     always = {0, max(range(len(outcomes)), key=lambda i: outcomes[i].forecast or 0.0)} if outcomes else set()
-    measured, left, budget = [], [], _Budget(deadline)
+    measured: list[Outcome] = []
+    left: list[Outcome] = []
+    budget = _Budget(deadline)
     with tempfile.TemporaryDirectory(prefix="multigpu-plan-") as tmp:
         folder = Path(tmp)
         for index, outcome in enumerate(outcomes):

@@ -105,7 +105,8 @@ def precision_plugin(precision: str, device: torch.device) -> Precision:
     name = {"16": "16-mixed", "bf16": "bf16-mixed"}.get(precision, precision)
     if name in ("32", "32-true"):
         return Precision()
-    return MixedPrecision("bf16-mixed" if device.type == "cpu" else name, device.type)
+    mixed = "bf16-mixed" if device.type == "cpu" else name
+    return MixedPrecision(mixed, device.type)  # type: ignore[arg-type]  # a name plan's options checked
 
 
 @contextmanager
@@ -146,7 +147,7 @@ class BlockProfile:
             self._splits[threads] = self._split_ratio(min(timed, default=1), threads)
         return self._splits[threads]
 
-    def _whole_network(self) -> nn.Module:
+    def _whole_network(self) -> nn.Sequential:
         with self.blocks.building():
             net = nn.Sequential(*(self.blocks.build(index) for index in range(len(self.blocks))))
         return net.to(self.device).train()
@@ -263,7 +264,9 @@ class BlockProfile:
                 times = times.with_update(self._updates[key[1]])
             self._times[key] = times.scaled_to(self._bounds(), whole) if whole else times
         for index, (mean, slowest) in together.items():
-            alone = sum(map(sum, wholes[index]))
+            whole = wholes[index]
+            assert whole is not None  # timed together only where the whole network fits
+            alone = sum(forward + backward for forward, backward in whole)
             self._together[keys[index]] = (self._copies[keys[index]], alone, mean, slowest)
 
     def _whole_passes(
@@ -298,12 +301,13 @@ class BlockProfile:
             with _threads(threads[index]):
                 return self._at_once(nets[: copies[index]], inputs[index])
 
-        largest = lambda indices: max(indices, key=lambda index: len(inputs[index]), default=None)  # noqa: E731
+        largest = lambda indices: max(indices, key=lambda index: len(inputs[index]))  # noqa: E731
         seconds(largest(range(len(inputs))))
         shared = [index for index in range(len(inputs)) if copies[index] > 1]
         if shared:
             at_once(largest(shared))
-        rounds, together = [], {index: [] for index in shared}
+        rounds: list[list[list[tuple[float, float]] | None]] = []
+        together: dict[int, list[list[float] | None]] = {index: [] for index in shared}
         for _ in range(REPEATS):
             rounds.append([])
             for index in range(len(inputs)):
@@ -315,15 +319,15 @@ class BlockProfile:
             None if None in passes else [tuple(map(mean, zip(*run))) for run in zip(*passes, strict=True)]
             for passes in zip(*rounds)
         ]
-        figures = {
-            index: (mean(mean(each) for each in timed), mean(max(each) for each in timed))
-            for index, timed in together.items()
-            if wholes[index] is not None and None not in timed
-        }
+        figures: dict[int, tuple[float, float]] = {}
+        for index, timed in together.items():
+            finished = [each for each in timed if each is not None]
+            if wholes[index] is not None and len(finished) == len(timed):
+                figures[index] = (mean(mean(each) for each in finished), mean(max(each) for each in finished))
         updates = {}
         for count in dict.fromkeys(threads):  # each thread count once in a profile
-            if count not in self._updates and (seconds := self._update_seconds(nets[0], count)) is not None:
-                updates[count] = seconds
+            if count not in self._updates and (update := self._update_seconds(nets[0], count)) is not None:
+                updates[count] = update
         return wholes, figures, updates
 
     def _update_seconds(self, net: nn.Module, threads: int | None) -> float | None:
@@ -344,7 +348,7 @@ class BlockProfile:
             return None
         return statistics.mean(seconds[1:])
 
-    def _at_once(self, nets: list[nn.Module], x: torch.Tensor) -> list[float] | None:
+    def _at_once(self, nets: list[nn.Sequential], x: torch.Tensor) -> list[float] | None:
         """Seconds of each of ``nets``' whole passes on ``x``, timed as ``_pass_seconds`` times a pass alone, all
         started at once, one per Python thread (torch lets go of the interpreter in its operators, so they compute
         side by side as processes would, each with the calling thread's thread count); None where one failed (out of
@@ -356,7 +360,8 @@ class BlockProfile:
             torch.set_num_threads(count)
             with self.precision.train_step_context():  # autocast holds per thread
                 try:
-                    times[which] = sum(map(sum, self._pass_seconds(nets[which], x, self._bounds())))
+                    runs = self._pass_seconds(nets[which], x, self._bounds())
+                    times[which] = sum(forward + backward for forward, backward in runs)
                 except RuntimeError:
                     return
 
@@ -365,7 +370,8 @@ class BlockProfile:
             worker.start()
         for worker in workers:
             worker.join()
-        return None if None in times else times
+        finished = [seconds for seconds in times if seconds is not None]
+        return finished if len(finished) == len(times) else None
 
     @staticmethod
     def _forward(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -379,7 +385,9 @@ class BlockProfile:
         """Seconds of the forward pass on ``x`` of each run of ``net``'s blocks between consecutive ``bounds``, and of
         its backward pass: the runs' inputs cut from the autograd graph before them, as a pipeline's stages run
         them, each backward pass from the gradient of the next run's input."""
-        inputs, outputs, forwards = [], [], []
+        inputs: list[Any] = []  # a block's input or output: a tensor or a collection of them
+        outputs: list[Any] = []
+        forwards: list[float] = []
         for start, end in zip(bounds, bounds[1:]):
             run = x if start == 0 else cut_from_graph(outputs[-1])
             inputs.append(run)
@@ -421,7 +429,8 @@ def _tensors(value) -> list[torch.Tensor]:
 def _backward(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     """The backward pass from each output with its gradient; none where nothing before needs gradients."""
     if pairs:
-        torch.autograd.backward(*zip(*pairs))
+        outputs, grads = zip(*pairs)
+        torch.autograd.backward(outputs, grads)
 
 
 def _label(key: tuple[int, int | None]) -> str:

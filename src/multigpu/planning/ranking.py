@@ -81,10 +81,11 @@ class Outcome:
 
 def to_measure(outcomes: Sequence[Outcome], top: int) -> list[Outcome]:
     """The outcomes to measure, in their order (see the module's docstring)."""
-    by_forecast = sorted((o for o in outcomes if o.forecast), key=lambda o: -o.forecast)
-    best = by_forecast[0].forecast if by_forecast else 0.0
-    kept = {id(o) for o in by_forecast[:top]}
-    kept |= {id(o) for o in by_forecast if o.forecast >= best * (1 - FORECAST_ERROR)}
+    forecasts = [(o, forecast) for o in outcomes if (forecast := o.forecast)]
+    by_forecast = sorted(forecasts, key=lambda pair: -pair[1])
+    best = by_forecast[0][1] if by_forecast else 0.0
+    kept = {id(o) for o, _ in by_forecast[:top]}
+    kept |= {id(o) for o, forecast in by_forecast if forecast >= best * (1 - FORECAST_ERROR)}
     return [o for o in outcomes if id(o) in kept or o.layout.reference]
 
 
@@ -122,4 +123,4 @@ def choice(outcomes: Sequence[Outcome]) -> Outcome | None:
     group = tied(outcomes)
     if not group:
         return None
-    return min(group, key=lambda o: (o.layout.processes, sum(o.figures["peak_memory_bytes"]), -o.images_per_s))
+    return min(group, key=lambda o: (o.layout.processes, sum((o.figures or {})["peak_memory_bytes"]), -o.images_per_s))

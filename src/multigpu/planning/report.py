@@ -251,7 +251,7 @@ def _time_taken(elapsed_s: float, budget_s: float | None, busy: bool) -> str:
 def dry_run_line(outcomes: Sequence[Outcome], refusals: Sequence[Any], busy: str | None = None) -> str:
     """The closing line of a dry run: what it forecast, the fastest forecast, how sure it is where the cores were
     busy (``busy``: why), and that nothing was written."""
-    fastest = max((o for o in outcomes if o.forecast), key=lambda o: o.forecast, default=None)
+    fastest = max((o for o in outcomes if o.forecast), key=lambda o: o.forecast or 0.0, default=None)
     best = f"; the fastest forecast: {fastest.layout.label}, {fastest.forecast:.1f} img/s" if fastest else ""
     unsure = (
         f"; forecast on busy cores ({busy}), so each is as far off as the other work took from the profile: run it "

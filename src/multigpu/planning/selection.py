@@ -54,9 +54,9 @@ def devices_of(trainer) -> tuple[bool, int, list[int] | None]:
     cuda = accelerator_name(trainer.get("accelerator", "auto")) == "cuda"
     request = device_request(trainer.get("devices", "auto"))
     device_ids = request if isinstance(request, list) else None
-    if request == "auto" or request == -1:
+    if isinstance(request, str) or request == -1:  # "auto", or every device
         return cuda, torch.cuda.device_count() if cuda else 1, None
-    return cuda, len(request) if device_ids else request, device_ids
+    return cuda, len(request) if isinstance(request, list) else request, device_ids
 
 
 def setting_of(config) -> Setting:

@@ -17,6 +17,7 @@ replicas            who reads which data: data-parallel replicas, ranks and micr
                     record of a run
 run_hparams         a run as one row of TensorBoard's HPARAMS: its layout and recipe, its best and last validation
 spawned_ranks       the process groups of ddp_spawn's ranks, ended as their Trainer tears down
+trainer_parts       what a Trainer holds but its class does not declare (its callbacks, data module...), typed
 """
 
 __all__ = [
@@ -34,5 +35,6 @@ __all__ = [
     "spawned_ranks",
     "step_times",
     "throughput",
+    "trainer_parts",
     "validation_report",
 ]

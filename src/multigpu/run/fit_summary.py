@@ -6,13 +6,15 @@ import resource
 import torch
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from multigpu.contracts import layout_of
+from multigpu.contracts import parallelism_of
 from multigpu.run.replicas import data_parallel_size
 from multigpu.run.step_times import StepTimes
+from multigpu.run.trainer_parts import callbacks_of
 
 __all__ = ["FitSummary", "peak_memory"]
 
@@ -20,7 +22,7 @@ __all__ = ["FitSummary", "peak_memory"]
 def peak_memory(trainer: Trainer) -> list[str]:
     """This process's peak memory, per device: CUDA's most allocated (and reserved) on each device it trains on, or
     its resident memory on the CPU."""
-    devices = [device for device in layout_of(trainer).process_devices if device.type == "cuda"]
+    devices = [device for device in parallelism_of(trainer).process_devices if device.type == "cuda"]
     if not devices:
         peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
         return [f"process {trainer.global_rank} (CPU): {peak_mib:,.0f} MiB resident"]
@@ -45,7 +47,7 @@ class FitSummary(Callback):
             dist.all_gather_object(every, memory)
             memory = [line for lines in every for line in lines or []]
         lines = ["Finished:"]
-        times = next((callback.run for callback in trainer.callbacks if isinstance(callback, StepTimes)), None)
+        times = next((callback.run for callback in callbacks_of(trainer) if isinstance(callback, StepTimes)), None)
         if times is not None and times.images:
             seconds = times.seconds()
             images_per_s = times.images * data_parallel_size(trainer) / seconds
@@ -55,7 +57,7 @@ class FitSummary(Callback):
             lines.append(line)
         lines += [f"  peak memory, {line}" for line in memory]
         best = trainer.checkpoint_callback
-        if best is not None and best.best_model_path:
+        if isinstance(best, ModelCheckpoint) and best.best_model_path and best.best_model_score is not None:
             lines.append(f"  best {best.monitor} {float(best.best_model_score):.4f}: {best.best_model_path}")
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):

@@ -21,10 +21,10 @@ class RunSummary(RichModelSummary):
     @override
     def summarize(*args: Any, total_flops: int = 0, **kwargs: Any) -> None:
         if total_flops:
-            RichModelSummary.summarize(*args, total_flops=total_flops, **kwargs)
+            RichModelSummary.summarize(*args, total_flops=total_flops, **kwargs)  # type: ignore[misc]  # see below
             return
         console = get_console()
-        with console.capture() as captured:
-            RichModelSummary.summarize(*args, total_flops=total_flops, **kwargs)
+        with console.capture() as captured:  # (args: Lightning's positional ones, which end before total_flops)
+            RichModelSummary.summarize(*args, total_flops=total_flops, **kwargs)  # type: ignore[misc]
         kept = [line for line in captured.get().splitlines(keepends=True) if "Total FLOPs" not in line]
         console.file.write("".join(kept))

@@ -4,7 +4,7 @@ from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
 
-from multigpu.contracts import layout_of
+from multigpu.contracts import parallelism_of
 from multigpu.errors import UsageError
 
 __all__ = [
@@ -18,9 +18,9 @@ __all__ = [
 
 
 def data_parallel_size(trainer: Trainer) -> int:
-    """The number of data-parallel replicas (``StrategyLayout.data_parallel_size``): the world size, but for a
+    """The number of data-parallel replicas (``Parallelism.data_parallel_size``): the world size, but for a
     pipeline, whose processes share their samples."""
-    return layout_of(trainer).data_parallel_size
+    return parallelism_of(trainer).data_parallel_size
 
 
 def data_parallel_rank(trainer: Trainer) -> int:
@@ -34,12 +34,12 @@ def data_parallel_rank(trainer: Trainer) -> int:
 def replica_group(trainer: Trainer):
     """The process group of the replicas that hold the same layers as this process: a pipeline's processes of
     the same stages, else all processes (``None``, the default group)."""
-    return layout_of(trainer).replica_group
+    return parallelism_of(trainer).replica_group
 
 
 def micro_batches_per_batch(trainer: Trainer) -> int:
     """The micro-batches each loader batch is cut into for its forward passes: a pipeline's, else 1."""
-    return layout_of(trainer).micro_batches
+    return parallelism_of(trainer).micro_batches
 
 
 def accumulation_for(global_batch_size: int, batch_size: int, replicas: int) -> int:

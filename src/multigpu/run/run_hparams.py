@@ -9,6 +9,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
 from multigpu.run.replicas import layout_record, micro_batches_per_batch
+from multigpu.run.trainer_parts import datamodule_of
 
 __all__ = ["METRICS", "RunHparams", "run_hparams"]
 
@@ -19,7 +20,7 @@ def run_hparams(trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
     """What sets one run apart from another: strategy, devices, nodes, precision, batch and global batch, learning
     rate, network, dataset, and the micro-batches where the strategy cuts its batches."""
     layout = layout_record(trainer, pl_module)
-    model, data = pl_module.hparams, getattr(trainer.datamodule, "hparams", {})
+    model, data = pl_module.hparams, getattr(datamodule_of(trainer), "hparams", {})
     optimizer = trainer.optimizers[0] if trainer.optimizers else None
     values = {
         "strategy": layout["strategy"],

@@ -4,7 +4,7 @@ utilisation, the hold of the last checkpoint save, and the peak memory since the
 processes the slowest and the fastest process's, so that a straggler shows."""
 
 import time
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -13,11 +13,12 @@ from lightning.pytorch.profilers import PassThroughProfiler
 from typing_extensions import override
 
 from multigpu.compat import TRAIN_LOADER_NEXT, is_log_step
-from multigpu.contracts import layout_of
+from multigpu.contracts import parallelism_of
 from multigpu.run.device_sync import synchronize
 from multigpu.run.host_memory import resident_bytes
 from multigpu.run.replicas import data_parallel_size
 from multigpu.run.throughput import ThroughputSummary
+from multigpu.run.trainer_parts import callbacks_of, profiler_of
 
 __all__ = ["LoaderClock", "StepTimes", "TrainingTime"]
 
@@ -56,7 +57,8 @@ class TrainingTime:
 
     @staticmethod
     def _waited(trainer: Trainer) -> float | None:
-        return trainer.profiler.waited_s if isinstance(trainer.profiler, LoaderClock) else None
+        profiler = profiler_of(trainer)
+        return profiler.waited_s if isinstance(profiler, LoaderClock) else None
 
     def start(self, trainer: Trainer) -> None:
         self.since, self._waited_before = time.perf_counter(), self._waited(trainer)
@@ -99,7 +101,7 @@ class StepTimes(Callback):
       ``pipeline``; on the CPU the process's resident memory (``resident_memory_gib``);
     - under ``pipeline``, ``perf/pipeline/idle_share``: the share of the log step's schedule this process computed
       nothing, and ``perf/pipeline/idle_share_ideal``, its schedule's bubble with stages alike
-      (``StrategyLayout.step_figures``);
+      (``Parallelism.step_figures``);
     - under several processes, ``seconds_max``, ``seconds_min``, ``data_wait_share_max`` and ``data_wait_share_min``
       over them, and each process's memory and pipeline figures under its rank (``.../rank<r>``).
 
@@ -113,7 +115,7 @@ class StepTimes(Callback):
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._throughput = next((c for c in trainer.callbacks if isinstance(c, ThroughputSummary)), None)
+        self._throughput = next((c for c in callbacks_of(trainer) if isinstance(c, ThroughputSummary)), None)
         self._interval, self.run = TrainingTime(), TrainingTime()
 
     @override
@@ -146,7 +148,7 @@ class StepTimes(Callback):
             clock.steps += stepped
         if not (stepped and is_log_step(trainer)):  # a log step's every batch is one: its last logs
             return
-        devices = layout_of(trainer).process_devices
+        devices = parallelism_of(trainer).process_devices
         for device in devices:
             synchronize(device)  # at log steps only: the interval's time is the device's too
         interval = self._interval
@@ -161,7 +163,7 @@ class StepTimes(Callback):
         if isinstance(io, TimesItsSaves) and io.held_s is not None:
             figures["perf/step/checkpoint_hold_ms"] = 1000 * io.held_s
             io.held_s = None
-        own = self._memory(devices) | layout_of(trainer).step_figures()
+        own = self._memory(devices) | parallelism_of(trainer).step_figures()
         if dist.is_available() and dist.is_initialized() and trainer.world_size > 1:
             figures.update(self._spread(figures, own))
         else:
@@ -190,11 +192,12 @@ class StepTimes(Callback):
         writes the logs)."""
         every: list[tuple[float, float | None, dict[str, float]] | None] = [None] * dist.get_world_size()
         dist.all_gather_object(every, (figures["perf/step/seconds"], figures.get("perf/step/data_wait_share"), own))
-        steps = [step for step, _, _ in every]
+        gathered = cast(list[tuple[float, float | None, dict[str, float]]], every)  # each process's, once gathered
+        steps = [step for step, _, _ in gathered]
         spread = {"perf/step/seconds_max": max(steps), "perf/step/seconds_min": min(steps)}
-        waits = [wait for _, wait, _ in every if wait is not None]
+        waits = [wait for _, wait, _ in gathered if wait is not None]
         if waits:
             spread["perf/step/data_wait_share_max"], spread["perf/step/data_wait_share_min"] = max(waits), min(waits)
-        for rank, figures_of in enumerate(figures_of for _, _, figures_of in every):
+        for rank, figures_of in enumerate(figures_of for _, _, figures_of in gathered):
             spread.update({f"{name}/rank{rank}": value for name, value in figures_of.items()})
         return spread

@@ -12,6 +12,8 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 from typing_extensions import override
 
+from multigpu.run.trainer_parts import datamodule_of
+
 __all__ = ["ValidationReport", "confusion_figure", "worst_figure"]
 
 
@@ -30,15 +32,15 @@ def worst_figure(images: Tensor, targets: Tensor, predictions: Tensor, classes: 
     if stats:
         mean, std = (torch.tensor(values).view(1, -1, 1, 1) for values in stats)
         pictures = pictures * std + mean
-    pictures = pictures.clamp(0, 1).permute(0, 2, 3, 1).numpy()
+    pixels = pictures.clamp(0, 1).permute(0, 2, 3, 1).numpy()
     columns = 4
-    rows = max(1, -(-len(pictures) // columns))
+    rows = max(1, -(-len(pixels) // columns))
     figure = _figure(2.2 * columns, 2.4 * rows)
     grid = figure.subplots(rows, columns, squeeze=False)
     for index, axes in enumerate(grid.flat):
         axes.axis("off")
-        if index < len(pictures):
-            axes.imshow(pictures[index])
+        if index < len(pixels):
+            axes.imshow(pixels[index])
             true, predicted = classes[int(targets[index])], classes[int(predictions[index])]
             axes.set_title(f"{true}\n→ {predicted}", fontsize=8, color="darkred")
     figure.tight_layout()
@@ -100,7 +102,7 @@ class ValidationReport(Callback):
         found = worst.compute() if worst is not None and self.images else None  # every process's, gathered
         if worst is not None:
             worst.reset()
-        classes = [str(name) for name in (getattr(trainer.datamodule, "classes", None) or range(matrix.shape[0]))]
+        classes = [str(name) for name in (getattr(datamodule_of(trainer), "classes", None) or range(matrix.shape[0]))]
         accuracy = matrix.diagonal() / matrix.sum(dim=1).clamp(min=1)
         for name, value in zip(classes, accuracy.tolist()):
             pl_module.log(f"val/acc_by_class/{name}", value)
@@ -110,7 +112,7 @@ class ValidationReport(Callback):
         self._finish_drawing()
         if found is not None:
             found = tuple(tensor.cpu() for tensor in found)
-        stats = getattr(trainer.datamodule, "known_stats", None)
+        stats = getattr(datamodule_of(trainer), "known_stats", None)
         if self._drawer is None:
             self._drawer = ThreadPoolExecutor(1, thread_name_prefix="validation-images")
         step = trainer.global_step
@@ -127,7 +129,8 @@ class ValidationReport(Callback):
     ) -> None:
         figures = {"val/confusion_matrix": confusion_figure(matrix.to(torch.float64), classes)}
         if found is not None and len(found[0]):
-            figures["val/most_wrong"] = worst_figure(*found[1:], classes, stats)
+            _, images, targets, predictions = found
+            figures["val/most_wrong"] = worst_figure(images, targets, predictions, classes, stats)
         for tag, figure in figures.items():
             for logger in loggers:
                 logger.experiment.add_figure(tag, figure, step, close=False)

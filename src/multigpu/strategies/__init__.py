@@ -68,7 +68,7 @@ _OURS = [spec for spec in SPECS if spec.strategy is not None]
 
 for _spec in _OURS:  # ``fsdp`` takes the name from Lightning's CUDA-only FSDP1 strategy
     StrategyRegistry.register(
-        _spec.name, _spec.strategy, description=_spec.strategy.__doc__.splitlines()[0], override=True
+        _spec.name, _spec.strategy, description=(_spec.strategy.__doc__ or "").splitlines()[0], override=True
     )
 
 for _name, _entry in list(StrategyRegistry.items()):

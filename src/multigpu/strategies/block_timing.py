@@ -122,7 +122,8 @@ def _pass_times(
             params = [param for param in block.parameters() if param.requires_grad]
             update = timed_update(params, sgd) if params else None
             inputs = [cut_from_graph(x, needs_grad=index > 0) for x in inputs]
-            passes, outputs = [([], [], []) for _ in examples], list(inputs)
+            passes: list[tuple[list[float], list[float], list[float]]] = [([], [], []) for _ in examples]
+            outputs = list(inputs)
             for which, x in enumerate(inputs):  # each after its own untimed pass: another thread count, say
                 torch.set_num_threads(threads[which] or before)
                 for _ in range(repeats + 1):
@@ -165,6 +166,7 @@ def time_blocks(strategy: Strategy, blocks: nn.Sequential, micro_batches: int = 
     (``hparams.batch_size``) divided by ``micro_batches``; None when the module gives no example.
     """
     pl_module = strategy.lightning_module
+    assert pl_module is not None
     example = pl_module.example_input_array
     if not isinstance(example, Tensor):
         return None

@@ -49,11 +49,17 @@ class LinkCosts(Protocol):
     """Seconds of what moves between devices and processes, and how much processes at once slow each other, as
     ``plan`` measured them (``multigpu.planning.links.Links``)."""
 
-    cuda: bool
-    pipeline_action: float  # a pipeline schedule's own time per action
-    sharded_block: float  # fully_shard's own cost per block and pass
-    sharded_byte: float  # ... per byte of the block's parameters
-    sharded_update: float  # ... per parameter tensor, in the update
+    # Read-only (``plan``'s links are a frozen dataclass):
+    @property
+    def cuda(self) -> bool: ...
+    @property
+    def pipeline_action(self) -> float: ...  # a pipeline schedule's own time per action
+    @property
+    def sharded_block(self) -> float: ...  # fully_shard's own cost per block and pass
+    @property
+    def sharded_byte(self) -> float: ...  # ... per byte of the block's parameters
+    @property
+    def sharded_update(self) -> float: ...  # ... per parameter tensor, in the update
 
     @property
     def overlap(self) -> bool:

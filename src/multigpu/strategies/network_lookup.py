@@ -4,24 +4,24 @@ checked."""
 from lightning.pytorch import LightningModule
 from torch import nn
 
+from multigpu.contracts import holds_network
 from multigpu.errors import UsageError
 
 __all__ = ["block_sequence", "check_not_compiled", "network"]
 
 
-def network(pl_module: LightningModule, strategy: str) -> nn.Module:  # pl_module: a ``contracts.HoldsNetwork``
+def network(pl_module: LightningModule, strategy: str) -> nn.Module:
     """The plain ``nn.Module`` in ``pl_module.net``; a ``UsageError`` names what is missing.
 
     A compiled network is refused (``check_not_compiled``).
     """
-    net = getattr(pl_module, "net", None)  # nn.Module keeps its children where no static lookup finds them
-    if not isinstance(net, nn.Module):
+    if not holds_network(pl_module):
         raise UsageError(
             f"strategy {strategy} needs the network as a module in `self.net` of the LightningModule; "
             f"{type(pl_module).__name__} has none."
         )
     check_not_compiled(strategy, bool(pl_module.hparams.get("compile")))
-    return net
+    return pl_module.net
 
 
 def check_not_compiled(strategy: str, compiled: bool) -> None:

@@ -106,7 +106,7 @@ def choose_balance(
 
 
 def split_table(
-    blocks: nn.Sequential, balance: Sequence[int], devices: Sequence[torch.device], times: Sequence[float] | None
+    blocks: nn.Sequential, balance: Sequence[int], devices: Sequence[torch.device | str], times: Sequence[float] | None
 ) -> str:
     """The split as a table: stage, device, blocks, parameters, and share of the measured time."""
     counts = param_counts(blocks)
@@ -114,7 +114,7 @@ def split_table(
     rows = [("stage", "device", "blocks", "params", "time")]
     for stage, (blocks_of_stage, device) in enumerate(zip(stage_ranges(balance), devices, strict=True)):
         start, end = blocks_of_stage.start, blocks_of_stage.stop
-        share = f"{sum(times[start:end]) / total_time:.1%}" if total_time else "-"
+        share = f"{sum(times[start:end]) / total_time:.1%}" if times and total_time else "-"
         rows.append((str(stage), str(device), f"{start}-{end - 1}", f"{sum(counts[start:end]):,}", share))
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)

@@ -8,7 +8,7 @@ The whole network is never on one device, and optimizer state exists only for th
 parameters a process holds.
 """
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -18,7 +18,7 @@ from torch import nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from multigpu.contracts import StrategyLayout
+from multigpu.contracts import Parallelism
 from multigpu.model.lazy_blocks import is_materialized, placed
 from multigpu.strategies.network_lookup import block_sequence
 
@@ -45,8 +45,10 @@ def _without_child(module: nn.Module, name: str) -> Iterator[nn.Module]:
             setattr(module, key, later)
 
 
-class SplitNetworkStrategy(DDPStrategy, StrategyLayout):
+class SplitNetworkStrategy(DDPStrategy, Parallelism):
     """A DDP-launched strategy that places each block of the network itself (see the module's docstring)."""
+
+    strategy_name: str  # each subclass's, the name it is registered under
 
     def place_blocks(self) -> list[torch.device | None]:
         """Decide, the first time, where the blocks go (the strategy times them, balances them over its stages and
@@ -63,6 +65,7 @@ class SplitNetworkStrategy(DDPStrategy, StrategyLayout):
     @override
     def model_to_device(self) -> None:
         pl_module = self.lightning_module
+        assert pl_module is not None
         blocks = block_sequence(pl_module, self.strategy_name)
         devices = self.place_blocks()
         with _without_child(pl_module, "net"):
@@ -71,10 +74,11 @@ class SplitNetworkStrategy(DDPStrategy, StrategyLayout):
             block.to(META if device is None else device)
 
     @override
-    def load_model_state_dict(self, checkpoint: dict[str, Any], strict: bool = True) -> None:
+    def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
         # Only the entries of the blocks this process holds: loading into the meta device would do nothing,
         # with a warning per tensor.
         pl_module = self.lightning_module
+        assert pl_module is not None
         unbuilt = {
             name for name, tensor in (*pl_module.named_parameters(), *pl_module.named_buffers()) if tensor.is_meta
         }
@@ -85,7 +89,7 @@ class SplitNetworkStrategy(DDPStrategy, StrategyLayout):
             raise RuntimeError(f"the checkpoint does not fit the model: missing {missing}, unexpected {unexpected}")
 
     @override
-    def load_optimizer_state_dict(self, checkpoint: dict[str, Any]) -> None:
+    def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
         # Lightning's version moves all optimizer state to the root device. Here each state stays on its
         # parameter's device, where ``Optimizer.load_state_dict`` puts it, and none is kept for the
         # parameters of another process's stage (``load_state_dict`` put theirs on the meta device).
@@ -101,7 +105,8 @@ class SplitNetworkStrategy(DDPStrategy, StrategyLayout):
         net = getattr(pl_module, "net", None)
         if not isinstance(net, nn.Sequential) or all(is_materialized(block) for block in net):
             return super().teardown()
-        with _without_child(pl_module, "net") as net:  # Lightning moves the module to the CPU, which meta blocks refuse
+        assert pl_module is not None
+        with _without_child(pl_module, "net"):  # Lightning moves the module to the CPU, which meta blocks refuse
             super().teardown()
         for block in net:
             if is_materialized(block):

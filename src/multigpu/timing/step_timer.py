@@ -16,7 +16,7 @@ import torch
 from lightning.pytorch import Callback
 from typing_extensions import override
 
-from multigpu.contracts import layout_of
+from multigpu.contracts import parallelism_of
 from multigpu.run.device_sync import synchronize
 from multigpu.run.replicas import data_parallel_size
 
@@ -32,7 +32,7 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 def _peaks_of_this_process(trainer) -> list[int]:
     """The peak of each CUDA device this process trains on, or on the CPU its resident memory."""
-    devices = [device for device in layout_of(trainer).process_devices if device.type == "cuda"]
+    devices = [device for device in parallelism_of(trainer).process_devices if device.type == "cuda"]
     if not devices:
         return [peak_memory_bytes(trainer.strategy.root_device)]
     return [peak_memory_bytes(device) for device in devices]

@@ -30,7 +30,7 @@ from torch import nn
 from multigpu.checkpointing.resume import ResumePoint
 from multigpu.data.cifar import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
 from multigpu.errors import UsageError
-from multigpu.model.architectures import DEFAULT_ARCH, network_blocks
+from multigpu.model.architectures import DEFAULT_ARCH, NetworkBlocks, network_blocks
 from multigpu.model.lazy_blocks import BlockFactory, LazyBlocks
 from multigpu.model.torchvision_weights import cifar_stem, to_torchvision
 
@@ -62,6 +62,13 @@ def _blocks(checkpoint: dict) -> Sequence[BlockFactory]:
     )
 
 
+def _cut_blocks(checkpoint: dict) -> NetworkBlocks:
+    """``_blocks`` of a network other than ResNet-50: cut from one torchvision (or the user's) network."""
+    blocks = _blocks(checkpoint)
+    assert isinstance(blocks, NetworkBlocks)
+    return blocks
+
+
 def network_of(checkpoint: dict) -> nn.Sequential:
     """The checkpoint's network (our blocks), on the CPU, in evaluation mode."""
     net = LazyBlocks(_blocks(checkpoint))
@@ -77,7 +84,7 @@ def torchvision_model(checkpoint: dict, network: nn.Module | None = None) -> nn.
     hparams = checkpoint.get("hyper_parameters", {})
     network = network if network is not None else network_of(checkpoint)
     if hparams.get("arch", DEFAULT_ARCH) != DEFAULT_ARCH:
-        return _blocks(checkpoint).network_with(network.state_dict())
+        return _cut_blocks(checkpoint).network_with(network.state_dict())
     model = torchvision.models.resnet50(num_classes=hparams.get("num_classes", 10))
     if hparams.get("stem", "cifar") == "cifar":
         cifar_stem(model)
@@ -150,7 +157,7 @@ def torchvision_load_lines(checkpoint: dict, out: Path) -> str:
     hparams = checkpoint.get("hyper_parameters", {})
     arch, classes = hparams.get("arch", DEFAULT_ARCH), hparams.get("num_classes", 10)
     stem = "model.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False)\n    model.maxpool = torch.nn.Identity()\n"
-    resnet = arch == DEFAULT_ARCH or _blocks(checkpoint).is_resnet
+    resnet = arch == DEFAULT_ARCH or _cut_blocks(checkpoint).is_resnet
     if "." in arch:  # the user's own network
         build = f"{arch}(num_classes={classes})"
     else:

@@ -22,6 +22,7 @@ from typing_extensions import override
 
 from multigpu.data.cifar import CIFAR10_MEAN, CIFAR10_STD
 from multigpu.errors import check_at_least
+from multigpu.run.trainer_parts import datamodule_of
 from multigpu.trained.prediction_plot import plot_predictions
 
 __all__ = ["PredictionWriter"]
@@ -103,7 +104,7 @@ class PredictionWriter(BasePredictionWriter):
         rank_zero_info(f"{said}; wrote {path}.")
         if self.plot:
             plotted = [row for row in unique if row[0] in images]
-            stats = getattr(trainer.datamodule, "stats", (CIFAR10_MEAN, CIFAR10_STD))
+            stats = getattr(datamodule_of(trainer), "stats", (CIFAR10_MEAN, CIFAR10_STD))
             plot_predictions([images[row[0]] for row in plotted], plotted, path.with_suffix(".png"), class_name, stats)
             rank_zero_info(f"predict: drew the first {len(plotted)} images in {path.with_suffix('.png')}.")
 
@@ -119,12 +120,14 @@ class PredictionWriter(BasePredictionWriter):
 def _class_names(trainer: Trainer) -> Callable[[int], str]:
     """The name of each class of the run's data (CIFAR-10's, CIFAR-100's, an image folder's), its number where the
     data module names none."""
-    classes = getattr(trainer.datamodule, "classes", None) or []
+    classes = getattr(datamodule_of(trainer), "classes", None) or []
     return lambda index: classes[index] if 0 <= index < len(classes) else str(index)
 
 
 def _names(trainer: Trainer):
     """Each image's name in the CSV: the path of the user's file, or its index in the split."""
-    dataset = trainer.predict_dataloaders.dataset
+    loader = trainer.predict_dataloaders
+    assert loader is not None  # set while predict runs
+    dataset = loader.dataset
     paths = getattr(getattr(dataset, "dataset", None), "paths", None)
     return (lambda index: str(paths[index])) if paths is not None else str

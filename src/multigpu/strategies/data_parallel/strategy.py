@@ -9,6 +9,7 @@ Without CUDA devices there is nothing to scatter over: ``dp`` warns and trains o
 one device.
 """
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -20,7 +21,7 @@ from torch.nn.parallel import DataParallel
 from typing_extensions import override
 
 from multigpu.compat import layer_sync
-from multigpu.contracts import StrategyLayout
+from multigpu.contracts import Parallelism
 from multigpu.errors import UsageError
 from multigpu.strategies.network_lookup import network
 
@@ -57,7 +58,7 @@ class TransparentDataParallel(DataParallel):
         return self.module.state_dict(*args, destination=destination, prefix=prefix, keep_vars=keep_vars)
 
     @override
-    def parallel_apply(self, replicas: list[nn.Module], inputs: Any, kwargs: Any) -> list[Any]:
+    def parallel_apply(self, replicas: Sequence[nn.Module], inputs: Any, kwargs: Any) -> list[Any]:
         device_type = self.src_device_obj.type
         if torch.is_autocast_enabled(device_type):
             dtype = torch.get_autocast_dtype(device_type)
@@ -70,7 +71,7 @@ def _add_module_prefix(module: nn.Module, state_dict: dict, prefix: str, *args: 
         state_dict[prefix + "module." + key[len(prefix) :]] = state_dict.pop(key)
 
 
-class DataParallelStrategy(ParallelStrategy, StrategyLayout):
+class DataParallelStrategy(ParallelStrategy, Parallelism):
     """Single-process data parallelism over the devices of ``--trainer.devices`` (a count or a list)."""
 
     strategy_name = "dp"

@@ -2,13 +2,14 @@
 ``manual_model_parallel``'s replicas."""
 
 import inspect
+from typing import Any
 
 from torch.nn.parallel import DistributedDataParallel
 
 __all__ = ["ddp_options"]
 
 
-def ddp_options() -> dict[str, bool]:
+def ddp_options() -> dict[str, Any]:
     """What Lightning's ``ddp`` names (``ddp``, ``ddp_spawn``, ``ddp_fork``...) give torch's DDP wrapper here: the
     gradients kept in DDP's buckets, with no copy between the two (``gradient_as_bucket_view``), and no broadcast
     of the first process's buffers before every forward pass. BatchNorm's, the only buffers a torchvision

@@ -24,7 +24,7 @@ under one device, ``ddp``, model parallel or a pipeline, and theirs here.
 """
 
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -38,12 +38,12 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.optim import Optimizer
 from typing_extensions import override
 
 from multigpu.checkpointing.checkpoint_io import AtomicCheckpointIO
-from multigpu.contracts import StrategyLayout
+from multigpu.contracts import Parallelism
 from multigpu.errors import UsageError
 from multigpu.strategies.fully_sharded.full_state import (
     full_model_state,
@@ -69,7 +69,7 @@ def broadcast_from_first(tensors: list[Tensor]) -> None:
             offset += tensor.numel()
 
 
-class FullyShardedStrategy(DDPStrategy, StrategyLayout):
+class FullyShardedStrategy(DDPStrategy, Parallelism):
     """Parameters, gradients and optimizer state sharded over the processes (FSDP2), block by block.
 
     Args:
@@ -107,7 +107,7 @@ class FullyShardedStrategy(DDPStrategy, StrategyLayout):
         self.accumulate_whole_gradients = accumulate_whole_gradients
         self.sharded_checkpoints = sharded_checkpoints
         self._saves_shards = False  # while training runs (``on_train_start``)
-        self._net: nn.Module | None = None  # the sharded network, while fitting
+        self._net: FSDPModule | None = None  # the sharded network, while fitting
 
     def mesh_shape(self, world_size: int) -> tuple[int, ...]:
         """``(world_size,)``, or ``(replicas, shard_size)`` for HSDP; a ``UsageError`` when they do not divide."""
@@ -159,6 +159,7 @@ class FullyShardedStrategy(DDPStrategy, StrategyLayout):
     @override
     def configure_ddp(self) -> None:
         # In place of the DDP wrapper: the network's blocks sharded where they are.
+        assert self.lightning_module is not None
         blocks = self.check_model(self.lightning_module)
         shape = self.mesh_shape(self.world_size)
         names = ("shard",) if len(shape) == 1 else ("replicate", "shard")
@@ -166,8 +167,7 @@ class FullyShardedStrategy(DDPStrategy, StrategyLayout):
         broadcast_from_first([*blocks.parameters(), *blocks.buffers()])  # as DDP starts
         for block in blocks:
             fully_shard(block, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
-        fully_shard(blocks, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
-        self._net = blocks
+        self._net = fully_shard(blocks, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
 
     @contextmanager
     @override
@@ -234,6 +234,7 @@ class FullyShardedStrategy(DDPStrategy, StrategyLayout):
     def lightning_module_state_dict(self) -> dict[str, Any]:
         if not self.sharded:
             return super().lightning_module_state_dict()
+        assert self.lightning_module is not None
         if self._saves_shards:
             return get_model_state_dict(self.lightning_module)  # each process's shards, nothing gathered
         return full_model_state(self.lightning_module, self.is_global_zero)
@@ -251,16 +252,18 @@ class FullyShardedStrategy(DDPStrategy, StrategyLayout):
         if not self._saves_shards:
             return super().save_checkpoint(checkpoint, filepath, storage_options)
         if storage_options is not None or "://" in str(filepath):  # remote: one whole file, gathered as before
+            assert self.lightning_module is not None
             checkpoint = {**checkpoint, "state_dict": full_model_state(self.lightning_module, self.is_global_zero)}
             if "optimizer_states" in checkpoint:
                 whole = [full_optimizer_state(optimizer, self.is_global_zero) for optimizer in self.optimizers]
                 checkpoint["optimizer_states"] = whole
             return super().save_checkpoint(checkpoint, filepath, storage_options)
         token = self.broadcast(secrets.token_hex(4))  # the folder of this save, the same in every process
+        assert isinstance(self.checkpoint_io, AtomicCheckpointIO), "_saves_shards: set only with it"
         self.checkpoint_io.save_sharded(checkpoint, filepath, self.global_rank, self.world_size, token)
 
     @override
-    def load_optimizer_state_dict(self, checkpoint: dict[str, Any]) -> None:
+    def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
         if not self.sharded:
             return super().load_optimizer_state_dict(checkpoint)
         for optimizer, state in zip(self.optimizers, checkpoint["optimizer_states"]):

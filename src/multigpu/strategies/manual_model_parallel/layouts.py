@@ -60,6 +60,7 @@ class ModelParallelLayout(Layout):
         return [devices for _ in range(self.processes)]
 
     def step_seconds(self, forward, backward, update, links, memory, profile) -> float:
+        assert self.balance is not None, "a split layout is balanced before its forecast"
         sends = boundary_bytes(memory, self.balance, self.batch_size) if links.cuda else []  # CPU: one memory
         moved = 2 * sum(links.send(nbytes) for nbytes in sends)  # activations forward, their gradients back
         reduce = lambda nbytes: links.all_reduce(nbytes, self.replicas)  # noqa: E731

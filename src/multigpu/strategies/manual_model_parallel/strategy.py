@@ -93,7 +93,7 @@ class ManualModelParallelStrategy(SplitNetworkStrategy):
         self.devices_per_replica = devices_per_replica
         self._hooks: list[RemovableHandle] = []
         self._balance: list[int] = []
-        self._placed: list[torch.device] | None = None
+        self._placed: list[torch.device | None] | None = None
         self._unbound_group = False  # root_device reads as the CPU while the process group is created
 
     @property
@@ -147,8 +147,9 @@ class ManualModelParallelStrategy(SplitNetworkStrategy):
         return block_sequence(pl_module, self.strategy_name)
 
     @override
-    def place_blocks(self) -> list[torch.device]:
+    def place_blocks(self) -> list[torch.device | None]:
         if self._placed is None:
+            assert self.lightning_module is not None
             blocks = self.check_model(self.lightning_module)
             devices = self.stage_devices
             times = time_blocks(self, blocks)
@@ -172,6 +173,7 @@ class ManualModelParallelStrategy(SplitNetworkStrategy):
     @override
     def model_to_device(self) -> None:
         super().model_to_device()  # each block straight to its stage's device
+        assert self.lightning_module is not None
         blocks = block_sequence(self.lightning_module, self.strategy_name)
         self._remove_hooks()
         for blocks_of_stage, device in zip(self.stage_blocks, self.stage_devices, strict=True):

@@ -1,6 +1,6 @@
 """Evaluation through a pipeline: every micro-batch forward, stage after stage, without a schedule."""
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -24,7 +24,7 @@ class ForwardOnly:
 
     def __init__(
         self,
-        modules: Sequence[nn.Module],
+        modules: Iterable[nn.Module],
         stages: Sequence[int],
         rank_of: Callable[[int], int],
         num_stages: int,
@@ -40,7 +40,7 @@ class ForwardOnly:
         """The last stage's output for the batch ``x`` of ``size`` inputs (``x`` given where stage 0 is held, ``size``
         everywhere), where that stage is held. A batch smaller than ``micro_batches`` goes as micro-batches of one."""
         held: dict[tuple[int, int], Any] = {}
-        sends: list[tuple[dist.Work, Tensor]] = []
+        sends: list[tuple[dist.Work | None, Tensor]] = []
         last: list[Tensor] = []
         count = min(self.micro_batches, size)
         micro_batch_inputs = x.tensor_split(count) if x is not None else None
@@ -50,7 +50,8 @@ class ForwardOnly:
         for micro_batch in range(count):
             for module, stage in zip(self.modules, self.stages):
                 if stage == 0:
-                    inputs = micro_batch_inputs[micro_batch]
+                    assert micro_batch_inputs is not None, "x is given where stage 0 is held"
+                    inputs: Tensor | tuple[Tensor, ...] = micro_batch_inputs[micro_batch]
                 elif self.ranks[stage - 1] == self.rank:
                     inputs = held.pop((stage - 1, micro_batch))
                 else:
@@ -63,15 +64,16 @@ class ForwardOnly:
                 else:
                     sends += self._send(out, self.ranks[stage + 1], tag=stage + 1)
         for work, _ in sends:
+            assert work is not None  # None for a process outside the group only
             work.wait()
         return torch.cat(last) if last else None
 
-    def _send(self, out: Tensor | tuple[Tensor, ...], dst: int, tag: int) -> list[tuple[dist.Work, Tensor]]:
+    def _send(self, out: Tensor | tuple[Tensor, ...], dst: int, tag: int) -> list[tuple[dist.Work | None, Tensor]]:
         tensors = [out] if isinstance(out, Tensor) else list(out)
-        header = [len(tensors)]
+        fields = [len(tensors)]
         for tensor in tensors:
-            header += [_DTYPES.index(tensor.dtype), tensor.dim(), *tensor.shape]
-        header = torch.tensor(header + [0] * (_HEADER - len(header)), device=self.device)
+            fields += [_DTYPES.index(tensor.dtype), tensor.dim(), *tensor.shape]
+        header = torch.tensor(fields + [0] * (_HEADER - len(fields)), device=self.device)
         sent = [tensor.contiguous() for tensor in (header, *tensors)]  # kept until the sends complete
         return [(dist.isend(tensor, dst, tag=tag), tensor) for tensor in sent]
 

@@ -9,13 +9,14 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
-from lightning.pytorch import LightningModule
+from lightning.pytorch import Trainer
 from lightning.pytorch.plugins import Precision
 from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from multigpu.compat import found_inf_flags
+from multigpu.contracts import TrainsNetwork
 
 __all__ = ["average_between_replicas", "clip_over_stages", "micro_batch_loss", "norm_over_stages", "over_stages"]
 
@@ -97,6 +98,7 @@ class _ClipsOverStages:
         clip_val: int | float = 0.0,
         gradient_clip_algorithm: GradClipAlgorithmType = GradClipAlgorithmType.NORM,
     ) -> None:
+        assert isinstance(self, Precision), "placed before a precision plugin's class by over_stages"
         clip_over_stages(
             self, optimizer, clip_val, gradient_clip_algorithm, self.stage_params(), self.pipe_group, self.stage_device
         )
@@ -115,17 +117,20 @@ def over_stages(
     if not isinstance(plugin, _ClipsOverStages):
         base = type(f"{base.__name__}OverStages", (_ClipsOverStages, base), {"__module__": __name__})
     over = base.__new__(base)
+    assert isinstance(over, _ClipsOverStages)
     over.__dict__.update(vars(plugin))
     over.stage_params, over.pipe_group, over.stage_device = stage_params, pipe_group, device
     return over
 
 
-def micro_batch_loss(pl_module: LightningModule, micro_batches: int, precision_plugin: Precision) -> Callable:
+def micro_batch_loss(
+    pl_module: TrainsNetwork, trainer: Trainer, micro_batches: int, precision_plugin: Precision
+) -> Callable[[Tensor, Tensor], Tensor]:
     """The loss the last stage computes for each micro-batch: its share of the mean over the batch and the
-    accumulated batches, scaled as 16-mixed scales the loss."""
+    accumulated batches of ``trainer``, scaled as 16-mixed scales the loss."""
 
     def loss(logits: Tensor, target: Tensor) -> Tensor:
-        accumulated = pl_module.trainer.accumulate_grad_batches
+        accumulated = trainer.accumulate_grad_batches
         share = pl_module.criterion(logits, target) / (micro_batches * accumulated)
         scaler = getattr(precision_plugin, "scaler", None)
         return scaler.scale(share) if scaler is not None else share

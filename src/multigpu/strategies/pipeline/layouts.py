@@ -117,6 +117,7 @@ class PipelineLayout(Layout):
         return per_process * self.replicas
 
     def step_seconds(self, forward, backward, update, links, memory, profile) -> float:
+        assert self.balance is not None, "a split layout is balanced before its forecast"
         placement, stages = self.placement, stage_ranges(self.balance)
         sends = boundary_bytes(memory, self.balance, self.batch_size / self.micro_batches)
         split = profile.split_backward(self.processes) if splits_backward(placement, self.micro_batches) else 1.0

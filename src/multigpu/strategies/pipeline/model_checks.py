@@ -3,6 +3,7 @@
 from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 
+from multigpu.contracts import trains_network
 from multigpu.errors import UsageError
 from multigpu.strategies.micro_batch_check import micro_batch_refusal
 from multigpu.strategies.network_lookup import block_sequence
@@ -17,7 +18,7 @@ def pipeline_blocks(
     """The blocks of ``pl_module.net``, once the pipeline's demands are checked: a ``criterion`` for the last stage,
     a batch that cuts into ``micro_batches``, enough blocks for the stages, a ``balance`` that fits them."""
     blocks = block_sequence(pl_module, "pipeline")
-    if not isinstance(getattr(pl_module, "criterion", None), nn.Module):  # a ``contracts.TrainsNetwork``
+    if not trains_network(pl_module):
         raise UsageError(
             f"strategy pipeline computes the loss on the last stage with the LightningModule's `criterion`; "
             f"{type(pl_module).__name__} has none."

@@ -13,6 +13,7 @@ from torch.distributed.pipelining.schedules import PipelineScheduleMulti, Pipeli
 from typing_extensions import override
 
 from multigpu.compat import pipeline_stage
+from multigpu.contracts import HoldsNetwork
 from multigpu.errors import UsageError
 from multigpu.strategies.pipeline.forward import ForwardOnly
 from multigpu.strategies.pipeline.schedule_clock import ScheduleClock
@@ -21,7 +22,9 @@ from multigpu.strategies.pipeline.stage_placement import StagePlacement, schedul
 __all__ = ["StageBlocks", "StageRunner", "create_groups", "network_returns"]
 
 
-def create_groups(processes: int, replicas: int, pipe_index: int, replica_index: int) -> tuple[dist.ProcessGroup, ...]:
+def create_groups(
+    processes: int, replicas: int, pipe_index: int, replica_index: int
+) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
     """This process's pipeline (the ranks of its replica) and stage group (the ranks that hold its stages).
 
     Ranks ``r*S .. r*S+S-1`` form replica ``r``; every process creates every group, in the same order.
@@ -35,6 +38,7 @@ def create_groups(processes: int, replicas: int, pipe_index: int, replica_index:
         group = dist.new_group(list(range(index, processes * replicas, processes)))
         if index == pipe_index:
             stage_group = group
+    assert isinstance(pipe_group, dist.ProcessGroup) and isinstance(stage_group, dist.ProcessGroup)  # a member of both
     return pipe_group, stage_group
 
 
@@ -70,7 +74,7 @@ class Replay(nn.Module):
 
 
 @contextmanager
-def network_returns(pl_module: nn.Module, output: Tensor) -> Iterator[None]:
+def network_returns(pl_module: HoldsNetwork, output: Tensor) -> Iterator[None]:
     """Within the context, ``pl_module.net`` returns ``output`` (the pipeline's, for the batch at hand)."""
     net = pl_module.net
     pl_module.net = Replay(output)
@@ -136,7 +140,11 @@ class StageRunner:
             pipeline_stage(module, stage, placement.num_stages, device, group) for module, stage in zip(modules, held)
         ]
         schedule = schedule_class(placement.schedule)(
-            stages[0] if placement.is_single else stages, micro_batches, loss_fn=loss_fn, scale_grads=False
+            # a stage for a single-stage schedule, the list for a multi-stage one: the union is no type of either
+            stages[0] if placement.is_single else stages,  # type: ignore[arg-type]
+            micro_batches,
+            loss_fn=loss_fn,
+            scale_grads=False,
         )
         forward_only = ForwardOnly(modules, held, rank_of, placement.num_stages, micro_batches, device)
         last = placement.num_stages - 1
@@ -178,10 +186,11 @@ class StageRunner:
 
     def _share_output(self, output: Tensor | None, size: int, shared: bool) -> Tensor:
         if self._output_width is None:
-            width = torch.tensor([output.shape[1] if self.is_last else 0], device=self.device)
+            width = torch.tensor([output.shape[1] if output is not None and self.is_last else 0], device=self.device)
             dist.broadcast(width, src=self.last_rank, group=self.group)
             self._output_width = int(width.item())
         if self.is_last:
+            assert output is not None, "the last stage's schedule returns its output"
             everyones = output.detach().float().contiguous()
         elif shared:
             everyones = torch.empty(size, self._output_width, device=self.device)  # every stage reads the same batch

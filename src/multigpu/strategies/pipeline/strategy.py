@@ -4,7 +4,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from lightning.pytorch import LightningModule
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.types import STEP_OUTPUT
@@ -13,6 +13,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from multigpu.compat import is_log_step, layer_sync
+from multigpu.contracts import holds_network, trains_network
 from multigpu.errors import UsageError
 from multigpu.model.deferred_batch_norm import defer_batch_norm
 from multigpu.strategies.block_timing import time_blocks
@@ -141,12 +142,13 @@ class PipelineStrategy(SplitNetworkStrategy):
     @property
     def stage_blocks(self) -> list[range]:
         """The block indices of each of this process's stages."""
+        assert self._stage_blocks is not None, "placed in place_blocks"
         return self._stage_blocks
 
     @property
     def _held_blocks(self) -> list[int]:
         """Indices of the blocks of this process's stages."""
-        return [index for blocks in self._stage_blocks for index in blocks]
+        return [index for blocks in self.stage_blocks for index in blocks]
 
     def _rank_of(self, stage: int) -> int:
         """Global rank of the process that holds ``stage`` in this process's pipeline."""
@@ -171,13 +173,15 @@ class PipelineStrategy(SplitNetworkStrategy):
 
     @override
     def place_blocks(self) -> list[torch.device | None]:
-        blocks = self.check_model(self.lightning_module)
+        pl_module = self.lightning_module
+        assert pl_module is not None
+        blocks = self.check_model(pl_module)
         if self._stage_blocks is None:
             # Rank 0 times the blocks, one at a time and for one training micro-batch, for all. Evaluation,
             # which trains nothing (and may take micro-batches too small to train), splits by parameters.
-            fitting = self.lightning_module.trainer.state.fn == TrainerFn.FITTING
+            fitting = pl_module.trainer.state.fn == TrainerFn.FITTING
             if fitting:  # as the CLI does before launch, for a Trainer built without it
-                self.check_training(self.lightning_module)
+                self.check_training(pl_module)
             times = (
                 self.broadcast(time_blocks(self, blocks, self.micro_batches) if self.global_rank == 0 else None)
                 if fitting
@@ -199,34 +203,38 @@ class PipelineStrategy(SplitNetworkStrategy):
         return [self.root_device if index in held else None for index in range(len(blocks))]
 
     @override
-    def setup(self, trainer) -> None:
+    def setup(self, trainer: Trainer) -> None:
         # DDPStrategy.setup without the DDP wrapper and without its broadcast of the whole module from rank 0.
+        assert self.accelerator is not None and self.model is not None
         self.accelerator.setup(trainer)
         self.precision_plugin.convert_module(self.model)
         self.model_to_device()  # this process's blocks on its device, the others on the meta device
         pl_module = self.lightning_module
+        assert trains_network(pl_module), "checked by place_blocks"
         blocks = block_sequence(pl_module, self.strategy_name)
-        self._stage_module = nn.ModuleList(StageBlocks(*blocks[held.start : held.stop]) for held in self._stage_blocks)
+        stage_module = nn.ModuleList(StageBlocks(*blocks[held.start : held.stop]) for held in self.stage_blocks)
+        self._stage_module = stage_module
         if self.deferred_batch_norm:
-            for module in self._stage_module:
+            for module in stage_module:
                 defer_batch_norm(module, self.micro_batches)
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)
         # Lightning clips (and 16-mixed skips an overflow) between unscaling and the step: over every stage here.
+        assert self._pipe_group is not None
         self.precision_plugin = over_stages(
-            self.precision_plugin, lambda: list(self._stage_module.parameters()), self._pipe_group, self.root_device
+            self.precision_plugin, lambda: list(stage_module.parameters()), self._pipe_group, self.root_device
         )
         self.setup_precision_plugin()
         # Processes that hold the same stages start from the same weights.
-        for tensor in self._stage_module.state_dict().values():
+        for tensor in stage_module.state_dict().values():
             dist.broadcast(tensor, src=self.pipe_index, group=self.replica_group)
         self._runner = StageRunner.build(
-            self._stage_module,
+            stage_module,
             self.placement,
             self.pipe_index,
             self._rank_of,
             self.micro_batches,
-            micro_batch_loss(self.lightning_module, self.micro_batches, self.precision_plugin),
+            micro_batch_loss(pl_module, trainer, self.micro_batches, self.precision_plugin),
             self._pipe_group,
             self.root_device,
             self.precision_plugin,
@@ -237,9 +245,11 @@ class PipelineStrategy(SplitNetworkStrategy):
     # --- steps --------------------------------------------------------------------------------
 
     def _step(self, hook: str, batch: Any, *args: Any, train: bool, **kwargs: Any) -> STEP_OUTPUT:
-        timed = train and is_log_step(self.lightning_module.trainer)
+        pl_module = self.lightning_module
+        assert holds_network(pl_module) and self._runner is not None, "set up in setup"
+        timed = train and is_log_step(pl_module.trainer)
         output = self._runner.run(batch, train, shared=not train or self._figures_read(), timed=timed)
-        with network_returns(self.lightning_module, output):
+        with network_returns(pl_module, output):
             return getattr(super(), hook)(batch, *args, **kwargs)
 
     def _figures_read(self) -> bool:
@@ -248,6 +258,7 @@ class PipelineStrategy(SplitNetworkStrategy):
         does every stage get the last stage's output to compute them from; in the other steps the first stage,
         which writes the logs, computes them from zeros, and nothing reads them: no broadcast a step. (A run
         ``max_time`` ends reads the zeros' figures of its last step.)"""
+        assert self.lightning_module is not None
         trainer = self.lightning_module.trainer
         last_step = 0 < trainer.max_steps <= trainer.global_step + 1  # the run's, where max_steps ends it
         return is_log_step(trainer) or trainer.fit_loop.epoch_loop.batch_progress.is_last_batch or last_step
@@ -271,6 +282,7 @@ class PipelineStrategy(SplitNetworkStrategy):
     @override
     def backward(self, closure_loss: Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any) -> Tensor:
         # The schedule ran every micro-batch's backward pass in training_step; its gradients land here.
+        assert self.lightning_module is not None and self._runner is not None
         closure_loss = self.precision_plugin.pre_backward(closure_loss, self.lightning_module)
         self._runner.take_gradients()
         return self.precision_plugin.post_backward(closure_loss, self.lightning_module)
@@ -283,6 +295,7 @@ class PipelineStrategy(SplitNetworkStrategy):
     def optimizer_step(self, optimizer: Optimizer, closure: Any, model: Any = None, **kwargs: Any) -> Any:
         def closure_then_average() -> Any:
             result = closure()
+            assert self._stage_module is not None and self.replica_group is not None
             average_between_replicas(list(self._stage_module.parameters()), self.replica_group, self.data_parallel_size)
             return result
 
@@ -292,6 +305,7 @@ class PipelineStrategy(SplitNetworkStrategy):
     def step_figures(self) -> dict[str, float]:
         """This process's idle share of the last log step's schedule (its computations timed), and the schedule's
         ideal (``ideal_idle_share``)."""
+        assert self._runner is not None
         idle = self._runner.clock.idle_share()
         if idle is None:
             return {}
@@ -301,12 +315,14 @@ class PipelineStrategy(SplitNetworkStrategy):
     @override
     def gradient_norm(self, pl_module: nn.Module) -> Tensor:
         """Over this process's stages and the other processes' (each holds its stages' gradients alone)."""
+        assert self._stage_module is not None and self._pipe_group is not None
         return norm_over_stages(list(self._stage_module.parameters()), self._pipe_group, self.root_device)
 
     # --- checkpoints --------------------------------------------------------------------------
 
     @override
     def lightning_module_state_dict(self) -> dict[str, Any]:
+        assert self.lightning_module is not None
         return gather_state_dict(
             self.lightning_module.state_dict(),
             self._held_blocks,
@@ -317,6 +333,7 @@ class PipelineStrategy(SplitNetworkStrategy):
 
     @override
     def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
+        assert self._stage_module is not None
         return gather_optimizer_state(
             optimizer,
             super().optimizer_state(optimizer),
