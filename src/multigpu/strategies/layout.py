@@ -222,14 +222,15 @@ def several_devices(strategy: str, request: LayoutRequest, refuse: Refuse) -> bo
     return True
 
 
-def refused(refuse: Refuse, what: str, check: Callable[[], object]) -> bool:
-    """Whether ``check()`` raises the ``UsageError`` the strategy itself raises before launch (its rule, stated
-    once); if so, ``refuse(what, why)`` in the error's words."""
-    try:
-        check()
-    except UsageError as error:
-        refuse(what, str(error).rstrip("."))
-        return True
+def refused(refuse: Refuse, what: str, *checks: Callable[[], object]) -> bool:
+    """Whether one of ``checks`` raises the ``UsageError`` the strategy itself raises before launch (its rules,
+    stated once); if so, ``refuse(what, why)`` in the first error's words."""
+    for check in checks:
+        try:
+            check()
+        except UsageError as error:
+            refuse(what, str(error).rstrip("."))
+            return True
     return False
 
 

@@ -31,8 +31,11 @@ class ModelParallelLayout(Layout):
         layouts: list[Layout] = []
         for per_replica in DEVICES_PER_REPLICA:
             what = f"manual_model_parallel over {per_replica} devices per replica"
-            if refused(refuse, what, lambda: check_not_compiled(cls.strategy, request.compiled)) or refused(
-                refuse, what, lambda: check_devices_per_replica(request.devices, per_replica)
+            if refused(
+                refuse,
+                what,
+                lambda: check_not_compiled(cls.strategy, request.compiled),
+                lambda: check_devices_per_replica(request.devices, per_replica),
             ):
                 continue
             replicas = request.devices // per_replica

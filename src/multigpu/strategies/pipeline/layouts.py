@@ -36,8 +36,11 @@ class PipelineLayout(Layout):
         layouts: list[Layout] = []
         for processes in PIPELINE_PROCESSES:
             what = f"pipeline over {processes} processes"
-            if refused(refuse, what, lambda: check_not_compiled(cls.strategy, request.compiled)) or refused(
-                refuse, what, lambda: processes_per_pipeline(request.devices, processes, 1)
+            if refused(
+                refuse,
+                what,
+                lambda: check_not_compiled(cls.strategy, request.compiled),
+                lambda: processes_per_pipeline(request.devices, processes, 1),
             ):
                 continue
             counts = request.micro_batches or (processes, 2 * processes, 4 * processes)
