@@ -127,7 +127,7 @@ class _StageOfTorch211(PipelineStage):
     """``PipelineStage`` that keeps its buffers through shape inference and greets only other processes
     (``STAGE_HOOKS_OF_TORCH_211``)."""
 
-    def _shape_inference(self, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:  # type: ignore[misc]
+    def _shape_inference(self, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:  # type: ignore[misc]  # 2.11's
         # Private in 2.11, no public switch: the pass that finds the shapes must not update BatchNorm's statistics.
         kept = [(buffer, buffer.detach().clone()) for buffer in self.submod.buffers()]
         try:
