@@ -5,7 +5,14 @@ from lightning.pytorch import Trainer
 from multigpu.contracts import layout_of
 from multigpu.errors import UsageError
 
-__all__ = ["accumulation_for", "data_parallel_rank", "data_parallel_size", "micro_batches_per_batch", "replica_group"]
+__all__ = [
+    "accumulation_for",
+    "data_parallel_rank",
+    "data_parallel_size",
+    "global_batch_size",
+    "micro_batches_per_batch",
+    "replica_group",
+]
 
 
 def data_parallel_size(trainer: Trainer) -> int:
@@ -31,6 +38,13 @@ def replica_group(trainer: Trainer):
 def micro_batches_per_batch(trainer: Trainer) -> int:
     """The micro-batches each loader batch is cut into for its forward passes: a pipeline's, else 1."""
     return layout_of(trainer).micro_batches
+
+
+def global_batch_size(batch_size: int, replicas: int, accumulation: int) -> int:
+    """Images per optimizer step over all replicas, each of which accumulates ``accumulation`` loader batches of
+    ``batch_size``: the batch the learning rate scales with and an epoch's order steps by (``accumulation_for`` is
+    its inverse)."""
+    return batch_size * replicas * accumulation
 
 
 def accumulation_for(global_batch_size: int, batch_size: int, replicas: int) -> int:

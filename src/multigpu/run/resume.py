@@ -19,6 +19,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from multigpu.renamed_options import RENAMED_CLASSES, new_hyperparameter_names
 from multigpu.run.loop_position import count_steps_as_done, next_position
 from multigpu.run.replicas import data_parallel_size, micro_batches_per_batch
+from multigpu.typed_options import ModuleOptions
 
 __all__ = ["KEY", "ResumableData", "ResumePoint", "layout_record", "resume", "training_order"]
 
@@ -111,7 +112,7 @@ def training_order(trainer: Trainer) -> dict[str, int] | None:
 def layout_record(trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
     """How ``trainer`` trains: its strategy, processes, replicas, accumulated batches, global batch and images per
     forward pass."""
-    batch_size = pl_module.hparams.get("batch_size")
+    batch_size = ModuleOptions.of(pl_module).batch_size
     return {
         "strategy": type(trainer.strategy).__name__,
         "world_size": trainer.world_size,

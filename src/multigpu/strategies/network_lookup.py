@@ -5,6 +5,7 @@ from lightning.pytorch import LightningModule
 from torch import nn
 
 from multigpu.errors import UsageError
+from multigpu.typed_options import ModuleOptions
 
 __all__ = ["block_sequence", "check_not_compiled", "network"]
 
@@ -20,7 +21,7 @@ def network(pl_module: LightningModule, strategy: str) -> nn.Module:  # pl_modul
             f"strategy {strategy} needs the network as a module in `self.net` of the LightningModule; "
             f"{type(pl_module).__name__} has none."
         )
-    check_not_compiled(strategy, bool(pl_module.hparams.get("compile")))
+    check_not_compiled(strategy, bool(ModuleOptions.of(pl_module).compile))
     return net
 
 
