@@ -66,7 +66,7 @@ def follow_checkpoint(config: Any, subcommand: str | None, command_line: Sequenc
     dirpath = checkpoint_dir(options.checkpoint_root, options.run_name)
     ckpt_path, checkpoint = resolve_ckpt_path(options.ckpt_path, dirpath, subcommand == "fit")
     config["ckpt_path"] = ckpt_path
-    if not checkpoint:
+    if not checkpoint or ckpt_path is None:  # Lightning's own, or no checkpoint yet
         return None
     run_name = _follow_the_checkpoints_run(config, options, ckpt_path, subcommand)
     point = ResumePoint.of(checkpoint)
