@@ -41,8 +41,9 @@ DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
 ABORTED_AT_EXIT = "terminate called without an active exception"
 
 # Subprocesses find what configs name in tests/helpers.py (``helpers.tiny_resnet``, the test-only callbacks) with
-# this; ``run_cli`` gives it to every run. A ``PYTHONPATH`` already set (a worktree's own ``src``) stays after it.
-HELPERS_ENV = {"PYTHONPATH": os.pathsep.join(filter(None, (str(Path(__file__).parent), os.environ.get("PYTHONPATH"))))}
+# this; ``run_cli`` gives it to every run. The caller's PYTHONPATH stays after it, so that a checkout's runs import
+# the src/ it names, not the one the environment's editable install points to.
+HELPERS_ENV = {"PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *filter(None, [os.getenv("PYTHONPATH")])])}
 
 
 def run_cli(

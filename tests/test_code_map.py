@@ -314,3 +314,72 @@ def test_a_new_strategy_is_one_package_and_one_name_and_fit_and_plan_find_it(tmp
     )  # fmt: skip
     assert plan.returncode == 0, plan.stdout
     assert re.search(r"^\s+toy\s+[\d.]+\s+-", plan.stdout, re.MULTILINE), plan.stdout
+
+
+def _option_names() -> set[str]:
+    """Every name an option goes by: a section of a command's config and each option of its own (what
+    ``add_argument``, ``add_lightning_class_args`` and ``add_class_arguments`` give, and ``subcommand``); each
+    parameter of the model, the data module, Lightning's ``Trainer``, ``plan`` and our strategies (``--model.*``,
+    ``--data.*``, ``--trainer.*``, ``--plan.*``, ``--trainer.strategy.*``); and the two sections of a checkpoint
+    that hold saved options."""
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    from multigpu.data.datamodule import ImageDataModule
+    from multigpu.model.classifier import ImageClassifier
+    from multigpu.planning.options import PlanOptions
+
+    importlib.import_module("multigpu.strategies")  # registers ours
+    names = {"subcommand", "hyper_parameters", "datamodule_hyper_parameters"}
+    for path in SOURCE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                given = [arg.value for arg in node.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)]
+                if node.func.attr == "add_argument":
+                    names |= {name.lstrip("-") for name in given if name.startswith("--")}
+                elif node.func.attr in ("add_lightning_class_args", "add_class_arguments"):
+                    names |= set(given)
+    ours = [entry["strategy"] for entry in StrategyRegistry.values()]
+    ours = [strategy for strategy in ours if strategy.__module__.startswith("multigpu.")]
+    for cls in (ImageClassifier, ImageDataModule, Trainer, PlanOptions, *ours):
+        names |= set(inspect.signature(cls).parameters) - {"self", "args", "kwargs"}
+    return names
+
+
+def option_reads(paths: list[Path], names: set[str]) -> list[str]:
+    """The string-key reads of options in ``paths``: a subscript ``x["name"]`` that is read (not assigned), or a call
+    ``x.get("name", ...)`` or ``x.pop("name", ...)``, whose key is the literal name of an option (``_option_names``),
+    or a dotted path through one (jsonargparse's ``config["trainer.num_nodes"]``).
+
+    The rule looks at the key, not at what holds it: renaming ``config`` or ``hparams`` hides nothing, and a dict whose
+    keys are options is one of options whatever it is called (Lightning's registry entry ``["strategy"]`` and a
+    torch parameter group's ``["lr"]`` count too). Builders that read a dict by their fields' names
+    (``dataclasses.fields``) have no literal key, so what is left are the reads written out by hand."""
+    found = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+                key = node.slice
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+                key = node.args[0] if node.func.attr in ("get", "pop") else None
+            else:
+                continue
+            if isinstance(key, ast.Constant) and isinstance(key.value, str) and names & set(key.value.split(".")):
+                found.append(f"{_shown(path)}:{node.lineno}: {ast.unparse(node)}")
+    return sorted(found)
+
+
+# 20 once the layouts' options are typed (5 reads in strategies/*/layouts.py) and the resume record is one type
+# (7 in run/resume.py, 2 in run/run_hparams.py): the other parts of issue 90.
+MOST_OPTION_READS = 29
+
+
+def test_options_are_read_as_typed_attributes_not_string_keys(tmp_path):
+    """Options become typed objects where they enter (the CLI's config, a checkpoint's saved options, a plan's
+    config): at most ``MOST_OPTION_READS`` string-key reads of them are left in ``src/`` (``option_reads``)."""
+    names = _option_names()
+    reads = option_reads(sorted(SOURCE.rglob("*.py")), names)
+    assert len(reads) <= MOST_OPTION_READS, f"{len(reads)} string-key reads of options:\n" + "\n".join(reads)
+    probe = tmp_path / "renamed.py"
+    probe.write_text("size = settings['batch_size'] + settings.get('max_epochs', 1)\nsettings['batch_size'] = 1\n")
+    assert len(option_reads([probe], names)) == 2  # the check finds them under any name

@@ -1,5 +1,6 @@
 """Every file in configs/ parses and builds, stacked on the recipe as a user stacks it."""
 
+import dataclasses
 import inspect
 from pathlib import Path
 
@@ -10,8 +11,11 @@ from lightning.fabric.utilities.rank_zero import LightningDeprecationWarning
 from lightning.pytorch.strategies import DDPStrategy
 
 from multigpu.cli.lightning_cli import MultiGPUCLI
+from multigpu.data.data_options import DataOptions
 from multigpu.data.datamodule import ImageDataModule
 from multigpu.model.classifier import ImageClassifier
+from multigpu.model.network_options import NetworkOptions
+from multigpu.model.recipe import Recipe
 from multigpu.strategies import FullyShardedStrategy
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
@@ -86,3 +90,20 @@ def test_the_code_defaults_are_the_recipe(section, component):
     recipe = yaml.safe_load(DEFAULT_CONFIG.read_text())[section]
     defaults = {name: parameter.default for name, parameter in inspect.signature(component).parameters.items()}
     assert {key: defaults[key] for key in recipe} == recipe
+
+
+def test_the_typed_options_handed_inward_keep_the_defaults_users_see():
+    """``DataOptions`` holds every ``--data.*`` option with ``ImageDataModule``'s default, and ``Recipe`` and
+    ``NetworkOptions`` the ``--model.*`` options each holds with ``ImageClassifier``'s: the typed objects the CLI's
+    flat options become say what its schema says (an old checkpoint without an option gets that default)."""
+
+    def defaults(cls: type) -> dict:
+        return {name: parameter.default for name, parameter in inspect.signature(cls).parameters.items()}
+
+    def fields(cls: type) -> dict:
+        return {field.name: field.default for field in dataclasses.fields(cls)}
+
+    assert fields(DataOptions) == defaults(ImageDataModule)
+    model = defaults(ImageClassifier)
+    for typed in (Recipe, NetworkOptions):
+        assert fields(typed) == {name: model[name] for name in fields(typed)}

@@ -37,7 +37,7 @@ def test_missing_dataset_stops_before_the_model_is_built(capsys, tmp_path, monke
     def built(*args, **kwargs):
         raise AssertionError("the model was built before the data was checked")
 
-    monkeypatch.setattr("multigpu.model.classifier.network_blocks", built)
+    monkeypatch.setattr("multigpu.model.network_options.network_blocks", built)
     args = ["--data.synthetic=false", f"--data.data_dir={tmp_path / 'none'}", "--data.download=false"]
     error = cli_error(capsys, *[*args, *run_args(tmp_path)])
     assert error.startswith("error: CIFAR-10 is not in") and str(tmp_path / "none") in error

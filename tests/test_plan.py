@@ -60,8 +60,8 @@ def test_plan_forks_the_link_probes_ranks_before_it_runs_a_network_and_ends_them
         def dismiss(self) -> None:
             calls.append("dismiss")
 
-    def setting_of(config):
-        calls.append(f"setting {config['model']['arch']}")
+    def setting_of(run):
+        calls.append(f"setting {run.network.arch}")
         raise UsageError("stop here")
 
     monkeypatch.setattr(command, "fork_ranks", lambda processes, cuda: Ranks(processes))
@@ -402,6 +402,7 @@ def test_a_time_budget_measures_the_reference_and_the_best_forecast_then_what_fi
     """``--plan.budget_s``: the layouts in measuring order, the reference and the best forecast whatever the time,
     then each one whose forecast training time still ends before the deadline; the rest are named, unmeasured,
     and ``plan.json`` says which. Where the first two end past the deadline, a line says by how much."""
+    from multigpu.cli.run_options import TrainerOptions
     from multigpu.planning import measurement
     from multigpu.planning.ranking import Outcome, in_measuring_order
     from multigpu.planning.report import write_outputs
@@ -438,7 +439,7 @@ def test_a_time_budget_measures_the_reference_and_the_best_forecast_then_what_fi
     )
     basis = {"passes_s": {"8 images on 2 thread(s)": 0.9}, "links": Links(world=1).figures()}
     outcomes = [*measured, Outcome(LAYOUTS["dp"]("dp", 2, 1, 8), [1], 9.0)]
-    write_outputs(outcomes, tmp_path, None, {}, "", measured, 2.0, 3.4, basis)
+    write_outputs(outcomes, tmp_path, None, TrainerOptions(), "", measured, 2.0, 3.4, basis)
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["budget_s"] == 2.0 and plan["elapsed_s"] == 3.4 and plan["basis"] == basis
     last = capsys.readouterr().out.strip().splitlines()[-1]  # the budget, and why it was not kept

@@ -8,7 +8,10 @@ from typing import Any
 
 import yaml
 
-__all__ = ["config_files", "read_config", "resolve_data_dir", "unreadable_config"]
+from multigpu.cli.run_options import RunOptions
+from multigpu.data.data_options import DataOptions
+
+__all__ = ["config_files", "config_section", "resolve_data_dir", "unreadable_config"]
 
 
 def config_files(command_line: Sequence[str]) -> Iterator[tuple[int, Path]]:
@@ -22,7 +25,7 @@ def config_files(command_line: Sequence[str]) -> Iterator[tuple[int, Path]]:
             yield index, Path(arg.partition("=")[2])
 
 
-def read_config(path: Path) -> Any:
+def _read_config(path: Path) -> Any:
     """What the YAML file ``path`` holds; ``None`` where it is missing or unreadable (the parser says why)."""
     try:
         return yaml.safe_load(path.read_text()) if path.is_file() else None
@@ -30,23 +33,30 @@ def read_config(path: Path) -> Any:
         return None
 
 
-def resolve_data_dir(data: dict[str, Any], command_line: Sequence[str]) -> None:
+def config_section(path: Path, section: str) -> dict[str, Any]:
+    """The options the YAML file ``path`` gives in ``section`` (``model``, ``data``...): none where it gives none."""
+    loaded = _read_config(path)
+    values = loaded.get(section) if isinstance(loaded, dict) else None
+    return values if isinstance(values, dict) else {}
+
+
+def resolve_data_dir(config: Any, command_line: Sequence[str]) -> None:
     """A relative ``data.data_dir`` that a ``--config`` file gives (and nothing after it on the command line) is
-    relative to that file's folder, so that the file works from any folder: made so in ``data``, in place. One given
+    relative to that file's folder, so that the file works from any folder: made so in ``config``, in place. One given
     on the command line, or by ``configs/default.yaml`` (``data``), stays relative to where the command runs."""
     source = None
     for index, path in config_files(command_line):
-        loaded = read_config(path)
-        section = loaded.get("data") if isinstance(loaded, dict) else None
-        if isinstance(section, dict) and "data_dir" in section:
-            source = index, path, section["data_dir"]
+        section = config_section(path, "data")
+        if "data_dir" in section:
+            source = index, path, DataOptions.of(section).data_dir
     if source is None:
         return
     index, path, value = source
+    data_dir = RunOptions.of(config).data.data_dir
     given_later = any(arg.startswith("--data.data_dir") for arg in command_line[index:])
-    if given_later or not isinstance(value, str) or os.path.isabs(value) or data.get("data_dir") != value:
+    if given_later or not isinstance(value, str) or os.path.isabs(value) or data_dir != value:
         return
-    data["data_dir"] = os.path.normpath(path.parent / value)
+    config["data.data_dir"] = os.path.normpath(path.parent / value)
 
 
 def unreadable_config(command_line: Sequence[str]) -> str | None:

@@ -7,6 +7,7 @@ It takes ``fit``'s options, so that ``--ckpt_path last`` finds the run's newest 
 import glob
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from lightning.pytorch.cli import LightningArgumentParser
@@ -14,7 +15,9 @@ from typing_extensions import override
 
 from multigpu.checkpointing.files import resolve_ckpt_path
 from multigpu.cli.lightning_cli import MultiGPUCLI
+from multigpu.cli.run_options import RunOptions
 from multigpu.errors import UsageError, check_writable
+from multigpu.model.network_options import NetworkOptions
 from multigpu.trained.export import (
     SUFFIXES,
     Format,
@@ -25,6 +28,14 @@ from multigpu.trained.export import (
 )
 
 __all__ = ["ExportCLI", "export"]
+
+
+@dataclass(frozen=True)
+class ExportOptions(RunOptions):
+    """``export``'s options: ``fit``'s, the format and the file."""
+
+    to: Format = "torchvision"
+    out: str | None = None
 
 
 class ExportCLI(MultiGPUCLI):
@@ -48,15 +59,15 @@ class ExportCLI(MultiGPUCLI):
 
 def export(args: Sequence[str], default_config_files: Sequence[str | Path]) -> None:
     """Run ``python main.py export <args>``."""
-    config = ExportCLI(default_config_files=default_config_files, args=list(args), run=False).config
-    folder = Path(config["checkpoint_root"]) / config["run_name"]
-    path, checkpoint = resolve_ckpt_path(config["ckpt_path"], folder, training=False)
+    options = ExportOptions.of(ExportCLI(default_config_files=default_config_files, args=list(args), run=False).config)
+    folder = Path(options.checkpoint_root) / options.run_name
+    path, checkpoint = resolve_ckpt_path(options.ckpt_path, folder, training=False)
     if not checkpoint:
         raise UsageError(f"--ckpt_path {path}: export reads a checkpoint file on this machine; copy it here first.")
     assert path is not None  # a checkpoint read from it
-    to = config["to"]
-    arch = checkpoint.get("hyper_parameters", {}).get("arch", "resnet50").rsplit(".", 1)[-1]
-    out = Path(config["out"] or Path(path).with_name(f"{arch}-{Path(path).stem}{SUFFIXES[to]}"))
+    to = options.to
+    arch = NetworkOptions.saved_in(checkpoint).arch.rsplit(".", 1)[-1]
+    out = Path(options.out or Path(path).with_name(f"{arch}-{Path(path).stem}{SUFFIXES[to]}"))
     check_writable("--out", out)  # before the network is built
     out.parent.mkdir(parents=True, exist_ok=True)
     before = {file: file.stat().st_mtime_ns for file in out.parent.glob(f"{glob.escape(out.name)}*")}

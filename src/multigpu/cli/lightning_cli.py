@@ -23,6 +23,7 @@ from multigpu.checkpointing.resume import ResumePoint, RunMetadata
 from multigpu.checkpointing.saving import BestCheckpoints
 from multigpu.checkpointing.stop_signals import CheckpointOnStopSignal, StopAllProcessesOnError
 from multigpu.cli.config_files import resolve_data_dir, unreadable_config
+from multigpu.cli.run_options import RunOptions, TrainerOptions
 from multigpu.cli.saved_options import checkpoint_dir, follow_checkpoint
 from multigpu.cli.trainer_assembly import assemble_trainer
 from multigpu.cli.trainer_options import USUAL_STRATEGIES, check_trainer_options, precision_error
@@ -31,7 +32,6 @@ from multigpu.contracts import parallelism_of
 from multigpu.data.datamodule import ImageDataModule
 from multigpu.errors import UsageError, check_at_least, check_writable
 from multigpu.model.classifier import ImageClassifier
-from multigpu.model.recipe import Recipe
 from multigpu.renamed_options import add_old_names, move_to_new_names, new_names
 from multigpu.run.fit_summary import FitSummary
 from multigpu.run.gradient_norm import GradientNorm
@@ -105,6 +105,7 @@ class MultiGPUCLI(CheckpointPathCLI):
 
     def __init__(self, default_config_files: Sequence[str | Path] = (), **kwargs) -> None:
         self._resumed: ResumePoint | None = None  # the checkpoint's point, on --ckpt_path
+        self._options: RunOptions | None = None  # the run's own options, once the checkpoint's are taken
         self._command_line: list[str] = []  # as parsed: ``take_saved_options`` keeps what it gives
         # No option prefixes: --trainer.max_step=2 is refused, not taken as max_steps.
         defaults = {"default_config_files": [str(path) for path in default_config_files], "allow_abbrev": False}
@@ -199,7 +200,8 @@ class MultiGPUCLI(CheckpointPathCLI):
             }
         )
         parser.link_arguments(("checkpoint_root", "run_name"), "checkpoint.dirpath", compute_fn=checkpoint_dir)
-        parser.link_arguments("data.batch_size", "model.batch_size")
+        # The batch size's one home is the data module: the model gets it as it is built, as the class count.
+        parser.link_arguments("data.batch_size", "model.batch_size", apply_on="instantiate")
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.image_size", "model.image_size", apply_on="instantiate")
 
@@ -216,19 +218,23 @@ class MultiGPUCLI(CheckpointPathCLI):
         # Old names from a config file: moved to the new ones before the checkpoint's options are compared and
         # the model is built (its hyperparameters are this config).
         move_to_new_names(self._config(), self._command_line)
-        resolve_data_dir(self._config()["data"], self._command_line)
+        resolve_data_dir(self._config(), self._command_line)
+
+    def _subcommand(self) -> str | None:
+        """The subcommand, or ``None`` with ``run=False``."""
+        return self.config.get("subcommand")
 
     def _config(self, instantiated: bool = False):
         """This run's configuration: the subcommand's, or the whole one with ``run=False``; with ``instantiated``,
         its classes instantiated."""
         config = self.config_init if instantiated else self.config
-        subcommand = self.config.get("subcommand")
+        subcommand = self._subcommand()
         return config[subcommand] if subcommand else config
 
     @override
     def resolve_checkpoint_path(self) -> None:
         # In place of Lightning's reading of --ckpt_path (``follow_checkpoint`` says why).
-        subcommand = self.config.get("subcommand")
+        subcommand = self._subcommand()
         self._resumed = follow_checkpoint(self._config(), subcommand, self._command_line)
         if self._resumed is not None and subcommand != "fit":  # its log folder keeps the run's own config.yaml
             self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": f"{subcommand}-config.yaml"}
@@ -252,24 +258,26 @@ class MultiGPUCLI(CheckpointPathCLI):
     def before_instantiate_classes(self) -> None:
         # Before the data module, which may download CIFAR-10, and the model are built.
         config = self._config()
-        check_trainer_options(config["trainer"])
+        options = RunOptions.of(config)
+        check_trainer_options(options.trainer)
         nodes = torchrun_node_count()
-        if nodes is not None and nodes != config["trainer"].get("num_nodes", 1):
+        if nodes is not None and nodes != (options.trainer.num_nodes or 1):
             # torchrun has started the processes: an elastic run has as many nodes as are left.
             rank_zero_info(f"torchrun started {nodes} node(s): --trainer.num_nodes={nodes}.")
-            config["trainer"]["num_nodes"] = nodes
-        check_at_least("--save_every_n_steps", config.get("save_every_n_steps") or 0, 0)
-        check_at_least("--stall_timeout_s", config.get("stall_timeout_s") or 0, 0)
+            config["trainer.num_nodes"] = nodes
+        check_at_least("--save_every_n_steps", options.save_every_n_steps or 0, 0)
+        check_at_least("--stall_timeout_s", options.stall_timeout_s or 0, 0)
         # Where the run will write, checked before minutes go into building and training.
         writes = {
-            "--checkpoint_root": config.get("checkpoint_root"),
-            "--trainer.default_root_dir": config["trainer"].get("default_root_dir") or "logs",
-            "--predictions.path": (config.get("predictions") or {}).get("path"),
+            "--checkpoint_root": options.checkpoint_root,
+            "--trainer.default_root_dir": options.trainer.log_root,
+            "--predictions.path": options.predictions_path,
         }
         for option, path in writes.items():
             if path:
                 check_writable(option, path)
-        Recipe.of(config["model"]).check()
+        options.recipe.check()
+        self._options = options
 
     def before_validate(self) -> None:
         """Let the strategy refuse the model before it launches any process."""
@@ -282,7 +290,7 @@ class MultiGPUCLI(CheckpointPathCLI):
         make the accumulated batches give ``--data.global_batch_size`` on this layout."""
         self.before_validate()
         parallelism_of(self.trainer).check_training(self.model)
-        global_batch_size = self.datamodule.hparams.global_batch_size
+        global_batch_size = self.datamodule.options.global_batch_size
         if global_batch_size is not None:
             trainer = self.trainer
             accumulation = accumulation_for(global_batch_size, self.datamodule.batch_size, data_parallel_size(trainer))
@@ -296,8 +304,9 @@ class MultiGPUCLI(CheckpointPathCLI):
 
     @override
     def instantiate_trainer(self, **kwargs) -> Trainer:
-        chosen = self._config(instantiated=True)["trainer"].get("callbacks") or []
+        chosen = TrainerOptions.of(self._config(instantiated=True)["trainer"]).callbacks or []
         build = super().instantiate_trainer
         resumed, self._resumed = self._resumed, None  # the checkpoint it read is the trainer's alone from here
-        return assemble_trainer(build, self._config(), chosen if isinstance(chosen, list) else [chosen], resumed,
+        assert self._options is not None  # taken before the classes are built
+        return assemble_trainer(build, self._options, chosen if isinstance(chosen, list) else [chosen], resumed,
                                 **kwargs)  # fmt: skip

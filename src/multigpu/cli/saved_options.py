@@ -19,7 +19,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from multigpu.checkpointing.files import check_model_options, refuse_a_second_run, resolve_ckpt_path
 from multigpu.checkpointing.loop_position import finished_training, trained_to
 from multigpu.checkpointing.resume import ResumePoint
-from multigpu.cli.config_files import config_files, read_config
+from multigpu.cli.config_files import config_files, config_section
+from multigpu.cli.run_options import RunOptions
 from multigpu.data.datamodule import class_count
 from multigpu.errors import RunFinished, UsageError
 from multigpu.model.architectures import shaped_by_image_size
@@ -33,16 +34,17 @@ def checkpoint_dir(checkpoint_root: str, run_name: str) -> str:
 
 
 def _network_options(config) -> dict:
-    """The model's options as the model will get them: its class count is the data's, and its image size too (both
-    linked when it is built); the image size only where it shapes the network."""
-    data = config["data"]
-    options = dict(config["model"])
+    """The model's options as the model will get them: its batch size and class count are the data's, and its image
+    size too (each linked when it is built); the image size only where it shapes the network."""
+    typed = RunOptions.of(config)
+    data = typed.data
+    options = {**dict(config["model"]), "batch_size": data.batch_size}
     options.pop("image_size", None)
-    if shaped_by_image_size(options.get("arch", "")):
-        options["image_size"] = data["image_size"]
-    if data["dataset"] == "imagefolder" and data["synthetic"]:  # refused as the data module is built
+    if shaped_by_image_size(typed.network.arch):
+        options["image_size"] = data.image_size
+    if data.dataset == "imagefolder" and data.synthetic:  # refused as the data module is built
         return options
-    return {**options, "num_classes": class_count(data["dataset"], data["data_dir"])}
+    return {**options, "num_classes": class_count(data.dataset, data.data_dir)}
 
 
 def follow_checkpoint(config: Any, subcommand: str | None, command_line: Sequence[str]) -> ResumePoint | None:
@@ -52,54 +54,53 @@ def follow_checkpoint(config: Any, subcommand: str | None, command_line: Sequenc
     This replaces Lightning's reading of ``--ckpt_path``, which loads the whole checkpoint once more and silently puts
     its model hyperparameters over the command line. Here the command line decides: ``last`` is resolved, the file
     checked, and changed model options reported."""
-    if config.get("ckpt_path") is None:
+    options = RunOptions.of(config)
+    if options.ckpt_path is None:
         if subcommand == "fit":
-            refuse_a_second_run(checkpoint_dir(config["checkpoint_root"], config["run_name"]), config["run_name"])
+            refuse_a_second_run(checkpoint_dir(options.checkpoint_root, options.run_name), options.run_name)
         return None
-    if config.get("weights_only") is False:
+    if options.weights_only is False:
         raise UsageError("--weights_only=false would let a checkpoint run code: drop it, checkpoints are read safely.")
     if "weights_only" in config:
         config["weights_only"] = True  # Lightning's own read too, remote files included
-    dirpath = checkpoint_dir(config["checkpoint_root"], config["run_name"])
-    config["ckpt_path"], checkpoint = resolve_ckpt_path(config["ckpt_path"], dirpath, subcommand == "fit")
-    if not checkpoint:
+    dirpath = checkpoint_dir(options.checkpoint_root, options.run_name)
+    ckpt_path, checkpoint = resolve_ckpt_path(options.ckpt_path, dirpath, subcommand == "fit")
+    config["ckpt_path"] = ckpt_path
+    if not checkpoint or ckpt_path is None:  # Lightning's own, or no checkpoint yet
         return None
-    _follow_the_checkpoints_run(config, subcommand)
+    run_name = _follow_the_checkpoints_run(config, options, ckpt_path, subcommand)
     point = ResumePoint.of(checkpoint)
     if subcommand != "fit":
         # The run's own data, network and batch size, where the command line leaves them.
         take_saved_options(config, point, command_line)
-        config["model"]["batch_size"] = config["data"]["batch_size"]  # the link, after the data's was taken
-        check_model_options(config["ckpt_path"], checkpoint, _network_options(config), report=False)
-        rank_zero_info(f"{subcommand}: the weights of {config['ckpt_path']} ({trained_to(checkpoint)}).")
+        check_model_options(ckpt_path, checkpoint, _network_options(config), report=False)
+        rank_zero_info(f"{subcommand}: the weights of {ckpt_path} ({trained_to(checkpoint)}).")
     else:
-        check_model_options(config["ckpt_path"], checkpoint, _network_options(config))
-        trainer = config["trainer"]
-        limits = (trainer.get(name) for name in ("max_epochs", "max_steps", "max_time"))
-        if reason := finished_training(checkpoint, *limits):
+        check_model_options(ckpt_path, checkpoint, _network_options(config))
+        trainer = options.trainer
+        if reason := finished_training(checkpoint, trainer.max_epochs, trainer.max_steps, trainer.max_time):
             raise RunFinished(
-                f"Run {config['run_name']} has already finished: {reason}. Nothing to do; {config['ckpt_path']} "
-                "is left as it is."
+                f"Run {run_name} has already finished: {reason}. Nothing to do; {ckpt_path} is left as it is."
             )
-        rank_zero_info(f"Resuming from {config['ckpt_path']} at step {checkpoint['global_step']}.")
+        rank_zero_info(f"Resuming from {ckpt_path} at step {checkpoint['global_step']}.")
     take_saved_normalisation(config, point, command_line)  # after the saved options: over them
     return point
 
 
-def _follow_the_checkpoints_run(config: Any, subcommand: str | None) -> None:
-    """A checkpoint file of another run's folder (``<checkpoint_root>/<run>/``) than ``--run_name``'s: the command
-    goes on with that run, its checkpoints and TensorBoard run, and says so."""
-    folder = Path(config["ckpt_path"]).resolve().parent
-    run_name = config["run_name"]
-    if folder.parent != Path(config["checkpoint_root"]).resolve() or folder.name == run_name:
-        return
-    config["run_name"], config["checkpoint"]["dirpath"] = folder.name, str(folder)
-    path = config["ckpt_path"]
+def _follow_the_checkpoints_run(config: Any, options: RunOptions, path: str, subcommand: str | None) -> str:
+    """A checkpoint file (``path``) of another run's folder (``<checkpoint_root>/<run>/``) than ``--run_name``'s:
+    the command goes on with that run, its checkpoints and TensorBoard run, and says so. The run it goes on with."""
+    folder = Path(path).resolve().parent
+    run_name = options.run_name
+    if folder.parent != Path(options.checkpoint_root).resolve() or folder.name == run_name:
+        return run_name
+    config["run_name"], config["checkpoint.dirpath"] = folder.name, str(folder)
     branch = f"; to start run {run_name} from its weights, pass --model.init_from={path} instead of --ckpt_path"
     rank_zero_info(
         f"{path} is run {folder.name}'s checkpoint: {subcommand} goes on with run {folder.name} (its checkpoints "
         f"and TensorBoard run), not {run_name}{branch if subcommand == 'fit' else ''}."
     )
+    return folder.name
 
 
 def given_options(command_line: Sequence[str], section: str) -> set[str]:
@@ -110,9 +111,7 @@ def given_options(command_line: Sequence[str], section: str) -> set[str]:
         if arg.startswith(f"--{section}.")
     }
     for _, path in config_files(command_line):
-        loaded = read_config(path)
-        values = loaded.get(section) if isinstance(loaded, dict) else None
-        given |= set(values) if isinstance(values, dict) else set()
+        given |= set(config_section(path, section))
     return given
 
 
@@ -152,9 +151,9 @@ def take_saved_normalisation(config: Any, point: ResumePoint, command_line: Sequ
     """An image folder's mean and std as its run measured them, into ``config`` where the command line gives none: a
     resumed run and every command on its checkpoint normalise the images as the run did, without reading the folder
     again, even if images were added to it since."""
-    if config["data"].get("dataset") != "imagefolder":
+    if RunOptions.of(config).data.dataset != "imagefolder":
         return
     given = given_options(command_line, "data")
     for name in ("mean", "std"):
         if name in point.data and name not in given:
-            config["data"][name] = tuple(point.data[name])
+            config[f"data.{name}"] = tuple(point.data[name])

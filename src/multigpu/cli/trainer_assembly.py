@@ -15,7 +15,6 @@
 """
 
 from collections.abc import Callable
-from typing import Any
 
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.accelerators import CUDAAccelerator
@@ -26,6 +25,7 @@ from multigpu.checkpointing.checkpoint_io import AtomicCheckpointIO
 from multigpu.checkpointing.resume import ResumePoint, RunMetadata
 from multigpu.checkpointing.saving import LastCheckpoint
 from multigpu.checkpointing.watchdog import FaultWatch
+from multigpu.cli.run_options import RunOptions
 from multigpu.cli.saved_options import checkpoint_dir
 from multigpu.errors import UsageError
 from multigpu.run.model_summary import RunSummary
@@ -40,35 +40,35 @@ __all__ = ["assemble_trainer"]
 
 def assemble_trainer(
     build: Callable[..., Trainer],
-    config: Any,
+    options: RunOptions,
     chosen: list[Callback],
     resumed: ResumePoint | None,
     **kwargs,
 ) -> Trainer:
-    """The run's Trainer: ``build(**kwargs)`` (LightningCLI's) with the parts above, for the subcommand's ``config``,
+    """The run's Trainer: ``build(**kwargs)`` (LightningCLI's) with the parts above, for the subcommand's ``options``,
     the callbacks the user chose (``chosen``) and the checkpoint it goes on from (its TensorBoard version, and the
     contents the CLI read)."""
-    trainer_options = config["trainer"]
-    if trainer_options.get("logger") in (None, True):
+    trainer_options = options.trainer
+    if trainer_options.logger in (None, True):
         kwargs["logger"] = RunLogger(
-            save_dir=trainer_options.get("default_root_dir") or "logs",
-            name=config["run_name"],
+            save_dir=trainer_options.log_root,
+            name=options.run_name,
             version=resumed.log_version if resumed is not None else None,
             default_hp_metric=False,  # no empty hp_metric card: the metrics are logged by name
         )
-    spec = spec_named(trainer_options.get("strategy"))
+    spec = spec_named(trainer_options.strategy)
     if spec is not None and spec.as_instance and spec.strategy is not None:
         kwargs["strategy"] = spec.strategy()
-    if trainer_options.get("plugins") is None:
-        checkpoint_io = AtomicCheckpointIO(background=config.get("save_in_background", True))
+    if trainer_options.plugins is None:
+        checkpoint_io = AtomicCheckpointIO(background=options.save_in_background)
         if resumed is not None:
-            checkpoint_io.hand_over(config["ckpt_path"], resumed.checkpoint)
+            checkpoint_io.hand_over(options.ckpt_path, resumed.checkpoint)
         kwargs["plugins"] = [checkpoint_io]
-    if trainer_options.get("profiler") is None:
+    if trainer_options.profiler is None:
         kwargs["profiler"] = LoaderClock()
     chosen = list(chosen)  # as the user chose them: Lightning appends its defaults to the list it is given
-    checkpointing = trainer_options.get("enable_checkpointing") is not False
-    every = config.get("save_every_n_steps") or 0
+    checkpointing = trainer_options.enable_checkpointing is not False
+    every = options.save_every_n_steps or 0
     if not checkpointing:  # Lightning refuses its own flag beside our checkpoint callback, which is always there
         if every:
             raise UsageError(
@@ -86,10 +86,10 @@ def assemble_trainer(
     for callback in callbacks:
         if isinstance(callback, RunMetadata):
             callback.note_launch(trainer)
-    if trainer_options.get("max_time") is not None:  # its step check broadcasts every step; the stop vote carries it
+    if trainer_options.max_time is not None:  # its step check broadcasts every step; the stop vote carries it
         for index, callback in enumerate(callbacks):
             if type(callback) is Timer and callback not in chosen:
-                callbacks[index] = Timer(trainer_options["max_time"], interval="epoch")
+                callbacks[index] = Timer(trainer_options.max_time, interval="epoch")
     bar = trainer.progress_bar_callback
     bar_chosen = any(isinstance(callback, ProgressBar) for callback in chosen)
     if not bar_chosen and type(bar) is RichProgressBar:  # Lightning's default, added to the list it was given
@@ -101,9 +101,9 @@ def assemble_trainer(
         best = trainer.checkpoint_callback
         assert isinstance(best, ModelCheckpoint)  # checkpointing is on: BestCheckpoints
         best.save_last = False
-        dirpath = checkpoint_dir(config["checkpoint_root"], config["run_name"])
+        dirpath = checkpoint_dir(options.checkpoint_root, options.run_name)
         callbacks.append(LastCheckpoint(dirpath, every_n_train_steps=every))
-    callbacks.append(FaultWatch(stall_timeout_s=config.get("stall_timeout_s", 300.0)))
-    if trainer_options.get("sync_batchnorm") and not isinstance(trainer.accelerator, CUDAAccelerator):
+    callbacks.append(FaultWatch(stall_timeout_s=options.stall_timeout_s))
+    if trainer_options.sync_batchnorm and not isinstance(trainer.accelerator, CUDAAccelerator):
         raise UsageError("--trainer.sync_batchnorm=true needs CUDA devices (SyncBatchNorm); drop it on the CPU.")
     return trainer

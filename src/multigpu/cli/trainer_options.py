@@ -6,12 +6,18 @@ lines (more GPUs than the machine has). These say in one line what to pass inste
 """
 
 import difflib
-from collections.abc import Mapping
 from typing import Any
 
-from lightning.pytorch.accelerators import AcceleratorRegistry, CUDAAccelerator, MPSAccelerator, XLAAccelerator
+from lightning.pytorch.accelerators import (
+    Accelerator,
+    AcceleratorRegistry,
+    CUDAAccelerator,
+    MPSAccelerator,
+    XLAAccelerator,
+)
 from lightning.pytorch.strategies import StrategyRegistry
 
+from multigpu.cli.run_options import TrainerOptions
 from multigpu.errors import UsageError, check_at_least
 from multigpu.model.classifier import LR_SCHEDULE_NEEDS_AN_END
 from multigpu.strategies import SPECS
@@ -33,26 +39,24 @@ def precision_error(precision: Any) -> str:
     )
 
 
-def check_trainer_options(trainer: Mapping[str, Any]) -> None:
+def check_trainer_options(trainer: TrainerOptions) -> None:
     """Refuse an unknown strategy or accelerator, a device request this machine cannot meet, a
     precision the recipe does not train in, or counts and limits that mean nothing."""
-    _check_strategy(trainer.get("strategy", "auto"))
-    precision = trainer.get("precision")
-    if precision is not None and str(precision) not in _PRECISIONS:
-        raise UsageError(precision_error(precision))
-    accumulate = trainer.get("accumulate_grad_batches", 1)
-    if isinstance(accumulate, int):
-        check_at_least("--trainer.accumulate_grad_batches", accumulate, 1)
-    if isinstance(trainer.get("gradient_clip_val"), (int, float)):
-        check_at_least("--trainer.gradient_clip_val", trainer["gradient_clip_val"], 0)
+    _check_strategy(trainer.strategy)
+    if trainer.precision is not None and str(trainer.precision) not in _PRECISIONS:
+        raise UsageError(precision_error(trainer.precision))
+    if isinstance(trainer.accumulate_grad_batches, int):
+        check_at_least("--trainer.accumulate_grad_batches", trainer.accumulate_grad_batches, 1)
+    if isinstance(trainer.gradient_clip_val, (int, float)):
+        check_at_least("--trainer.gradient_clip_val", trainer.gradient_clip_val, 0)
     for option, minimum in (("check_val_every_n_epoch", 1), ("num_nodes", 1), ("max_epochs", -1), ("max_steps", -1)):
-        if isinstance(trainer.get(option), int):
-            check_at_least(f"--trainer.{option}", trainer[option], minimum)
-    if trainer.get("max_epochs") == -1 and trainer.get("max_steps") in (None, -1):
+        if isinstance(value := getattr(trainer, option), int):
+            check_at_least(f"--trainer.{option}", value, minimum)
+    if trainer.max_epochs == -1 and trainer.max_steps in (None, -1):
         raise UsageError(LR_SCHEDULE_NEEDS_AN_END)
-    accelerator = accelerator_name(trainer.get("accelerator", "auto"))
+    accelerator = accelerator_name(trainer.accelerator)
     if accelerator is not None:
-        _check_devices(accelerator, trainer.get("devices", "auto"))
+        _check_devices(accelerator, trainer.devices)
 
 
 def _check_strategy(strategy: Any) -> None:
@@ -78,6 +82,11 @@ def auto_accelerator() -> str:
     return "cpu"
 
 
+def _registered_accelerator(name: str) -> type[Accelerator]:
+    """The accelerator class Lightning registers as ``name``."""
+    return AcceleratorRegistry[name]["accelerator"]
+
+
 def accelerator_name(accelerator: Any) -> str | None:
     """The registered accelerator that ``accelerator`` selects, checked to be usable here."""
     if not isinstance(accelerator, str):
@@ -90,7 +99,7 @@ def accelerator_name(accelerator: Any) -> str | None:
     if name not in AcceleratorRegistry:
         known = ", ".join(["auto", "gpu", *sorted(AcceleratorRegistry.available_accelerators())])
         raise UsageError(f"--trainer.accelerator={accelerator} is not an accelerator: use one of {known}.")
-    accelerator_class = AcceleratorRegistry[name]["accelerator"]
+    accelerator_class = _registered_accelerator(name)
     try:
         available = accelerator_class.is_available()
     except Exception:  # e.g. XLA's check when torch_xla is not installed
@@ -134,7 +143,7 @@ def _check_devices(accelerator: str, devices: Any) -> None:
     if isinstance(request, str):  # "auto"
         return
     # The CPU runs as many processes as asked for; the others have a fixed number of devices.
-    available = None if accelerator == "cpu" else AcceleratorRegistry[accelerator]["accelerator"].auto_device_count()
+    available = None if accelerator == "cpu" else _registered_accelerator(accelerator).auto_device_count()
     if isinstance(request, int):
         if request == -1 and available is not None:
             return  # every device

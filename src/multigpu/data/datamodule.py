@@ -20,6 +20,7 @@ from multigpu.data.cifar import (
     CIFAR_CLASS_COUNTS,
     CifarFiles,
 )
+from multigpu.data.data_options import DataOptions
 from multigpu.data.image_files import ImageFiles, Indexed
 from multigpu.data.image_folder import ImageFolderSource, folder_classes
 from multigpu.data.loader_workers import start_worker_server, worker_start
@@ -30,7 +31,7 @@ from multigpu.data.synthetic import SyntheticImages
 from multigpu.data.transforms import ImageTensorDataset
 from multigpu.errors import UsageError, check_at_least
 from multigpu.renamed_options import renamed_class
-from multigpu.run.replicas import data_parallel_rank, data_parallel_size
+from multigpu.run.replicas import data_parallel_rank, data_parallel_size, global_batch_size
 
 __all__ = ["ImageDataModule", "class_count", "node_local_rank"]
 
@@ -41,33 +42,23 @@ def class_count(dataset: str, data_dir: str) -> int:
     return CIFAR_CLASS_COUNTS[dataset] if dataset in CIFAR_CLASS_COUNTS else len(folder_classes(data_dir))
 
 
-def _source(
-    data_dir: str,
-    dataset: str,
-    download: bool,
-    verify_checksums: bool,
-    val_split: int,
-    synthetic: bool,
-    synthetic_size: int,
-    image_size: int,
-    mean: tuple[float, ...] | None,
-    std: tuple[float, ...] | None,
-) -> ImageSource:
+def _source(options: DataOptions) -> ImageSource:
     """The source ``--data.*`` asks for: synthetic images, an image folder, or CIFAR's files."""
+    dataset, mean, std = options.dataset, options.mean, options.std
     given = (mean, std) if mean and std else None
     if dataset == "imagefolder":
-        if synthetic:
+        if options.synthetic:
             raise UsageError(
                 "data.synthetic=true (configs/smoke.yaml sets it) stands in for CIFAR: add --data.synthetic=false to "
                 "train on the image folder, or use --data.dataset=cifar10 or cifar100."
             )
-        return ImageFolderSource(data_dir, image_size, given)
+        return ImageFolderSource(options.data_dir, options.image_size, given)
     default = (CIFAR100_MEAN, CIFAR100_STD) if dataset == "cifar100" else (CIFAR10_MEAN, CIFAR10_STD)
     stats = (mean or default[0], std or default[1])
-    if synthetic:
+    if options.synthetic:
         classes = list(CIFAR10_CLASSES) if dataset == "cifar10" else None
-        return SyntheticImages(synthetic_size, CIFAR_CLASS_COUNTS[dataset], classes, stats)
-    return CifarFiles(data_dir, dataset, download, verify_checksums, val_split, stats)
+        return SyntheticImages(options.synthetic_size, CIFAR_CLASS_COUNTS[dataset], classes, stats)
+    return CifarFiles(options.data_dir, dataset, options.download, options.verify_checksums, options.val_split, stats)
 
 
 def node_local_rank() -> int:
@@ -162,13 +153,13 @@ class ImageDataModule(LightningDataModule):
         if dataset != "imagefolder" and image_size != 32:
             raise UsageError(f"data.image_size={image_size}: CIFAR's images are 32x32; it sizes an image folder's.")
         self.save_hyperparameters()
+        self.options = DataOptions.of(self.hparams)  # what the rest of the data module reads
         self.batch_size = batch_size
         self.datasets: dict[str, Dataset] = {}
         self._order: TrainingOrder | None = None  # the order the next training loader follows (``follow``)
         self._sampler: ResumableSampler | None = None
         self.image_size = image_size
-        self.source = _source(data_dir, dataset, download, verify_checksums, val_split, synthetic, synthetic_size,
-                              image_size, mean, std)  # fmt: skip
+        self.source = _source(self.options)
         self._predict_files = ImageFiles(predict_dir, image_size, self.source.stats) if predict_dir else None
         # The first process of each machine checks (and downloads) the data before anything is built. Lightning
         # starts the other local processes after it; under torchrun or srun, which start them all at once, they wait
@@ -180,14 +171,13 @@ class ImageDataModule(LightningDataModule):
     def setup(self, stage: str) -> None:
         if self.datasets:
             return
-        hp = self.hparams
-        if self._workers() and not hp.on_device:
+        if self._workers() and not self.options.on_device:
             start_worker_server()  # the loader workers' fork server imports while the run sets up
         if self._predict_files is not None and stage == "predict":
             self._predict_files.normalized_as(self.source.measured_stats())  # an image folder's: as its run did
             self.datasets = {"predict": self._predict_files}
             return
-        device = self._device() if hp.on_device else None
+        device = self._device() if self.options.on_device else None
         self.datasets = self.source.splits(device)
         if device is not None:
             for dataset in self.datasets.values():
@@ -217,8 +207,8 @@ class ImageDataModule(LightningDataModule):
 
     def _workers(self) -> int:
         """``num_workers``, or by default the cores of this machine shared by its training processes."""
-        if self.hparams.num_workers is not None:
-            return self.hparams.num_workers
+        if self.options.num_workers is not None:
+            return self.options.num_workers
         return suggested_max_num_workers(self.trainer.num_devices if self.trainer else 1)
 
     def _worker_start(self, workers: int) -> dict:
@@ -235,7 +225,7 @@ class ImageDataModule(LightningDataModule):
         return (data_parallel_size(trainer), data_parallel_rank(trainer)) if trainer else (1, 0)
 
     def _loader(self, split: str, sampler: DistributedSampler | None = None) -> DataLoader | DeviceBatches:
-        if self.hparams.on_device:
+        if self.options.on_device:
             if sampler is None:  # evaluation: in order, sharded as Lightning shards a DataLoader
                 replicas, rank = self._shard()
                 sampler = DistributedSampler(self.datasets[split], replicas, rank, shuffle=False)
@@ -249,8 +239,8 @@ class ImageDataModule(LightningDataModule):
             sampler=sampler,
             drop_last=sampler is not None,
             num_workers=workers,
-            pin_memory=self.hparams.pin_memory and self._device().type == "cuda",
-            persistent_workers=self.hparams.persistent_workers and workers > 0,
+            pin_memory=self.options.pin_memory and self._device().type == "cuda",
+            persistent_workers=self.options.persistent_workers and workers > 0,
             **self._worker_start(workers),
         )
 
@@ -260,7 +250,7 @@ class ImageDataModule(LightningDataModule):
     @property
     def global_batch(self) -> int:
         """The images of an optimizer step over every replica, on this layout."""
-        return self.batch_size * self._shard()[0] * self._accumulation()
+        return global_batch_size(self.batch_size, self._shard()[0], self._accumulation())
 
     @property
     def training_seed(self) -> int | None:
@@ -300,7 +290,7 @@ class ImageDataModule(LightningDataModule):
         earlier version's default), else the one this run shuffled with before, else ``shuffle_seed``, else the run's
         ``seed_everything`` (``PL_GLOBAL_SEED``; 0 without one), the first process's wherever processes might disagree
         (a random seed drawn by each process that torchrun started)."""
-        seed = self.hparams.shuffle_seed
+        seed = self.options.shuffle_seed
         if order is not None and order.shuffle_seed is not None:
             return order.shuffle_seed
         if order is not None and seed is None and order.seed_by_default is not None:
@@ -325,12 +315,12 @@ class ImageDataModule(LightningDataModule):
     def predict_dataloader(self) -> DataLoader:
         """The user's images (``predict_dir``) or the test split, in order, each sample with its index."""
         dataset = self.datasets["predict"] if "predict" in self.datasets else self.datasets["test"]
-        workers = 0 if self.hparams.on_device else self._workers()
+        workers = 0 if self.options.on_device else self._workers()
         return DataLoader(
             Indexed(dataset),
             batch_size=self.batch_size,
             num_workers=workers,
-            pin_memory=self.hparams.pin_memory and self._device().type == "cuda" and not self.hparams.on_device,
+            pin_memory=self.options.pin_memory and self._device().type == "cuda" and not self.options.on_device,
             **self._worker_start(workers),
         )
 

@@ -26,6 +26,7 @@ from torch.utils.data import Dataset, DistributedSampler
 from typing_extensions import override
 
 from multigpu.data.source import images_in
+from multigpu.run.replicas import global_batch_size
 
 __all__ = ["EpochOrder", "ResumableSampler", "TrainingOrder"]
 
@@ -108,7 +109,7 @@ class ResumableSampler(DistributedSampler):
     ) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
         self.batch_size, self.accumulation = batch_size, accumulation
-        self.global_batch = batch_size * num_replicas * accumulation
+        self.global_batch = global_batch_size(batch_size, num_replicas, accumulation)
         self._resume: tuple[int, int] | None = None  # (epoch, position)
         self.current = EpochOrder(images_in(dataset), self.global_batch)  # the order of the epoch under way
 

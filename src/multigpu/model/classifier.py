@@ -27,9 +27,10 @@ from typing_extensions import override
 
 from multigpu.compat import is_log_step
 from multigpu.errors import UsageError
-from multigpu.model.architectures import DEFAULT_ARCH, network_blocks
+from multigpu.model.architectures import DEFAULT_ARCH
 from multigpu.model.lazy_blocks import LazyBlocks
 from multigpu.model.lr_schedule import scaled_lr, warmup_cosine
+from multigpu.model.network_options import NetworkOptions
 from multigpu.model.recipe import Recipe
 from multigpu.model.recomputation import recompute_blocks
 from multigpu.model.replica_statistics import ReplicaStatistics, micro_batches_per_step, records_step_statistics
@@ -38,7 +39,7 @@ from multigpu.model.step_batch_norm import record_step_statistics
 from multigpu.model.torchvision_weights import load_torchvision_weights
 from multigpu.model.worst_images import WorstImages
 from multigpu.renamed_options import renamed_class
-from multigpu.run.replicas import data_parallel_size
+from multigpu.run.replicas import data_parallel_size, global_batch_size
 
 __all__ = [
     "IMAGE_SHAPE",
@@ -121,10 +122,12 @@ class ImageClassifier(LightningModule):
         init_from: str | None = None,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters()
-        Recipe.of(self.hparams).check()
+        self.save_hyperparameters()  # the options as given, saved in checkpoints; read below as typed objects
+        self.recipe = Recipe.of(self.hparams)
+        self.recipe.check()
+        self.network_options = NetworkOptions.of(self.hparams)
         # On the meta device until configure_model, where the strategy places each block (lazy_blocks).
-        self.net = LazyBlocks(network_blocks(arch, num_classes, stem, image_size))
+        self.net = LazyBlocks(self.network_options.blocks())
         if not compile:
             # Two images of the run's size: the model summary shows sizes, and strategies time the blocks with
             # them. The summary's forward would make a compiled network compile once more, for 2 images.
@@ -143,15 +146,15 @@ class ImageClassifier(LightningModule):
     @override
     def configure_model(self) -> None:
         self.net.materialize()
-        if self.hparams.init_from and self._starts_training():
-            rank_zero_info(load_torchvision_weights(self.net, self.hparams.init_from))
+        if self.recipe.init_from and self._starts_training():
+            rank_zero_info(load_torchvision_weights(self.net, self.recipe.init_from))
         if (trainer := self._trainer_if_any()) is not None and records_step_statistics(trainer):
             record_step_statistics(self.net, micro_batches=micro_batches_per_step(trainer))
         if self.hparams.channels_last:
             self.net.to(memory_format=torch.channels_last)
-        if self.hparams.recompute_activations:
+        if self.recipe.recompute_activations:
             recompute_blocks(self.net)
-        compile_options = self.hparams.compile
+        compile_options = self.recipe.compile
         if compile_options and not self._compiled:
             options = {} if compile_options is True else dict(compile_options)
             self.net.compile(**{"dynamic": False, **options})  # in place: the state dict keeps its names
@@ -183,7 +186,7 @@ class ImageClassifier(LightningModule):
     @property
     def image_shape(self) -> tuple[int, int, int]:
         """The shape of one input image: 3 channels, ``image_size`` square."""
-        return (3, self.hparams.image_size, self.hparams.image_size)
+        return self.network_options.image_shape
 
     @override
     def forward(self, x: Tensor) -> Tensor:
@@ -195,7 +198,7 @@ class ImageClassifier(LightningModule):
     def global_batch_size(self) -> int:
         """Images per optimizer step over all processes: the batch the learning rate scales with."""
         trainer = self.trainer
-        return self.hparams.batch_size * data_parallel_size(trainer) * trainer.accumulate_grad_batches
+        return global_batch_size(self.hparams.batch_size, data_parallel_size(trainer), trainer.accumulate_grad_batches)
 
     @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
@@ -225,7 +228,7 @@ class ImageClassifier(LightningModule):
         # (torch.unique, a wait for the GPU between the forward and the backward pass; the data modules give class
         # indices in range), and logged as a tensor, which Lightning handles in a fraction of a Metric's time.
         accuracy = multiclass_accuracy(
-            logits.detach(), y, self.hparams.num_classes, average="micro", validate_args=False
+            logits.detach(), y, self.network_options.num_classes, average="micro", validate_args=False
         )
         self.log("train/acc", accuracy)
         if is_log_step(self.trainer):  # a Python number logged becomes a tensor on the device: at log steps only
@@ -256,7 +259,7 @@ class ImageClassifier(LightningModule):
         return self(batch[0])
 
     def _param_groups(self) -> list[dict]:
-        if not self.hparams.no_decay_norm_bias:
+        if not self.recipe.no_decay_norm_bias:
             return [{"params": list(self.net.parameters())}]
         # BatchNorm weights and biases are the only parameters with fewer than 2 dimensions.
         decay = [p for p in self.net.parameters() if p.ndim > 1]
@@ -265,14 +268,14 @@ class ImageClassifier(LightningModule):
 
     @override
     def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
-        hp, trainer = self.hparams, self.trainer
+        recipe, trainer = self.recipe, self.trainer
         groups = self._param_groups()
         optimizer = SGD(
             groups,
-            lr=scaled_lr(hp.base_lr, self.global_batch_size),
-            momentum=hp.momentum,
-            nesterov=hp.nesterov,
-            weight_decay=hp.weight_decay,
+            lr=scaled_lr(recipe.base_lr, self.global_batch_size),
+            momentum=recipe.momentum,
+            nesterov=recipe.nesterov,
+            weight_decay=recipe.weight_decay,
             fused=_fuses([param for group in groups for param in group["params"]], trainer) or None,
         )
         if math.isinf(trainer.estimated_stepping_batches):
@@ -281,7 +284,7 @@ class ImageClassifier(LightningModule):
         if trainer.train_dataloader is None:  # not loaded yet when only max_steps bounds the run
             trainer.fit_loop.setup_data()
         steps_per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
-        warmup_steps = min(total_steps, round(hp.warmup_epochs * steps_per_epoch))
+        warmup_steps = min(total_steps, round(recipe.warmup_epochs * steps_per_epoch))
         scheduler = LambdaLR(optimizer, lambda step: warmup_cosine(step, warmup_steps, total_steps))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 

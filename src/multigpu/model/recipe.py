@@ -2,11 +2,12 @@
 and checked together (``Recipe``), by the CLI before it builds anything and by the model when it is built."""
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from multigpu.errors import UsageError, check_at_least
 from multigpu.model.torchvision_weights import read_state_dict
+from multigpu.typed_options import options_of
 
 __all__ = ["Recipe"]
 
@@ -30,7 +31,7 @@ class Recipe:
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> "Recipe":
         """The recipe among a model's options (``--model.*``, or the hyperparameters of a model or checkpoint)."""
-        return cls(**{field.name: options[field.name] for field in fields(cls) if field.name in options})
+        return options_of(cls, options)
 
     def check(self) -> None:
         """Refuse optimizer and loss settings that mean nothing, and a weights file that is not there, in one line

@@ -34,6 +34,7 @@ from lightning.pytorch.cli import LightningArgumentParser
 from typing_extensions import override
 
 from multigpu.cli.lightning_cli import MultiGPUCLI
+from multigpu.cli.run_options import RunOptions
 from multigpu.errors import UsageError
 from multigpu.planning.forecast import forecast
 from multigpu.planning.layouts import candidate_layouts
@@ -73,35 +74,37 @@ def plan(args: Sequence[str], default_config_files: Sequence[str | Path]) -> Non
     config = cli.config
     check_no_plan_section(args)
     options = PlanOptions(**vars(config["plan"]))
-    trainer = config["trainer"]
-    if (trainer.get("num_nodes") or 1) > 1:
+    run = RunOptions.of(config)
+    if (run.trainer.num_nodes or 1) > 1:
         raise UsageError(
             "plan measures the layouts on this machine alone: drop --trainer.num_nodes, and add it to the fit "
             "command of the layout it chooses."
         )
     # The link probe's ranks on the CPU, forked before this process computes anything (``ForkedRanks``): before
     # ``setting_of``, which runs a network other than ResNet-50 once to check it, and the busy check
-    cuda, devices, _ = devices_of(trainer)
+    cuda, devices, _ = devices_of(run.trainer)
     forked = fork_ranks(devices, cuda)
     try:
-        _plan(config, options, args, started, forked)
+        _plan(run, options, args, started, forked)
     finally:
         if forked is not None:
             forked.dismiss()  # where plan ended before measuring the links: an error, an interrupt
 
 
-def _plan(config, options: PlanOptions, args: Sequence[str], started: float, forked: ForkedRanks | None) -> None:
+def _plan(
+    run: RunOptions, options: PlanOptions, args: Sequence[str], started: float, forked: ForkedRanks | None
+) -> None:
     """``plan``, once its options are checked: profile, forecast, measure and report (``started``: the
     process's start, on ``time.monotonic()``'s clock; ``forked``: the link probe's ranks, where forked)."""
-    trainer = config["trainer"]
-    setting = setting_of(config)
+    trainer = run.trainer
+    setting = setting_of(run)
     warmup = options.warmup if options.warmup is not None else (10 if setting.cuda else 2)
     steps = options.steps or (4 if setting.cuda else 1)
     layouts, refusals = candidate_layouts(
         setting.devices,
         setting.cuda,
         setting.batch_size,
-        bool(config["model"]["compile"]),
+        bool(run.recipe.compile),
         options.strategies,
         options.schedules,
         options.micro_batches,
@@ -121,12 +124,12 @@ def _plan(config, options: PlanOptions, args: Sequence[str], started: float, for
     else:
         before = until_quiet(options.if_busy, "plan", "before profiling", BUSY_REMEDY)
     deadline = None if options.budget_s is None else started + options.budget_s
-    outcomes, left_out, basis = _profiled(config, setting, options, layouts, budget, deadline, before, forked)
+    outcomes, left_out, basis = _profiled(run, setting, options, layouts, budget, deadline, before, forked)
     refusals += left_out
     give_back_freed_memory()  # the profiled blocks' memory, for the measured runs
     measured: list[Outcome] = []  # those chosen to be measured, as measured (or left by the budget)
     if not options.dry_run:
-        accumulate = trainer.get("accumulate_grad_batches") or 1
+        accumulate = trainer.accumulate_grad_batches or 1
         selected = in_measuring_order(outcomes if options.measure == "all" else to_measure(outcomes, options.top))
         within = "" if options.budget_s is None else f", within {options.budget_s:.0f} s in all"
         spent = f"{time.monotonic() - started:.0f} s so far: Python's start-up, the profile and the links"
@@ -135,7 +138,7 @@ def _plan(config, options: PlanOptions, args: Sequence[str], started: float, for
         measured = measure(selected, args, setting, timed, deadline, None if setting.cuda else options.if_busy)
         done = {id(before): after for before, after in zip(selected, measured)}
         outcomes = [done.get(id(outcome), outcome) for outcome in outcomes]
-    folder = Path(trainer.get("default_root_dir") or "logs") / config["run_name"]
+    folder = Path(trainer.log_root) / run.run_name
     print_report(outcomes, refusals, setting.device_ids, budget, measured=not options.dry_run)
     if (
         not options.dry_run
@@ -149,7 +152,7 @@ def _plan(config, options: PlanOptions, args: Sequence[str], started: float, for
             options.budget_s,
             time.monotonic() - started,
             basis,
-            PlanInvocation(args, config["run_name"], config["checkpoint_root"]),
+            PlanInvocation(args, run.run_name, run.checkpoint_root),
         )
         is None
     ):
@@ -171,7 +174,7 @@ def process_age_s() -> float:
 
 
 def _profiled(
-    config,
+    run: RunOptions,
     setting: Setting,
     options: PlanOptions,
     layouts: list[Layout],
@@ -187,9 +190,9 @@ def _profiled(
     the check before profiling that found the cores busy, where plan went on; ``forked``: the link probe's ranks,
     forked as plan began, where it has them."""
     if setting.cuda:
-        return _forecasts(config, setting, options, layouts, budget)
+        return _forecasts(run, setting, options, layouts, budget)
     clock, start = read_cpu_clock(), time.monotonic()
-    outcomes, left_out, basis = _forecasts(config, setting, options, layouts, budget, forked)
+    outcomes, left_out, basis = _forecasts(run, setting, options, layouts, budget, forked)
     profiled_s = time.monotonic() - start
     busy: CoreCheck | None  # what the check after profiling found, where the cores were busy
     if options.dry_run:  # no wait, no second profile: the forecasts stand, and say so
@@ -209,7 +212,7 @@ def _profiled(
         else:  # the profile measured another process or machine: once more, on quiet cores
             print("plan: profiling again, on quiet cores", flush=True)
             clock = read_cpu_clock()
-            outcomes, left_out, basis = _forecasts(config, setting, options, layouts, budget)
+            outcomes, left_out, basis = _forecasts(run, setting, options, layouts, budget)
             if (again := check_cores(since=clock)).busy:
                 raise UsageError(
                     f"the cores were busy again while plan profiled ({again}): {again.measures_too('its', BUSY_REMEDY)}"
@@ -235,7 +238,7 @@ def _no_time_to_profile_again(options: PlanOptions, profiled_s: float, waited_s:
 
 
 def _forecasts(
-    config,
+    run: RunOptions,
     setting: Setting,
     options: PlanOptions,
     layouts: list[Layout],
@@ -246,10 +249,10 @@ def _forecasts(
     layouts left out with why, and what the forecasts were built from (the passes' seconds at every size timed,
     the whole network's update and the zero-bubble schedules' split factor at every thread count timed, the links'
     figures), which ``plan.json`` records."""
-    profile = setting.profile(config["model"])
+    profile = setting.profile(run.network, run.recipe)
     profile.measure_together({layout.timed_input for layout in layouts})
     layouts, refusals = balanced(layouts, profile)
-    chosen, left_out = choose(layouts, setting, budget, options.recompute, bool(config["model"]["compile"]))
+    chosen, left_out = choose(layouts, setting, budget, options.recompute, bool(run.recipe.compile))
     refusals += left_out
     world = max(layout.processes for layout in chosen) if chosen else 1
     links = measure_links(world, setting.cuda, setting.device_ids, forked)

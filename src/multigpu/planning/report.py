@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from multigpu.cli.run_options import TrainerOptions
 from multigpu.planning.bar_chart import write_bar_chart
 from multigpu.planning.ranking import Outcome, choice, chosen_by_forecast, ranked, tied
 from multigpu.strategies.layout import Refusal
@@ -152,7 +153,7 @@ def write_outputs(
     outcomes: Sequence[Outcome],
     folder: Path,
     device_ids: Sequence[int] | None,
-    trainer: dict[str, Any],
+    trainer: TrainerOptions,
     title: str,
     selected: Sequence[Outcome],
     budget_s: float | None,
@@ -171,9 +172,10 @@ def write_outputs(
         return None
     folder.mkdir(parents=True, exist_ok=True)
     config = chosen.layout.config(device_ids)
-    config["trainer"]["accelerator"] = trainer.get("accelerator") or "auto"
-    if trainer.get("precision") is not None:
-        config["trainer"]["precision"] = trainer["precision"]
+    fit_trainer = config["trainer"]
+    fit_trainer["accelerator"] = trainer.accelerator or "auto"
+    if trainer.precision is not None:
+        fit_trainer["precision"] = trainer.precision
     low, high = chosen.interval
     command = invocation.fit_command(folder / "plan.yaml", config)
     by_forecast = chosen_by_forecast(outcomes)

@@ -1,13 +1,16 @@
 """Which layouts ``plan`` runs: what every layout shares (``Setting``), and the memory-fit policy that leaves out,
 saying why, the layouts that would not fit, with or without activation recomputation."""
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
+from multigpu.cli.run_options import RunOptions, TrainerOptions
 from multigpu.cli.trainer_options import accelerator_name, device_request
 from multigpu.model.architectures import network_blocks
 from multigpu.model.lazy_blocks import LazyBlocks
+from multigpu.model.network_options import NetworkOptions
+from multigpu.model.recipe import Recipe
 from multigpu.planning.memory_estimate import block_memory
 from multigpu.planning.profile import BlockProfile, precision_plugin
 from multigpu.run.host_memory import resident_bytes
@@ -33,12 +36,12 @@ class Setting:
     optimizer_states: int
     overhead: int  # CPU: what a process holds before the network (Python, torch, Lightning)
 
-    def profile(self, model: dict) -> BlockProfile:
-        """The blocks' times of the network ``model`` (its ``--model.*`` options) on the first device, in the run's
-        precision, measured as they are asked for."""
+    def profile(self, network: NetworkOptions, recipe: Recipe) -> BlockProfile:
+        """The blocks' times of ``network`` on the first device, in the run's precision, updated by ``recipe``'s
+        SGD, measured as they are asked for."""
         device = torch.device("cuda", (self.device_ids or [0])[0]) if self.cuda else torch.device("cpu")
-        blocks = LazyBlocks(network_blocks(model["arch"], PLANNED_CLASSES, model["stem"]))
-        return BlockProfile(blocks, precision_plugin(self.precision, device), device, sgd_options(model))
+        blocks = LazyBlocks(network_blocks(network.arch, PLANNED_CLASSES, network.stem))
+        return BlockProfile(blocks, precision_plugin(self.precision, device), device, sgd_options(asdict(recipe)))
 
     def estimated_peaks(self, layout: Layout) -> list[int]:
         """Estimated peak of each device (CUDA), or of each process (CPU), in the order the runs report them."""
@@ -48,30 +51,30 @@ class Setting:
         return [sum(process) + self.overhead for process in processes]
 
 
-def devices_of(trainer) -> tuple[bool, int, list[int] | None]:
-    """Whether the ``trainer`` section asks for CUDA devices, how many devices, and the GPU indices it lists (None
-    where it asks for a count)."""
-    cuda = accelerator_name(trainer.get("accelerator", "auto")) == "cuda"
-    request = device_request(trainer.get("devices", "auto"))
+def devices_of(trainer: TrainerOptions) -> tuple[bool, int, list[int] | None]:
+    """Whether ``trainer`` asks for CUDA devices, how many devices, and the GPU indices it lists (None where it asks
+    for a count)."""
+    cuda = accelerator_name(trainer.accelerator) == "cuda"
+    request = device_request(trainer.devices)
     device_ids = request if isinstance(request, list) else None
     if isinstance(request, str) or request == -1:  # "auto", or every device
         return cuda, torch.cuda.device_count() if cuda else 1, None
     return cuda, len(request) if isinstance(request, list) else request, device_ids
 
 
-def setting_of(config) -> Setting:
+def setting_of(run: RunOptions) -> Setting:
     """What ``plan`` plans for; it builds the network (other than ResNet-50, it runs it once, to check it)."""
-    trainer, model = config["trainer"], config["model"]
-    cuda, devices, device_ids = devices_of(trainer)
-    precision = str(trainer.get("precision") or "32-true")
+    network = run.network
+    cuda, devices, device_ids = devices_of(run.trainer)
+    precision = str(run.trainer.precision or "32-true")
     return Setting(
         cuda=cuda,
         devices=devices,
         device_ids=device_ids,
-        batch_size=config["data"]["batch_size"],
+        batch_size=run.data.batch_size,
         precision=precision,
-        memory=block_memory(network_blocks(model["arch"], PLANNED_CLASSES, model["stem"], seed=0), "16" in precision),
-        optimizer_states=1 if model["momentum"] > 0 else 0,
+        memory=block_memory(network_blocks(network.arch, PLANNED_CLASSES, network.stem, seed=0), "16" in precision),
+        optimizer_states=1 if run.recipe.momentum > 0 else 0,
         overhead=0 if cuda else resident_bytes(),
     )
 

@@ -6,11 +6,13 @@ from lightning.pytorch import LightningModule, Trainer
 
 from multigpu.contracts import parallelism_of
 from multigpu.errors import UsageError
+from multigpu.typed_options import ModuleOptions
 
 __all__ = [
     "accumulation_for",
     "data_parallel_rank",
     "data_parallel_size",
+    "global_batch_size",
     "layout_record",
     "micro_batches_per_batch",
     "replica_group",
@@ -42,6 +44,13 @@ def micro_batches_per_batch(trainer: Trainer) -> int:
     return parallelism_of(trainer).micro_batches
 
 
+def global_batch_size(batch_size: int, replicas: int, accumulation: int) -> int:
+    """Images per optimizer step over all replicas, each of which accumulates ``accumulation`` loader batches of
+    ``batch_size``: the batch the learning rate scales with and an epoch's order steps by (``accumulation_for`` is
+    its inverse)."""
+    return batch_size * replicas * accumulation
+
+
 def accumulation_for(global_batch_size: int, batch_size: int, replicas: int) -> int:
     """The loader batches each of ``replicas`` accumulates per step for a global batch of ``global_batch_size``,
     or a ``UsageError`` that says what to pass when it does not split into whole batches of ``batch_size``."""
@@ -64,7 +73,7 @@ def accumulation_for(global_batch_size: int, batch_size: int, replicas: int) -> 
 def layout_record(trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
     """How ``trainer`` trains: its strategy, processes, replicas, accumulated batches, global batch and images per
     forward pass."""
-    batch_size = pl_module.hparams.get("batch_size")
+    batch_size = ModuleOptions.of(pl_module).batch_size
     return {
         "strategy": type(trainer.strategy).__name__,
         "world_size": trainer.world_size,

@@ -10,6 +10,7 @@ from typing_extensions import override
 
 from multigpu.run.replicas import layout_record, micro_batches_per_batch
 from multigpu.run.trainer_parts import datamodule_of
+from multigpu.typed_options import ModuleOptions
 
 __all__ = ["METRICS", "RunHparams", "run_hparams"]
 
@@ -20,19 +21,19 @@ def run_hparams(trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
     """What sets one run apart from another: strategy, devices, nodes, precision, batch and global batch, learning
     rate, network, dataset, and the micro-batches where the strategy cuts its batches."""
     layout = layout_record(trainer, pl_module)
-    model, data = pl_module.hparams, getattr(datamodule_of(trainer), "hparams", {})
+    model, data = ModuleOptions.of(pl_module), ModuleOptions.of(datamodule_of(trainer))
     optimizer = trainer.optimizers[0] if trainer.optimizers else None
     values = {
         "strategy": layout["strategy"],
         "devices": trainer.num_devices,
         "nodes": trainer.num_nodes,
         "precision": str(trainer.precision),
-        "batch_size": model.get("batch_size"),
+        "batch_size": model.batch_size,
         "global_batch_size": layout["global_batch_size"],
         "accumulated_batches": layout["accumulated_batches"],
         "lr": optimizer.param_groups[0].get("initial_lr") if optimizer is not None else None,
-        "arch": model.get("arch"),
-        "dataset": data.get("dataset", "synthetic") if not data.get("synthetic") else "synthetic",
+        "arch": model.arch,
+        "dataset": "synthetic" if data.synthetic or data.dataset is None else data.dataset,
         "micro_batches": micro_batches_per_batch(trainer),
     }
     return {name: value for name, value in values.items() if value is not None}

@@ -5,6 +5,7 @@ the device the same way, with ``multigpu.run.device_sync.synchronize``."""
 import copy
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -15,6 +16,7 @@ from torch import Tensor, nn
 
 from multigpu.model.lazy_blocks import LazyBlocks
 from multigpu.run.device_sync import synchronize
+from multigpu.typed_options import ModuleOptions, options_of
 
 __all__ = [
     "block_pass_times",
@@ -35,17 +37,26 @@ def cut_from_graph(value: Any, needs_grad: bool = True) -> Any:
     return apply_to_collection(value, Tensor, lambda t: t.detach().requires_grad_(needs_grad and t.is_floating_point()))
 
 
+@dataclass(frozen=True)
+class _UpdateCost:
+    """The SGD options an update's cost depends on (``sgd_options``), plain SGD's where a module has none."""
+
+    momentum: float = 0.0
+    nesterov: bool = False
+    weight_decay: float = 0.0
+
+
 def sgd_options(settings: Mapping[str, Any]) -> dict[str, Any]:
     """The options of the recipe's SGD that set what its update costs, from a model's ``--model.*`` settings or
     hyperparameters: momentum, Nesterov's and weight decay each add a pass over the parameters (timed with plain
     momentum alone, the blocks' updates came out well short of the recipe's: docs/plan.md, "What a forecast is
     built from"). A module without them is taken to update with plain SGD.
     The learning rate costs nothing and is 0, so that a timed update changes no parameter."""
-    momentum = settings.get("momentum", 0.0)
+    cost = options_of(_UpdateCost, settings)
     return {
-        "momentum": momentum,
-        "nesterov": bool(settings.get("nesterov", False)) and momentum > 0,
-        "weight_decay": settings.get("weight_decay", 0.0),
+        "momentum": cost.momentum,
+        "nesterov": bool(cost.nesterov) and cost.momentum > 0,
+        "weight_decay": cost.weight_decay,
     }
 
 
@@ -170,7 +181,7 @@ def time_blocks(strategy: Strategy, blocks: nn.Sequential, micro_batches: int = 
     example = pl_module.example_input_array
     if not isinstance(example, Tensor):
         return None
-    batch_size = max(1, pl_module.hparams.get("batch_size", len(example)) // micro_batches)
+    batch_size = max(1, (ModuleOptions.of(pl_module).batch_size or len(example)) // micro_batches)
     example = example[:1].expand(batch_size, *example.shape[1:])
     sgd = sgd_options(pl_module.hparams)
     return block_times_in(strategy.precision_plugin, blocks, example, strategy.root_device, sgd, micro_batches)

@@ -6,6 +6,7 @@ from torch import nn
 
 from multigpu.contracts import holds_network
 from multigpu.errors import UsageError
+from multigpu.typed_options import ModuleOptions
 
 __all__ = ["block_sequence", "check_not_compiled", "network"]
 
@@ -20,7 +21,7 @@ def network(pl_module: LightningModule, strategy: str) -> nn.Module:
             f"strategy {strategy} needs the network as a module in `self.net` of the LightningModule; "
             f"{type(pl_module).__name__} has none."
         )
-    check_not_compiled(strategy, bool(pl_module.hparams.get("compile")))
+    check_not_compiled(strategy, bool(ModuleOptions.of(pl_module).compile))
     return pl_module.net
 
 

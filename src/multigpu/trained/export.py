@@ -19,7 +19,6 @@ images, within ``TOLERANCE`` of their size (float32's rounding; the ONNX file on
 onnxruntime is installed, whose fused kernels round differently).
 """
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,9 +28,11 @@ from torch import nn
 
 from multigpu.checkpointing.resume import ResumePoint
 from multigpu.data.cifar import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
+from multigpu.data.data_options import DataOptions
 from multigpu.errors import UsageError
-from multigpu.model.architectures import DEFAULT_ARCH, NetworkBlocks, network_blocks
-from multigpu.model.lazy_blocks import BlockFactory, LazyBlocks
+from multigpu.model.architectures import DEFAULT_ARCH, NetworkBlocks
+from multigpu.model.lazy_blocks import LazyBlocks
+from multigpu.model.network_options import NetworkOptions
 from multigpu.model.torchvision_weights import cifar_stem, to_torchvision
 
 __all__ = [
@@ -51,27 +52,16 @@ Format = Literal["torchvision", "torchscript", "onnx"]
 SUFFIXES = {"torchvision": ".pt", "torchscript": ".torchscript.pt", "onnx": ".onnx"}
 
 
-def _blocks(checkpoint: dict) -> Sequence[BlockFactory]:
-    hparams = checkpoint.get("hyper_parameters", {})
-    return network_blocks(
-        hparams.get("arch", DEFAULT_ARCH),
-        hparams.get("num_classes", 10),
-        hparams.get("stem", "cifar"),
-        hparams.get("image_size", 32),
-        seed=0,
-    )
-
-
-def _cut_blocks(checkpoint: dict) -> NetworkBlocks:
-    """``_blocks`` of a network other than ResNet-50: cut from one torchvision (or the user's) network."""
-    blocks = _blocks(checkpoint)
+def _cut_blocks(options: NetworkOptions) -> NetworkBlocks:
+    """The blocks of a network other than ResNet-50: cut from one torchvision (or the user's) network."""
+    blocks = options.blocks(seed=0)
     assert isinstance(blocks, NetworkBlocks)
     return blocks
 
 
 def network_of(checkpoint: dict) -> nn.Sequential:
     """The checkpoint's network (our blocks), on the CPU, in evaluation mode."""
-    net = LazyBlocks(_blocks(checkpoint))
+    net = LazyBlocks(NetworkOptions.saved_in(checkpoint).blocks(seed=0))
     net.materialize()
     state = {key[len("net.") :]: value for key, value in checkpoint["state_dict"].items() if key.startswith("net.")}
     net.load_state_dict(state, strict=True)
@@ -81,12 +71,12 @@ def network_of(checkpoint: dict) -> nn.Sequential:
 def torchvision_model(checkpoint: dict, network: nn.Module | None = None) -> nn.Module:
     """torchvision's network (``resnet50``, or the run's ``--model.arch``) holding the checkpoint's weights (those
     of ``network``, its network once built), in evaluation mode."""
-    hparams = checkpoint.get("hyper_parameters", {})
+    options = NetworkOptions.saved_in(checkpoint)
     network = network if network is not None else network_of(checkpoint)
-    if hparams.get("arch", DEFAULT_ARCH) != DEFAULT_ARCH:
-        return _cut_blocks(checkpoint).network_with(network.state_dict())
-    model = torchvision.models.resnet50(num_classes=hparams.get("num_classes", 10))
-    if hparams.get("stem", "cifar") == "cifar":
+    if options.arch != DEFAULT_ARCH:
+        return _cut_blocks(options).network_with(network.state_dict())
+    model = torchvision.models.resnet50(num_classes=options.num_classes)
+    if options.stem == "cifar":
         cifar_stem(model)
     model.load_state_dict(to_torchvision(network.state_dict()), strict=True)
     return model.eval()
@@ -97,7 +87,8 @@ def write_export(checkpoint: dict, to: Format, out: Path) -> str:
     checkpoint's network: what the check found, or a ``UsageError`` where the logits differ."""
     network = network_of(checkpoint)  # built once: the export's source and the logits it must give
     model = torchvision_model(checkpoint, network)
-    images = torch.randn(8, *_image_shape(checkpoint), generator=torch.Generator().manual_seed(0))
+    shape = NetworkOptions.saved_in(checkpoint).image_shape
+    images = torch.randn(8, *shape, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         expected = network(images)
         if to == "torchvision":
@@ -117,26 +108,23 @@ def write_export(checkpoint: dict, to: Format, out: Path) -> str:
     return f"its logits match the checkpoint's within {TOLERANCE:g} (relative) on {len(images)} images"
 
 
-def _image_shape(checkpoint: dict) -> tuple[int, int, int]:
-    size = checkpoint.get("hyper_parameters", {}).get("image_size", 32)
-    return (3, size, size)
-
-
 def input_notes(checkpoint: dict) -> dict[str, Any]:
     """What the exported network expects of its input, and what its outputs mean: written beside the export (the
     data's mean, std and class names as the run saved them; CIFAR-10's in a checkpoint from before)."""
-    classes = checkpoint.get("hyper_parameters", {}).get("num_classes", 10)
+    options = NetworkOptions.saved_in(checkpoint)
+    classes = options.num_classes
     data = ResumePoint.of(checkpoint).data
+    saved = DataOptions.of(data)  # the mean and std the run normalised with
     names = data.get("classes") or (list(CIFAR10_CLASSES) if classes == len(CIFAR10_CLASSES) else list(range(classes)))
     return {
-        "shape": ["batch", *_image_shape(checkpoint)],
+        "shape": ["batch", *options.image_shape],
         "layout": "NCHW: channels first",
         "channels": "RGB",
         "dtype": "float32",
         "scale": "pixel values divided by 255, in [0, 1]",
         "normalise": "(x - mean) / std, per channel",
-        "mean": list(data.get("mean", CIFAR10_MEAN)),
-        "std": list(data.get("std", CIFAR10_STD)),
+        "mean": list(saved.mean or CIFAR10_MEAN),
+        "std": list(saved.std or CIFAR10_STD),
         "output": "logits, one per class; softmax gives the probabilities",
         "classes": names,
     }
@@ -154,18 +142,18 @@ def input_line(notes: dict[str, Any]) -> str:
 
 def torchvision_load_lines(checkpoint: dict, out: Path) -> str:
     """The lines of Python that load a ``torchvision`` export at ``out`` into the run's torchvision network."""
-    hparams = checkpoint.get("hyper_parameters", {})
-    arch, classes = hparams.get("arch", DEFAULT_ARCH), hparams.get("num_classes", 10)
+    options = NetworkOptions.saved_in(checkpoint)
+    arch, classes = options.arch, options.num_classes
     stem = "model.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False)\n    model.maxpool = torch.nn.Identity()\n"
-    resnet = arch == DEFAULT_ARCH or _cut_blocks(checkpoint).is_resnet
+    resnet = arch == DEFAULT_ARCH or _cut_blocks(options).is_resnet
     if "." in arch:  # the user's own network
         build = f"{arch}(num_classes={classes})"
     else:
-        size = f", image_size={hparams.get('image_size', 32)}" if arch.startswith("vit_") else ""
+        size = f", image_size={options.image_size}" if arch.startswith("vit_") else ""
         build = f"torchvision.models.get_model({arch!r}, num_classes={classes}{size})"
     return (
         f"    model = {build}\n"
-        + (f"    {stem}" if resnet and hparams.get("stem", "cifar") == "cifar" else "")
+        + (f"    {stem}" if resnet and options.stem == "cifar" else "")
         + f"    model.load_state_dict(torch.load({str(out)!r}))"
     )
 

@@ -8,6 +8,7 @@ from multigpu.errors import UsageError
 from multigpu.strategies.micro_batch_check import micro_batch_refusal
 from multigpu.strategies.network_lookup import block_sequence
 from multigpu.strategies.partition import BalanceBy, check_stage_count, choose_balance
+from multigpu.typed_options import ModuleOptions
 
 __all__ = ["pipeline_blocks", "refuse_untrainable_micro_batches"]
 
@@ -23,7 +24,7 @@ def pipeline_blocks(
             f"strategy pipeline computes the loss on the last stage with the LightningModule's `criterion`; "
             f"{type(pl_module).__name__} has none."
         )
-    batch_size = pl_module.hparams.get("batch_size")
+    batch_size = ModuleOptions.of(pl_module).batch_size
     if batch_size is not None and batch_size % micro_batches:
         raise UsageError(
             f"the batch of {batch_size} images cannot be cut into micro_batches={micro_batches} equal parts: "
@@ -38,7 +39,7 @@ def pipeline_blocks(
 def refuse_untrainable_micro_batches(blocks: nn.Sequential, pl_module: LightningModule, micro_batches: int) -> None:
     """Refuse micro-batches too small to train (evaluation runs them in eval mode, where they can): BatchNorm given
     one value per channel, say (``micro_batch_refusal``, the check ``plan`` makes)."""
-    batch_size, example = pl_module.hparams.get("batch_size"), pl_module.example_input_array
+    batch_size, example = ModuleOptions.of(pl_module).batch_size, pl_module.example_input_array
     if batch_size is None or not isinstance(example, Tensor):
         return
     images = batch_size // micro_batches
