@@ -369,9 +369,10 @@ def option_reads(paths: list[Path], names: set[str]) -> list[str]:
     return sorted(found)
 
 
-# 20 once the layouts' options are typed (5 reads in strategies/*/layouts.py) and the resume record is one type
-# (7 in run/resume.py, 2 in run/run_hparams.py): the other parts of issue 90.
-MOST_OPTION_READS = 29
+# 169 at ca48a3c; issue 90 asks for 20 at most. What is left: the sections of a config where the typed objects are
+# built from them, a checkpoint's sections where its saved options are read, and keys that are options' names but
+# not options (a Lightning registry entry, CIFAR's pickle).
+MOST_OPTION_READS = 19
 
 
 def test_options_are_read_as_typed_attributes_not_string_keys(tmp_path):

@@ -103,8 +103,9 @@ def test_a_pipelines_processes_update_after_its_last_action_and_the_step_waits_f
     second stage's 2 s before; the second stage's update of 3 s starts only then (the output's broadcast), and the
     step waits for it (the SIGTERM flag's all-reduce), so it ends at 18 s, not at 16 (13 s and its update)."""
     memory = BlockMemory(params=[0, 0], activations=[0.0] * 2, inputs=[0.0] * 2, tensors=[0] * 2)
-    options = {"num_stages": 2, "stages_per_process": 1, "schedule": "gpipe"}
-    layout = PipelineLayout("p", 2, 2, 4, options=options, balance=(1, 1), micro_batches=4)
+    layout = PipelineLayout(
+        "p", 2, 2, 4, stages=2, stages_per_process=1, schedule="gpipe", balance=(1, 1), micro_batches=4
+    )
     step = layout.batch_size / forecast(layout, _FlatProfile(2, updates=[0.5, 3.0]), Links(world=2), memory)
     assert step == pytest.approx((4 + 2 - 1) * 3 + 3.0)
 
@@ -142,8 +143,9 @@ def test_the_split_factor_lengthens_only_the_split_halves_and_the_first_stages_i
 def test_a_zero_bubble_schedule_pays_for_its_split_backward_pass_and_the_others_do_not(schedule, splits):
     blocks = 4
     memory = BlockMemory(params=[0] * blocks, activations=[0.0] * blocks, inputs=[0.0] * blocks, tensors=[0] * 4)
-    options = {"num_stages": 4, "stages_per_process": 2, "schedule": schedule}
-    layout = PipelineLayout("p", 2, 2, 8, options=options, balance=(1, 1, 1, 1), micro_batches=4)
+    layout = PipelineLayout(
+        "p", 2, 2, 8, stages=4, stages_per_process=2, schedule=schedule, balance=(1, 1, 1, 1), micro_batches=4
+    )
     links = Links(world=2)
     whole = forecast(layout, _FlatProfile(blocks), links, memory)
     split = forecast(layout, _FlatProfile(blocks, split=1.5), links, memory)
@@ -153,8 +155,9 @@ def test_a_zero_bubble_schedule_pays_for_its_split_backward_pass_and_the_others_
 def test_ddp_and_fsdp_go_at_the_pace_of_their_slowest_process_and_a_pipeline_does_not():
     blocks = 4
     memory = BlockMemory(params=[0] * blocks, activations=[0.0] * blocks, inputs=[0.0] * blocks, tensors=[0] * 4)
-    options = {"num_stages": 2, "stages_per_process": 1, "schedule": "1f1b"}
-    pipeline = PipelineLayout("p", 2, 2, 8, options=options, balance=(2, 2), micro_batches=4)
+    pipeline = PipelineLayout(
+        "p", 2, 2, 8, stages=2, stages_per_process=1, schedule="1f1b", balance=(2, 2), micro_batches=4
+    )
     even, paced = Links(world=2), Links(world=2, lockstep=1.25)  # links that cost nothing: only the passes count
     step = lambda layout, links: 1 / forecast(layout, _FlatProfile(blocks), links, memory)  # noqa: E731
     for strategy in ("ddp", "fsdp"):

@@ -10,7 +10,7 @@ says, and Lightning's loop counters count the steps before it in the new layout'
 """
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -21,7 +21,7 @@ from typing_extensions import override
 from multigpu.checkpointing.loop_position import count_steps_as_done, reopen_cut_epoch
 from multigpu.checkpointing.position import KEY, FollowsOrder, TrainingPosition
 from multigpu.renamed_options import new_hyperparameter_names
-from multigpu.run.replicas import layout_record
+from multigpu.run.replicas import LayoutRecord
 from multigpu.run.trainer_parts import datamodule_of
 
 __all__ = ["ResumePoint", "RunMetadata"]
@@ -36,7 +36,7 @@ class ResumePoint:
             of ours).
         model_options, data_options: the model's and the data's options (``--model.*``, ``--data.*``).
         data: what its run read of the data: ``classes``, and the ``mean`` and ``std`` it normalised with.
-        layout: how it was trained (``layout_record``).
+        layout: how it was trained (a ``LayoutRecord``'s entries).
         log_version: its TensorBoard run.
         checkpoint: the checkpoint as read, which Lightning's read of the same file gets (``AtomicCheckpointIO``).
     """
@@ -114,7 +114,7 @@ class RunMetadata(Callback):
         position = TrainingPosition.now(trainer)  # before the loop counters below are reopened
         checkpoint[KEY] = {
             "log_version": trainer.logger.version if trainer.logger else None,
-            **layout_record(trainer, pl_module),
+            **asdict(LayoutRecord.of(trainer, pl_module)),
             "data": _data_description(datamodule_of(trainer)),
             **({"order": position.record()} if position is not None else {}),
         }
@@ -134,20 +134,28 @@ class RunMetadata(Callback):
             where = f"; epoch {position.epoch} goes on after its first {resumed.start} of {resumed.samples} images"
             if "loops" in checkpoint:
                 count_steps_as_done(checkpoint["loops"]["fit_loop"], resumed.skipped_steps, accumulation)
-        _report_layout(point.layout, layout_record(trainer, pl_module), where)
+        now = LayoutRecord.of(trainer, pl_module)
+        _report_layout(now.before(point.layout), now, where)
 
 
-def _report_layout(saved: Mapping[str, Any], now: dict[str, Any], where: str) -> None:
+def _report_layout(saved: LayoutRecord, now: LayoutRecord, where: str) -> None:
     """Say in one line what a layout resumed from ``saved`` kept and changed, and ``where`` it goes on."""
     changes = [
-        f"{name.replace('_', ' ')} {saved[name]} -> {now[name]}"
-        for name in ("strategy", "world_size", "replicas", "accumulated_batches")
-        if name in saved and saved[name] != now[name]
+        f"{name} {before} -> {after}"
+        for name, before, after in (
+            ("strategy", saved.strategy, now.strategy),
+            ("world size", saved.world_size, now.world_size),
+            ("replicas", saved.replicas, now.replicas),
+            ("accumulated batches", saved.accumulated_batches, now.accumulated_batches),
+        )
+        if before != after
     ]
     kept: list[str] = []
     changed: list[str] = []
-    for name, what in (("global_batch_size", "the global batch"), ("forward_batch", "images per forward pass")):
-        before, after = saved.get(name, now[name]), now[name]
+    for what, before, after in (
+        ("the global batch", saved.global_batch_size, now.global_batch_size),
+        ("images per forward pass", saved.forward_batch, now.forward_batch),
+    ):
         (kept if before == after else changed).append(
             f"{what} {after}" if before == after else f"{what} {before} -> {after}"
         )
@@ -161,7 +169,7 @@ def _report_layout(saved: Mapping[str, Any], now: dict[str, Any], where: str) ->
     parts = [f"kept {' and '.join(kept)}"] if kept else []
     if changed:
         parts.append(f"changed {' and '.join(changed)}")
-    if saved.get("global_batch_size", now["global_batch_size"]) != now["global_batch_size"]:
+    if saved.global_batch_size != now.global_batch_size:
         parts.append("the learning rate keeps the checkpoint's scaling")
     elif not changed:
         parts.append("so the same steps train the same images")

@@ -1,5 +1,7 @@
 """How many processes train on different samples: what the global batch and throughput count."""
 
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
@@ -13,7 +15,7 @@ __all__ = [
     "data_parallel_rank",
     "data_parallel_size",
     "global_batch_size",
-    "layout_record",
+    "LayoutRecord",
     "micro_batches_per_batch",
     "replica_group",
 ]
@@ -70,15 +72,32 @@ def accumulation_for(global_batch_size: int, batch_size: int, replicas: int) -> 
     return global_batch_size // per_step
 
 
-def layout_record(trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
-    """How ``trainer`` trains: its strategy, processes, replicas, accumulated batches, global batch and images per
-    forward pass."""
-    batch_size = ModuleOptions.of(pl_module).batch_size
-    return {
-        "strategy": type(trainer.strategy).__name__,
-        "world_size": trainer.world_size,
-        "replicas": data_parallel_size(trainer),
-        "accumulated_batches": trainer.accumulate_grad_batches,
-        "global_batch_size": pl_module.global_batch_size if hasattr(pl_module, "global_batch_size") else None,
-        "forward_batch": batch_size // micro_batches_per_batch(trainer) if batch_size else None,
-    }
+@dataclass(frozen=True)
+class LayoutRecord:
+    """How a run trains, as its checkpoints record it (under ``checkpointing.position.KEY``): its strategy, processes,
+    replicas, accumulated batches, global batch and images per forward pass."""
+
+    strategy: str
+    world_size: int
+    replicas: int
+    accumulated_batches: int
+    global_batch_size: int | None
+    forward_batch: int | None
+
+    @classmethod
+    def of(cls, trainer: Trainer, pl_module: LightningModule) -> "LayoutRecord":
+        """How ``trainer`` trains ``pl_module``."""
+        batch_size = ModuleOptions.of(pl_module).batch_size
+        return cls(
+            strategy=type(trainer.strategy).__name__,
+            world_size=trainer.world_size,
+            replicas=data_parallel_size(trainer),
+            accumulated_batches=trainer.accumulate_grad_batches,
+            global_batch_size=getattr(pl_module, "global_batch_size", None),
+            forward_batch=batch_size // micro_batches_per_batch(trainer) if batch_size else None,
+        )
+
+    def before(self, saved: Mapping[str, Any]) -> "LayoutRecord":
+        """The record a checkpoint ``saved``, read against this one: what an older checkpoint did not record is taken
+        to be as now."""
+        return replace(self, **{entry.name: saved[entry.name] for entry in fields(self) if entry.name in saved})

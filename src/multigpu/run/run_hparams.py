@@ -8,7 +8,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
-from multigpu.run.replicas import layout_record, micro_batches_per_batch
+from multigpu.run.replicas import LayoutRecord, micro_batches_per_batch
 from multigpu.run.trainer_parts import datamodule_of
 from multigpu.typed_options import ModuleOptions
 
@@ -20,17 +20,17 @@ METRICS = ("hp/val_acc_best", "hp/val_acc_last", "hp/val_loss_best", "hp/val_los
 def run_hparams(trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
     """What sets one run apart from another: strategy, devices, nodes, precision, batch and global batch, learning
     rate, network, dataset, and the micro-batches where the strategy cuts its batches."""
-    layout = layout_record(trainer, pl_module)
+    layout = LayoutRecord.of(trainer, pl_module)
     model, data = ModuleOptions.of(pl_module), ModuleOptions.of(datamodule_of(trainer))
     optimizer = trainer.optimizers[0] if trainer.optimizers else None
     values = {
-        "strategy": layout["strategy"],
+        "strategy": layout.strategy,
         "devices": trainer.num_devices,
         "nodes": trainer.num_nodes,
         "precision": str(trainer.precision),
         "batch_size": model.batch_size,
-        "global_batch_size": layout["global_batch_size"],
-        "accumulated_batches": layout["accumulated_batches"],
+        "global_batch_size": layout.global_batch_size,
+        "accumulated_batches": layout.accumulated_batches,
         "lr": optimizer.param_groups[0].get("initial_lr") if optimizer is not None else None,
         "arch": model.arch,
         "dataset": "synthetic" if data.synthetic or data.dataset is None else data.dataset,

@@ -10,7 +10,7 @@ knows none of them by name.
 """
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
 from multigpu.errors import UsageError
@@ -106,9 +106,10 @@ Refuse = Callable[[str, str], None]  # refuse(what, why)
 
 @dataclass(frozen=True)
 class Layout:
-    """One way to train: the strategy of the subclass with its ``options`` on ``devices`` devices in ``processes``
-    processes, ``batch_size`` images per replica (``--data.batch_size``), ``micro_batches`` inputs per batch;
-    ``balance`` (blocks per stage of a split network) is set once the blocks are timed.
+    """One way to train: the strategy of the subclass with its options (its subclass's own fields, given by
+    ``strategy_options``) on ``devices`` devices in ``processes`` processes, ``batch_size`` images per replica
+    (``--data.batch_size``), ``micro_batches`` inputs per batch; ``balance`` (blocks per stage of a split network)
+    is set once the blocks are timed.
 
     The bodies here are a whole network in every process, each a replica: what a strategy says otherwise, its
     subclass overrides.
@@ -123,7 +124,6 @@ class Layout:
     processes: int
     batch_size: int
     recompute: bool = False
-    options: dict = field(default_factory=dict)  # the strategy's own, besides balance
     balance: tuple[int, ...] | None = None
     micro_batches: int = 1
 
@@ -181,10 +181,14 @@ class Layout:
         a strategy measured of the network."""
         raise NotImplementedError
 
+    def strategy_options(self) -> dict[str, object]:
+        """The strategy's options that select this layout, besides its balance, by their names."""
+        return {}
+
     @property
-    def init_args(self) -> dict:
+    def init_args(self) -> dict[str, object]:
         """The strategy's options, its balance included."""
-        return {**self.options, **({"balance": list(self.balance)} if self.balance else {})}
+        return {**self.strategy_options(), **({"balance": list(self.balance)} if self.balance else {})}
 
     def strategy_config(self) -> str | dict:
         """``trainer.strategy`` as a config file holds it."""

@@ -1,17 +1,25 @@
 """``fsdp`` (``FullyShardedStrategy``): parameters, gradients and optimizer state sharded over the processes."""
 
+from dataclasses import dataclass
+
 from multigpu.strategies.layout import Layout, LayoutRequest, Refuse, activations, refused, several_devices, state
 from multigpu.strategies.network_lookup import check_not_compiled
 
 __all__ = ["FullyShardedLayout"]
 
 
+@dataclass(frozen=True)
 class FullyShardedLayout(Layout):
     """Each block's parameters are all-gathered before its forward and backward pass (the next block's while this
     one computes) and its gradients reduce-scattered after its backward pass, one transfer at a time beside the
     computation, plus ``fully_shard``'s own cost per block and per byte of its parameters. A device holds 1/N of
     the state; whole at once only a block's parameters (the one computing and the next, gathered ahead) and, in the
     backward pass, its gradients before they are reduce-scattered."""
+
+    reshard_after_forward: bool = True
+
+    def strategy_options(self) -> dict[str, object]:
+        return {} if self.reshard_after_forward else {"reshard_after_forward": False}
 
     @classmethod
     def offered(cls, request: LayoutRequest, refuse: Refuse) -> list[Layout]:
@@ -43,7 +51,7 @@ class FullyShardedLayout(Layout):
                 link = max(link, start) + gather(block + 1)
                 start = link if serial else start
             compute = start + forward[block] + own[block]
-        regather = self.options.get("reshard_after_forward", True)
+        regather = self.reshard_after_forward
         if regather:
             link = max(link, compute) + gather(last)
             compute = link if serial else compute

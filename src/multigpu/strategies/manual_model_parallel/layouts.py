@@ -1,6 +1,8 @@
 """``manual_model_parallel`` (``ManualModelParallelStrategy``): consecutive blocks on consecutive devices of one
 process, optionally replicated with DDP."""
 
+from dataclasses import dataclass
+
 from multigpu.strategies.layout import (
     Layout,
     LayoutRequest,
@@ -21,10 +23,13 @@ __all__ = ["ModelParallelLayout"]
 DEVICES_PER_REPLICA = (2, 4)
 
 
+@dataclass(frozen=True)
 class ModelParallelLayout(Layout):
     """The stages one after another for the whole batch, the activations and their gradients sent between devices,
     and with several replicas ``ddp``'s all-reduce (and its buckets); each device holds its stage's blocks, for
     the whole batch."""
+
+    devices_per_replica: int = 2
 
     @classmethod
     def offered(cls, request: LayoutRequest, refuse: Refuse) -> list[Layout]:
@@ -40,13 +45,16 @@ class ModelParallelLayout(Layout):
                 continue
             replicas = request.devices // per_replica
             name = f"model parallel {per_replica}" + (f" x{replicas}" if replicas > 1 else "")
-            options = {"devices_per_replica": per_replica}
-            layouts.append(cls(name, request.devices, replicas, request.batch_size * per_replica, options=options))
+            batch = request.batch_size * per_replica
+            layouts.append(cls(name, request.devices, replicas, batch, devices_per_replica=per_replica))
         return layouts
 
     @property
     def num_stages(self) -> int:
-        return self.options["devices_per_replica"]
+        return self.devices_per_replica
+
+    def strategy_options(self) -> dict[str, object]:
+        return {"devices_per_replica": self.devices_per_replica}
 
     def device_memory(self, memory, optimizer_states) -> list[list[int]]:
         if self.balance is None:

@@ -1,6 +1,8 @@
 """``pipeline`` (``PipelineStrategy``): one process per stage (or several stages each), micro-batches under a
 schedule, optionally replicated."""
 
+from dataclasses import dataclass
+
 from multigpu.errors import UsageError
 from multigpu.strategies.layout import Layout, LayoutRequest, Refuse, activations, boundary_bytes, refused, state
 from multigpu.strategies.network_lookup import check_not_compiled
@@ -18,6 +20,7 @@ PIPELINE_PROCESSES = (2, 4)
 _ALL_AT_ONCE = ("gpipe", "loopedbfs")  # schedules that run every micro-batch's forward pass before a backward
 
 
+@dataclass(frozen=True)
 class PipelineLayout(Layout):
     """The schedule's step simulated from its action lists (``strategies.pipeline.simulation``), the zero-bubble
     schedules' split backward passes as much longer as the network's measured split in two
@@ -30,6 +33,10 @@ class PipelineLayout(Layout):
     Each process holds its stages' blocks, for one micro-batch times the micro-batches in flight (GPipe and
     LoopedBFS run every forward pass first: all of them; the others at most as many as there are stages after this
     one)."""
+
+    stages: int = 2  # of one copy of the pipeline: num_stages
+    stages_per_process: int = 1
+    schedule: str = "1f1b"
 
     @classmethod
     def offered(cls, request: LayoutRequest, refuse: Refuse) -> list[Layout]:
@@ -62,12 +69,6 @@ class PipelineLayout(Layout):
                     except UsageError as error:
                         refuse(what, str(error).rstrip("."))
                         continue
-                    options = {
-                        "num_stages": stages,
-                        "stages_per_process": per_process,
-                        "schedule": schedule.lower(),
-                        "micro_batches": count,
-                    }
                     replicas = request.devices // processes
                     name = (
                         f"pipeline {stages}"
@@ -76,23 +77,36 @@ class PipelineLayout(Layout):
                         + f" {schedule.lower()} m{count}"
                     )
                     layouts.append(
-                        cls(name, request.devices, request.devices, batch, options=options, micro_batches=count)
+                        cls(
+                            name,
+                            request.devices,
+                            request.devices,
+                            batch,
+                            micro_batches=count,
+                            stages=stages,
+                            stages_per_process=per_process,
+                            schedule=schedule.lower(),
+                        )
                     )
         return layouts
 
     @property
-    def schedule(self) -> str:
-        return self.options["schedule"]
-
-    @property
     def placement(self) -> StagePlacement:
         """Where the stages of one copy of the pipeline go."""
-        per_process = self.options["stages_per_process"]
+        per_process = self.stages_per_process
         return StagePlacement(self.schedule, self.num_stages // per_process, per_process)
 
     @property
     def num_stages(self) -> int:
-        return self.options["num_stages"]
+        return self.stages
+
+    def strategy_options(self) -> dict[str, object]:
+        return {
+            "num_stages": self.stages,
+            "stages_per_process": self.stages_per_process,
+            "schedule": self.schedule,
+            "micro_batches": self.micro_batches,
+        }
 
     @property
     def replicas(self) -> int:
