@@ -245,7 +245,7 @@ def _constants(paths, names) -> list[str]:
 
 
 def test_each_strategy_is_named_only_inside_its_own_package_and_plan_names_none():
-    """Our strategies' names appear as strings only in their own packages (each states its ``SPEC``); ``plan`` asks
+    """Our strategies' names appear as strings only in their own packages (each states its ``SPECS``); ``plan`` asks
     every strategy's ``Layout`` class through ``SPECS`` and compares no name, Lightning's ``ddp`` included."""
     from multigpu.strategies import PLANNED_STRATEGIES, SPECS
 

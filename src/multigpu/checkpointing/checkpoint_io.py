@@ -165,6 +165,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     @_holds
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         self.wait()
+        self._read = None  # a run saves after its restore: the checkpoint it was handed is no longer wanted
         if not _local(path) or storage_options is not None:
             self.writing_elsewhere = True
             try:
@@ -183,6 +184,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         and removes the folder the file named before (``checkpointing.sharded_checkpoints``). The other processes may
         be writing the next save's shards by then: a folder is removed only once no file names it."""
         self.wait()
+        self._read = None  # as in save_checkpoint
         path = Path(path)
         folder = shards_folder(path) / f"step{checkpoint['global_step']}-{token}"
         if not folder.is_dir():
@@ -341,6 +343,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         """Wait for the write in flight. While the run ends with another exception (a failure, a second Ctrl-C), that
         one stays the one reported: a write's own error was printed when it happened. A stop (SIGTERM: a
         ``SystemExit``) is no error, and a failed write of its checkpoint is raised."""
+        self._read = None  # a run that never restored (ddp_spawn's launching process) lets it go here
         if sys.exc_info()[1] is None or isinstance(sys.exc_info()[1], SystemExit):
             self.wait()
         else:

@@ -2,6 +2,7 @@
 ``multigpu.commands`` sends each command to its own).
 
 lightning_cli     MultiGPUCLI: LightningCLI with the project's links, checks and run folders
+run_options       RunOptions, TrainerOptions: a command's config, read once into typed options
 trainer_options   checks of the trainer's options before anything is built
 export_command    ``export``'s options and lines (what it writes: ``multigpu.trained.export``)
 saved_options     ``--ckpt_path`` followed before anything is built; a checkpoint's own options for the commands on it
@@ -15,6 +16,7 @@ __all__ = [
     "export_command",
     "lightning_cli",
     "quiet_console",
+    "run_options",
     "saved_options",
     "trainer_assembly",
     "trainer_options",

@@ -265,6 +265,7 @@ class MultiGPUCLI(CheckpointPathCLI):
             # torchrun has started the processes: an elastic run has as many nodes as are left.
             rank_zero_info(f"torchrun started {nodes} node(s): --trainer.num_nodes={nodes}.")
             config["trainer.num_nodes"] = nodes
+            options = RunOptions.of(config)
         check_at_least("--save_every_n_steps", options.save_every_n_steps or 0, 0)
         check_at_least("--stall_timeout_s", options.stall_timeout_s or 0, 0)
         # Where the run will write, checked before minutes go into building and training.

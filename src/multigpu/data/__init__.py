@@ -2,6 +2,7 @@
 the on-device path.
 
 datamodule     ImageDataModule: the LightningDataModule the CLI builds (``--data.*``): loaders, sharding, its order
+data_options   DataOptions: its options, read once and handed inward
 source         what a source of images says and makes (``ImageSource``); one per kind:
 cifar            CifarFiles: CIFAR-10's and CIFAR-100's official files read into tensors
 image_folder     ImageFolderSource: a folder of labelled images in ImageNet's layout (``--data.dataset=imagefolder``)
@@ -15,6 +16,7 @@ loader_workers how loader workers start (a fork server), and that they end with 
 
 __all__ = [
     "cifar",
+    "data_options",
     "datamodule",
     "image_files",
     "image_folder",

@@ -2,6 +2,7 @@
 
 classifier            ImageClassifier: the loss, the metrics, the optimizer and its schedule (``--model.*``)
 recipe                Recipe: the training options (optimizer, schedule, loss) held and checked together
+network_options       NetworkOptions: which network (arch, classes, stem, image size), with an old checkpoint's defaults
 architectures         any torchvision classifier (``--model.arch``), or the user's network, as a sequence of blocks
 resnet                torchvision's ResNet-50 as a flat sequence of blocks (the default network)
 lazy_blocks           blocks built one at a time, each where a strategy places it, from its own seed
@@ -19,6 +20,7 @@ __all__ = [
     "deferred_batch_norm",
     "lazy_blocks",
     "lr_schedule",
+    "network_options",
     "recipe",
     "recomputation",
     "replica_statistics",

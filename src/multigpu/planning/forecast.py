@@ -6,7 +6,7 @@ the cores, slowed as much as processes running at once slow each other (``links`
 the others throughout the step, ``Layout.in_lockstep``, as much slower as the slowest of them runs). With activation
 recomputation each backward pass also runs its block's forward pass again. The strategy's own layout class then
 says how long its step takes from those passes and the tensors it moves at the measured latency and bandwidth of
-the links (``Layout.step_seconds``, in ``multigpu.strategies.SPECS``).
+the links (``Layout.step_seconds``, each strategy's in ``strategies/<package>/layouts.py``).
 """
 
 from multigpu.planning.links import Links

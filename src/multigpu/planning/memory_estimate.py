@@ -4,7 +4,7 @@ For each block, ``block_memory`` counts its parameters and what its forward pass
 backward pass (every tensor autograd saves, found with ``saved_tensors_hooks``) per image, on
 the meta device: shapes, no memory, no arithmetic. Each layout then adds up, per device, the
 parameters, gradients and optimizer state of the blocks it holds, and the activations of the
-images in flight through them (``Layout.device_memory``, in ``multigpu.strategies.SPECS``).
+images in flight through them (``Layout.device_memory``, each strategy's in ``strategies/<package>/layouts.py``).
 
 With activation recomputation a block keeps only its input, and recomputes its activations
 one block at a time. Under 16-bit mixed precision activations take 2 bytes per value.

@@ -11,7 +11,7 @@
                             replicated (num_stages)
 
 A package holds its Lightning strategy (ours), what it tells ``plan`` (its ``Layout`` subclass: layouts, memory,
-step time), its refusal rules, used at launch and by ``plan`` alike, and its ``SPEC`` (``spec.StrategySpec``). A new
+step time), its refusal rules, used at launch and by ``plan`` alike, and its ``SPECS`` (``spec.StrategySpec``). A new
 strategy is one package and its name in ``PACKAGES``; from that list come Lightning's registry of our names, the CLI's
 names and checks of ``--trainer.strategy.<option>``, ``plan``'s strategies, and the README's table (docs/code-map.md,
 "Where to go to change… a strategy"). What the strategies share: ``layout`` (the ``Layout`` base class and its

@@ -1,6 +1,7 @@
 """``StrategySpec``: one record per strategy, the source of every list of strategies in the project.
 
-Each strategy's package states its own (``SPEC``), and ``multigpu.strategies.SPECS`` lists them in one line each.
+Each strategy's package states its own (its ``SPECS``), and ``multigpu.strategies.SPECS`` gathers them from the packages
+named in ``PACKAGES``, one name each.
 From that list come Lightning's registry of our names, the names the CLI suggests, the strategies ``plan`` asks
 for layouts, and the README's table of strategies.
 """
