@@ -1,5 +1,6 @@
 """Checkpoints load back under each precision, and bad ones are refused with one line."""
 
+import gc
 import logging
 import os
 from pathlib import Path
@@ -10,6 +11,7 @@ import torch
 from helpers import SMOKE, cli_main, run_args
 from lightning.pytorch import Trainer
 
+from multigpu.checkpointing.checkpoint_io import AtomicCheckpointIO
 from multigpu.checkpointing.files import check_checkpoint, check_model_options, resolve_ckpt_path
 from multigpu.data.datamodule import ImageDataModule
 from multigpu.errors import UsageError
@@ -118,6 +120,19 @@ def test_a_resumed_run_reads_its_checkpoint_once(tmp_path, monkeypatch):
     cli_main("fit", "--config", SMOKE, *run_args(tmp_path), "--trainer.max_steps=3", "--ckpt_path=last")
     assert sum(reads) == 1
     assert check_checkpoint(last)["global_step"] == 3
+
+
+def test_the_checkpoint_handed_over_leaves_its_file_unmapped_once_restored(tmp_path):
+    """The CLI's read maps the file; what the restore gets is the run's own memory, so that a CPU optimizer's state
+    does not keep the file (and its disk space, once the next save replaces it) for the whole run."""
+    path = tmp_path / "last.ckpt"
+    torch.save({"state_dict": {"w": torch.ones(4)}, "global_step": 1, "epoch": 0}, path)
+    checkpoint_io = AtomicCheckpointIO(background=False)
+    checkpoint_io.hand_over(path, check_checkpoint(path))
+    restored = checkpoint_io.load_checkpoint(path)
+    gc.collect()
+    assert str(path) not in Path("/proc/self/maps").read_text()
+    torch.testing.assert_close(restored["state_dict"], {"w": torch.ones(4)})
 
 
 def test_an_epoch_resumed_after_its_last_batch_logs_no_throughput_point():

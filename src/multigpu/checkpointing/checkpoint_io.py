@@ -316,7 +316,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self.wait()
         read, self._read = self._read, None
         if read is not None and _local(path) and Path(path).resolve() == read[0]:
-            return read[1]
+            # The CLI's read maps the file (``check_checkpoint``): tensors the run keeps, such as a CPU optimizer's
+            # state, would keep the file mapped, and its disk space held after the next save replaces it, all run
+            # long. They are read out of it here, the one read of the file.
+            return apply_to_collection(read[1], torch.Tensor, torch.Tensor.clone)
         checkpoint = super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
         return whole_checkpoint(checkpoint, Path(path)) if isinstance(checkpoint, dict) else checkpoint
 
