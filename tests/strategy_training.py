@@ -30,6 +30,7 @@ import torch.distributed as dist
 from helpers import bare_trainer, fit_in_order
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from lightning.pytorch.plugins import MixedPrecision
+from run_layouts import LAYOUTS
 from torch import nn
 from torch.utils.data import TensorDataset
 
@@ -39,12 +40,6 @@ from multigpu.model.deferred_batch_norm import defer_batch_norm
 from multigpu.model.lazy_blocks import LazyBlocks, is_materialized
 from multigpu.run.gradient_norm import GradientNorm
 from multigpu.run.process_groups import end_process_groups
-from multigpu.strategies import (
-    DataParallelStrategy,
-    FullyShardedStrategy,
-    ManualModelParallelStrategy,
-    PipelineStrategy,
-)
 
 STEPS = 4
 
@@ -234,11 +229,8 @@ def deferred(batch_size: int) -> tuple[LightningModule, SyntheticCIFAR10]:
     return model, SyntheticCIFAR10(64, seed=1)
 
 
-ACCUMULATED = {"accumulate_grad_batches": 2}
-
-
-# Under bf16 with clipping by a norm the gradients exceed, and two accumulated batches.
-CLIPPED = {"precision": "bf16-mixed", "gradient_clip_val": 0.05, "accumulate_grad_batches": 2}
+# Under bf16 with clipping by a norm the gradients exceed (in layouts of two accumulated batches).
+CLIPPED = {"precision": "bf16-mixed", "gradient_clip_val": 0.05}
 
 
 def fp16(overflow_ranks: tuple[int, ...]) -> dict:
@@ -247,112 +239,58 @@ def fp16(overflow_ranks: tuple[int, ...]) -> dict:
     return {"plugins": lambda: [MixedPrecision("16-mixed", "cpu")], "callbacks": lambda: [OverflowAt(overflow_ranks)]}
 
 
-# name: (model, strategy, devices, batch per process, other Trainer arguments)
+# name: (model, its layout in run_layouts.LAYOUTS, other Trainer arguments)
 SETUPS = {
-    "single": (tiny, "auto", 1, 16, {}),
-    "mmp_1x2": (tiny, lambda: ManualModelParallelStrategy(balance=[2, 2]), 2, 16, {}),
-    "mmp_2x2": (tiny, lambda: ManualModelParallelStrategy(balance=[2, 2], devices_per_replica=2), 4, 8, {}),
-    "pipe_gpipe": (tiny, lambda: PipelineStrategy(micro_batches=4, schedule="gpipe", balance=[2, 2]), 2, 16, {}),
-    "pipe_1f1b": (tiny, lambda: PipelineStrategy(micro_batches=4, schedule="1f1b", balance=[1, 3]), 2, 16, {}),
-    "pipe_2x2": (tiny, lambda: PipelineStrategy(num_stages=2, micro_batches=2, balance_by="params"), 4, 8, {}),
-    "single_clipped": (tiny, "auto", 1, 8, CLIPPED),
-    "pipe_clipped": (tiny, lambda: PipelineStrategy(micro_batches=2, schedule="gpipe", balance=[2, 2]), 2, 8, CLIPPED),
-    "bottleneck_accumulated": (bottleneck, "auto", 1, 4, {"accumulate_grad_batches": 2}),
+    "single": (tiny, "one_device_b16", {}),
+    "mmp_1x2": (tiny, "mmp_2_2", {}),
+    "mmp_2x2": (tiny, "mmp_2_2_replicas", {}),
+    "pipe_gpipe": (tiny, "pipe_gpipe_2_2", {}),
+    "pipe_1f1b": (tiny, "pipe_1f1b_1_3", {}),
+    "pipe_2x2": (tiny, "pipe_params_replicas", {}),
+    "single_clipped": (tiny, "one_device_b8_x2", CLIPPED),
+    "pipe_clipped": (tiny, "pipe_gpipe_2_2_x2", CLIPPED),
+    "bottleneck_accumulated": (bottleneck, "one_device_x2", {}),
     # ResNet-50 itself, split inside a bottleneck as in the other setups.
-    "resnet50_accumulated": (resnet50, "auto", 1, 4, {"accumulate_grad_batches": 2}),
-    "resnet50_pipe_1f1b": (
-        resnet50,
-        lambda: PipelineStrategy(micro_batches=2, schedule="1f1b", balance=[12, 22]),
-        2,
-        8,
-        {},
-    ),
-    "bottleneck_pipe_gpipe": (
-        bottleneck,
-        lambda: PipelineStrategy(micro_batches=2, schedule="gpipe", balance=[2, 6]),
-        2,
-        8,
-        {},
-    ),
-    "bottleneck_pipe_1f1b": (
-        bottleneck,
-        lambda: PipelineStrategy(micro_batches=2, schedule="1f1b", balance=[2, 6]),
-        2,
-        8,
-        {},
-    ),
+    "resnet50_accumulated": (resnet50, "one_device_x2", {}),
+    "resnet50_pipe_1f1b": (resnet50, "pipe_1f1b_12_22", {}),
+    "bottleneck_pipe_gpipe": (bottleneck, "pipe_gpipe_2_6", {}),
+    "bottleneck_pipe_1f1b": (bottleneck, "pipe_1f1b_2_6", {}),
     # Activation recomputation: against the same training without it.
-    "bottleneck_accumulated_recomputed": (recomputed, "auto", 1, 4, ACCUMULATED),
-    "bottleneck_dp_recomputed": (recomputed, DataParallelStrategy, 1, 4, ACCUMULATED),
-    "bottleneck_mmp": (bottleneck, lambda: ManualModelParallelStrategy(balance=[2, 6]), 2, 4, ACCUMULATED),
-    "bottleneck_mmp_recomputed": (recomputed, lambda: ManualModelParallelStrategy(balance=[2, 6]), 2, 4, ACCUMULATED),
-    "bottleneck_pipe_1f1b_recomputed": (
-        recomputed,
-        lambda: PipelineStrategy(micro_batches=2, schedule="1f1b", balance=[2, 6]),
-        2,
-        8,
-        {},
-    ),
+    "bottleneck_accumulated_recomputed": (recomputed, "one_device_x2", {}),
+    "bottleneck_dp_recomputed": (recomputed, "dp_b4_x2", {}),
+    "bottleneck_mmp": (bottleneck, "mmp_2_6_x2", {}),
+    "bottleneck_mmp_recomputed": (recomputed, "mmp_2_6_x2", {}),
+    "bottleneck_pipe_1f1b_recomputed": (recomputed, "pipe_1f1b_2_6", {}),
     # BatchNorm statistics of the whole batch: the pipeline against one device that defers them the same way.
-    "bottleneck_accumulated_deferred": (deferred, "auto", 1, 4, ACCUMULATED),
-    "bottleneck_pipe_deferred": (
-        bottleneck,
-        lambda: PipelineStrategy(micro_batches=2, balance=[2, 6], deferred_batch_norm=True),
-        2,
-        8,
-        {},
-    ),
-    "bottleneck_pipe_deferred_recomputed": (
-        recomputed,
-        lambda: PipelineStrategy(micro_batches=2, balance=[2, 6], deferred_batch_norm=True),
-        2,
-        8,
-        {},
-    ),
-    "bottleneck_ddp": (bottleneck, "ddp", 2, 2, ACCUMULATED),
-    "bottleneck_ddp_recomputed": (recomputed, "ddp", 2, 2, ACCUMULATED),
+    "bottleneck_accumulated_deferred": (deferred, "one_device_x2", {}),
+    "bottleneck_pipe_deferred": (bottleneck, "pipe_deferred_2_6", {}),
+    "bottleneck_pipe_deferred_recomputed": (recomputed, "pipe_deferred_2_6", {}),
+    "bottleneck_ddp": (bottleneck, "ddp_b2_x2", {}),
+    "bottleneck_ddp_recomputed": (recomputed, "ddp_b2_x2", {}),
     # Sharded (FSDP2) against ddp on the same samples: parameters, BatchNorm buffers and momentum.
-    "bottleneck_fsdp": (bottleneck, lambda: FullyShardedStrategy(accumulate_whole_gradients=True), 2, 2, ACCUMULATED),
+    "bottleneck_fsdp": (bottleneck, "fsdp_b2_x2", {}),
     # Recomputation and bf16-mixed, each block's gathered parameters kept until its backward pass.
-    "bottleneck_ddp_bf16_recomputed": (recomputed, "ddp", 2, 2, {"precision": "bf16-mixed", **ACCUMULATED}),
-    "bottleneck_fsdp_bf16_recomputed_kept": (
-        recomputed,
-        lambda: FullyShardedStrategy(reshard_after_forward=False, accumulate_whole_gradients=True),
-        2,
-        2,
-        {"precision": "bf16-mixed", **ACCUMULATED},
-    ),
+    "bottleneck_ddp_bf16_recomputed": (recomputed, "ddp_b2_x2", {"precision": "bf16-mixed"}),
+    "bottleneck_fsdp_bf16_recomputed_kept": (recomputed, "fsdp_kept_b2_x2", {"precision": "bf16-mixed"}),
     # Over 4 processes the reduction adds in another order than DDP's, a last-bit difference that ResNet's
     # BatchNorm of 4 values per channel (1x1 images in layer4) blows up within a step: the network without it.
-    "tiny_ddp_4": (tiny, "ddp", 4, 4, {}),
-    "tiny_fsdp_4": (tiny, FullyShardedStrategy, 4, 4, {}),
-    "tiny_fsdp_2x2": (tiny, lambda: FullyShardedStrategy(shard_size=2), 4, 4, {}),
+    "tiny_ddp_4": (tiny, "ddp_4", {}),
+    "tiny_fsdp_4": (tiny, "fsdp_4", {}),
+    "tiny_fsdp_2x2": (tiny, "fsdp_2x2_shards", {}),
     # The default over accumulated batches (each one's gradients reduce-scattered), with clipping by norm.
-    "tiny_ddp_accumulated_clipped": (tiny, "ddp", 2, 8, {"gradient_clip_val": 0.05, **ACCUMULATED}),
-    "tiny_fsdp_accumulated_clipped": (tiny, FullyShardedStrategy, 2, 8, {"gradient_clip_val": 0.05, **ACCUMULATED}),
+    "tiny_ddp_accumulated_clipped": (tiny, "ddp_b8_x2", {"gradient_clip_val": 0.05}),
+    "tiny_fsdp_accumulated_clipped": (tiny, "fsdp_b8_x2", {"gradient_clip_val": 0.05}),
     # 16-mixed with loss scaling; the second step overflows on one process only (one that holds the first block),
     # and every process must skip it.
-    "single_fp16": (overflowing, "auto", 1, 16, fp16((0,))),
-    "ddp_fp16": (overflowing, "ddp", 2, 8, fp16((1,))),
-    "mmp_fp16": (overflowing, lambda: ManualModelParallelStrategy(balance=[2, 2]), 2, 16, fp16((0,))),
-    "pipe_fp16": (
-        overflowing,
-        lambda: PipelineStrategy(micro_batches=4, schedule="gpipe", balance=[2, 2]),
-        2,
-        16,
-        fp16((0,)),
-    ),
-    "pipe_2x2_fp16": (
-        overflowing,
-        lambda: PipelineStrategy(num_stages=2, micro_batches=2, balance=[2, 2]),
-        4,
-        8,
-        fp16((2,)),
-    ),
+    "single_fp16": (overflowing, "one_device_b16", fp16((0,))),
+    "ddp_fp16": (overflowing, "ddp", fp16((1,))),
+    "mmp_fp16": (overflowing, "mmp_2_2", fp16((0,))),
+    "pipe_fp16": (overflowing, "pipe_gpipe_2_2", fp16((0,))),
+    "pipe_2x2_fp16": (overflowing, "pipe_2_2_replicas", fp16((2,))),
     # A network built by a factory, block by block where the strategy places it.
-    "factory_single": (factory, "auto", 1, 16, {}),
-    "factory_mmp": (factory, lambda: ManualModelParallelStrategy(balance_by="params"), 2, 16, {}),
-    "factory_pipe": (factory, lambda: PipelineStrategy(micro_batches=4, balance_by="params"), 2, 16, {}),
+    "factory_single": (factory, "one_device_b16", {}),
+    "factory_mmp": (factory, "mmp_params", {}),
+    "factory_pipe": (factory, "pipe_params", {}),
 }
 
 
@@ -392,7 +330,8 @@ def launch_of(setup: str) -> list[str]:
 def train(name: str, out: str) -> None:
     """Train setup ``name`` in this process (and the others of its launch); save its state to ``out``."""
     BUILT.clear()
-    build, strategy, devices, batch_size, trainer_arguments = SETUPS[name]
+    build, layout_name, trainer_arguments = SETUPS[name]
+    layout = LAYOUTS[layout_name]
     trainer_arguments = {key: value() if callable(value) else value for key, value in trainer_arguments.items()}
     callbacks = trainer_arguments.pop("callbacks", []) + ([HeldBlocks(out)] if build is factory else [])
     norms = LoggedNorms(whole=name == "single") if name in LOGS_NORMS else None
@@ -401,10 +340,16 @@ def train(name: str, out: str) -> None:
         trainer_arguments["log_every_n_steps"] = 1
     torch.set_num_threads(1)
     seed_everything(0)
-    model, data = build(batch_size)
-    strategy = strategy() if callable(strategy) else strategy
-    trainer = bare_trainer(strategy, devices, STEPS, callbacks=callbacks, **trainer_arguments)
-    fit_in_order(trainer, model, data, batch_size)
+    model, data = build(layout.batch_size)
+    trainer = bare_trainer(
+        layout.trainer_strategy(),
+        layout.devices,
+        STEPS,
+        accumulate_grad_batches=layout.accumulate,
+        callbacks=callbacks,
+        **trainer_arguments,
+    )
+    fit_in_order(trainer, model, data, layout.batch_size)
     state = trainer.strategy.lightning_module_state_dict()  # on every rank: a pipeline gathers its stages
     scaler = getattr(trainer.precision_plugin, "scaler", None)
     if scaler is not None:  # every process's loss scale (a plain collective: Lightning's all_gather is autograd's)

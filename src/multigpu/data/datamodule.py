@@ -3,6 +3,7 @@ over the source ``--data.*`` picks: CIFAR-10's or CIFAR-100's files, a folder of
 synthetic images of CIFAR's shape (``source``)."""
 
 import os
+from dataclasses import replace
 from typing import Any, Literal
 
 import torch
@@ -154,11 +155,9 @@ class ImageDataModule(LightningDataModule):
             raise UsageError(f"data.image_size={image_size}: CIFAR's images are 32x32; it sizes an image folder's.")
         self.save_hyperparameters()
         self.options = DataOptions.of(self.hparams)  # what the rest of the data module reads
-        self.batch_size = batch_size
         self.datasets: dict[str, Dataset] = {}
         self._order: TrainingOrder | None = None  # the order the next training loader follows (``follow``)
         self._sampler: ResumableSampler | None = None
-        self.image_size = image_size
         self.source = _source(self.options)
         self._predict_files = ImageFiles(predict_dir, image_size, self.source.stats) if predict_dir else None
         # The first process of each machine checks (and downloads) the data before anything is built. Lightning
@@ -166,6 +165,21 @@ class ImageDataModule(LightningDataModule):
         # for it when the process group is set up, which it joins after this.
         if not predict_dir and node_local_rank() == 0:
             self.source.prepare()
+
+    @property
+    def batch_size(self) -> int:
+        """Images per device and loader batch (``options.batch_size``), which the CLI hands the model as it is built
+        and Lightning's batch-size finder reads and sets."""
+        return self.options.batch_size
+
+    @batch_size.setter
+    def batch_size(self, images: int) -> None:
+        self.options = replace(self.options, batch_size=images)
+
+    @property
+    def image_size(self) -> int:
+        """The side of the images, which the CLI hands the model as it is built (``options.image_size``)."""
+        return self.options.image_size
 
     @override
     def setup(self, stage: str) -> None:
