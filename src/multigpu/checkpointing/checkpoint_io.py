@@ -287,8 +287,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         _sync_folder(path.parent)  # the rename itself survives a crash of the machine
 
     def wait(self) -> None:
-        """Wait for the write in flight, if any; raise its error. A Ctrl-C while it waits (the second one, at the end
-        of a run a first one stopped) gives the write up: the process stops at once, the file before stays."""
+        """Wait for the write in flight, if any (``join``); raise its error."""
+        self.join()
+        self.raise_failure()
+
+    def join(self) -> None:
+        """Wait for the write in flight, if any, leaving its error to be raised at the next ``wait``. A Ctrl-C while it
+        waits (the second one, at the end of a run a first one stopped) gives the write up: the file before stays."""
         if self._writer is not None:
             try:
                 self._writer.join()
@@ -296,7 +301,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 self.abandon()
                 raise
             self._writer = None
-        self.raise_failure()
+
+    @property
+    def failed(self) -> bool:
+        """Whether a write has failed, its error not raised yet."""
+        return self._error is not None
 
     def raise_failure(self) -> None:
         """Raise the error of a background write that has failed, without waiting for one in flight: called after

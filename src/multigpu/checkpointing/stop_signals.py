@@ -34,7 +34,8 @@ class CheckpointOnStopSignal(Callback):
     """On SIGTERM (what SLURM and most schedulers send before they stop a job), SIGUSR1 (what SLURM sends ahead of the
     time limit when asked, ``--signal=USR1@90``) or a first Ctrl-C (SIGINT), every process stops after the same
     optimizer step, ``last.ckpt`` is written, and the processes exit: with status 0 after SIGTERM or SIGUSR1, 130
-    after Ctrl-C. A second Ctrl-C stops at once, without a checkpoint and without waiting for the one being written.
+    after Ctrl-C. A second Ctrl-C stops at once, without a checkpoint and without waiting for the one being written,
+    as Lightning's own Ctrl-C ends a run (status 1).
     The vote also carries ``--trainer.max_time``: when a process runs out of time, every process stops after the
     same step (Lightning's Timer broadcasts its decision every step; here it checks at epochs' ends only).
 
@@ -91,6 +92,12 @@ class CheckpointOnStopSignal(Callback):
                 io = self._trainer.strategy.checkpoint_io if self._trainer is not None else None
                 if isinstance(io, AtomicCheckpointIO):
                     io.abandon()
+                if self._trainer is not None and self._trainer.is_global_zero:
+                    print(
+                        "\nCtrl-C again: stopping now; a checkpoint being written is given up, the one before stays.",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 raise KeyboardInterrupt
             if self._trainer is not None and self._trainer.is_global_zero:
                 print(
@@ -148,11 +155,21 @@ class CheckpointOnStopSignal(Callback):
         keepers = (callback for callback in trainer.checkpoint_callbacks if isinstance(callback, ModelCheckpoint))
         keeper = next((callback for callback in keepers if callback.save_last), None)
         if keeper is not None and keeper.dirpath:
-            save_last_checkpoint(keeper, trainer)
-            rank_zero_info(
-                f"Received {self._signal}: saved {keeper.last_model_path} at step {trainer.global_step}; resume with "
-                "--ckpt_path last."
-            )
+            io = trainer.strategy.checkpoint_io
+            try:
+                save_last_checkpoint(keeper, trainer)
+                if isinstance(io, AtomicCheckpointIO):
+                    io.join()  # on disk before the line says so (its error, if any, is raised as the run ends)
+            except KeyboardInterrupt:  # Ctrl-C again (``_note`` gave the write up): the run ends as on Lightning's own
+                exception.code = 1  # Ctrl-C, with the other callbacks, the loggers and the teardown, and status 1
+                if threading.current_thread() is threading.main_thread():
+                    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as Lightning: later presses do not cut that short
+                return
+            if not (isinstance(io, AtomicCheckpointIO) and io.failed):
+                rank_zero_info(
+                    f"Received {self._signal}: saved {keeper.last_model_path} at step {trainer.global_step}; resume "
+                    "with --ckpt_path last."
+                )
         if self._signal == "Ctrl-C" and (trainer.world_size == 1 or launches_subprocesses(trainer.strategy)):
             exception.code = 130  # the job's own process, as a shell expects after an interrupt: `fit && test` stops
 
