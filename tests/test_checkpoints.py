@@ -106,7 +106,8 @@ def test_checkpointing_off_trains_without_writing_any_and_says_it_cannot_resume(
 
 
 def test_a_resumed_run_reads_its_checkpoint_once(tmp_path, monkeypatch):
-    """The CLI reads ``--ckpt_path`` before anything is built; Lightning's restore gets that read, not a second one."""
+    """The CLI reads ``--ckpt_path`` before anything is built; Lightning's restore gets that read, not a second one:
+    with the run's own checkpoint plugin, and with the user's plugin of its class (``--trainer.plugins``)."""
     cli_main("fit", "--config", SMOKE, *run_args(tmp_path), "--trainer.max_steps=2")
     last = tmp_path / "checkpoints" / "test" / "last.ckpt"
     reads, load = [], torch.load
@@ -117,9 +118,18 @@ def test_a_resumed_run_reads_its_checkpoint_once(tmp_path, monkeypatch):
         return load(source, *args, **kwargs)
 
     monkeypatch.setattr(torch, "load", counted)
-    cli_main("fit", "--config", SMOKE, *run_args(tmp_path), "--trainer.max_steps=3", "--ckpt_path=last")
-    assert sum(reads) == 1
-    assert check_checkpoint(last)["global_step"] == 3
+    own_plugin = tmp_path / "plugin.yaml"
+    own_plugin.write_text(
+        "trainer:\n  plugins:\n    - class_path: multigpu.checkpointing.checkpoint_io.AtomicCheckpointIO\n"
+        "      init_args:\n        background: false\n"
+    )
+    for steps, plugins in ((3, []), (4, ["--config", str(own_plugin)])):
+        reads.clear()
+        cli_main(
+            "fit", "--config", SMOKE, *run_args(tmp_path), f"--trainer.max_steps={steps}", "--ckpt_path=last", *plugins
+        )
+        assert sum(reads) == 1, plugins
+        assert check_checkpoint(last)["global_step"] == steps
 
 
 def test_the_checkpoint_handed_over_leaves_its_file_unmapped_once_restored(tmp_path):

@@ -60,10 +60,7 @@ def assemble_trainer(
     if spec is not None and spec.as_instance and spec.strategy is not None:
         kwargs["strategy"] = spec.strategy()
     if trainer_options.plugins is None:
-        checkpoint_io = AtomicCheckpointIO(background=options.save_in_background)
-        if resumed is not None:
-            checkpoint_io.hand_over(options.ckpt_path, resumed.checkpoint)
-        kwargs["plugins"] = [checkpoint_io]
+        kwargs["plugins"] = [AtomicCheckpointIO(background=options.save_in_background)]
     if trainer_options.profiler is None:
         kwargs["profiler"] = LoaderClock()
     chosen = list(chosen)  # as the user chose them: Lightning appends its defaults to the list it is given
@@ -79,6 +76,9 @@ def assemble_trainer(
         trainer = build(**kwargs)
     except ValueError as error:  # Lightning's checks of accelerator, strategy and devices
         raise UsageError(str(error)) from error
+    checkpoint_io = trainer.strategy.checkpoint_io
+    if resumed is not None and isinstance(checkpoint_io, AtomicCheckpointIO):  # ours, or the user's plugin of its class
+        checkpoint_io.hand_over(options.ckpt_path, resumed.checkpoint)
     callbacks = callbacks_of(trainer)
     if not checkpointing:
         callbacks[:] = [callback for callback in callbacks if not isinstance(callback, ModelCheckpoint)]
